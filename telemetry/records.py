@@ -1,0 +1,75 @@
+"""Value types that cross the telemetry bus: spans, step records and request events.
+
+Owns the record shapes only. It must never import anything of ours (engine/, ui/) or any
+UI library: telemetry/ is the bottom of the dependency graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Lanes of the timeline, in the order a dashboard draws them (top to bottom).
+CPU_LANES: tuple[str, ...] = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.wait", "cpu.post")
+DEVICE_LANES: tuple[str, ...] = ("h2d", "compute", "d2h")
+LANES: tuple[str, ...] = CPU_LANES + DEVICE_LANES
+
+Mode = Literal["sync", "async"]
+
+
+@dataclass(slots=True, frozen=True)
+class Span:
+    """One interval of work on one lane, in host-clock nanoseconds (time.perf_counter_ns)."""
+
+    lane: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Everything one engine step publishes: its facts and its spans.
+
+    graph_bucket is the token-count bucket of the CUDA graph that ran the step, or None when
+    the step ran eagerly. padded_tokens counts the tokens added to reach that bucket.
+    """
+
+    step: int
+    mode: Mode
+    slot: int
+    num_requests: int
+    prefill_tokens: int
+    decode_tokens: int
+    padded_tokens: int = 0
+    graph_bucket: int | None = None
+    spans: list[Span] = field(default_factory=list)
+    # Engine-wide gauges sampled at the end of the step.
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    preemptions: int = 0  # preemptions made while scheduling this step
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+
+RequestEventKind = Literal["queued", "scheduled", "first_token", "tokens", "finished"]
+
+
+@dataclass(slots=True, frozen=True)
+class RequestEvent:
+    """A point in one request's life. For "tokens", num_tokens is how many were emitted;
+    for "finished", reason is "stop" | "length" | "abort" | "error"."""
+
+    request_id: str
+    kind: RequestEventKind
+    t_ns: int
+    num_tokens: int = 0
+    prompt_tokens: int = 0
+    reason: str | None = None
