@@ -1,0 +1,273 @@
+"""The Gantt timeline: one lane per CPU phase and per device stream, built from StepRecords.
+
+Owns the maths from records to drawable bars (recent window, pixel merging) and the plotly
+figure. Pure functions: no streamlit, no engine, no clock reads. Bars are numeric
+``go.Bar(orientation="h", base=start, x=duration)`` over numpy arrays, one trace per lane,
+because ``px.timeline`` truncates durations to whole milliseconds (DESIGN.md §7).
+
+Time is shown in milliseconds relative to the window end (0 = newest, negative = older).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+
+from telemetry.records import CPU_LANES, LANES, StepRecord
+
+# Lane colours: CPU phases in blues/greys, device streams in warm colours, so a glance tells
+# the CPU rows from the GPU rows.
+LANE_COLOURS: dict[str, str] = {
+    "cpu.schedule": "#9ecae1",
+    "cpu.prepare": "#4292c6",
+    "cpu.launch": "#2171b5",
+    "cpu.wait": "#bdbdbd",
+    "cpu.post": "#08519c",
+    "h2d": "#fd8d3c",
+    "compute": "#31a354",
+    "d2h": "#e6550d",
+}
+
+DEFAULT_WIDTH_PX = 1200
+
+
+@dataclass(slots=True, frozen=True)
+class LaneBars:
+    """The bars of one lane after merging, as parallel arrays (times in host ns).
+
+    ``owner`` indexes the step record the bar came from (the first one, for a merged bar);
+    ``count`` is how many spans the bar stands for (1 = an unmerged span).
+    """
+
+    lane: str
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    owner: np.ndarray
+    owner_last: np.ndarray
+    count: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.start_ns.shape[0])
+
+
+def lane_row(lane: str) -> int:
+    """The row of ``lane`` on the y axis: its index in LANES (0 = drawn on top)."""
+    return LANES.index(lane)
+
+
+def window_end_ns(records: Sequence[StepRecord]) -> int | None:
+    """The latest span end among ``records`` (None when there is no span at all)."""
+    ends = [s.end_ns for r in records for s in r.spans]
+    return max(ends) if ends else None
+
+
+def recent_window(
+    records: Sequence[StepRecord], window_ms: float, end_ns: int | None = None
+) -> list[StepRecord]:
+    """The records with at least one span overlapping ``[end_ns - window_ms, end_ns]``.
+
+    ``end_ns`` defaults to the latest span end, so a paused or idle engine still shows its
+    last activity rather than an empty window. Order is kept.
+    """
+    if window_ms <= 0:
+        raise ValueError(f"window_ms must be > 0, got {window_ms}")
+    if end_ns is None:
+        end_ns = window_end_ns(records)
+        if end_ns is None:
+            return []
+    start_ns = end_ns - int(window_ms * 1e6)
+    return [
+        r for r in records if any(s.end_ns >= start_ns and s.start_ns <= end_ns for s in r.spans)
+    ]
+
+
+def merge_thin(
+    start_ns: np.ndarray, end_ns: np.ndarray, owner: np.ndarray, min_ns: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Merge runs of spans thinner than ``min_ns`` whose gaps are also thinner than it.
+
+    Input is one lane's spans sorted by start. A span at least ``min_ns`` long is never
+    merged (its hover keeps the exact step facts); consecutive thin spans separated by less
+    than ``min_ns`` become one bar from the first start to the last end, since no screen
+    could show the gaps between them. Returns ``(start, end, first_owner, last_owner,
+    count)``.
+    """
+    n = start_ns.shape[0]
+    if n == 0 or min_ns <= 0:
+        ones = np.ones(n, dtype=np.int64)
+        return start_ns, end_ns, owner, owner, ones
+    thin = (end_ns - start_ns) < min_ns
+    joins = np.zeros(n, dtype=bool)
+    joins[1:] = thin[1:] & thin[:-1] & ((start_ns[1:] - end_ns[:-1]) < min_ns)
+    heads = np.flatnonzero(~joins)
+    tails = np.append(heads[1:], n) - 1
+    return (
+        start_ns[heads],
+        np.maximum.reduceat(end_ns, heads),
+        owner[heads],
+        owner[tails],
+        np.diff(np.append(heads, n)),
+    )
+
+
+def lane_bars(
+    records: Sequence[StepRecord],
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    min_ns: float = 0.0,
+) -> dict[str, LaneBars]:
+    """Group every span by lane (in LANES order), clip to the window, merge thin runs.
+
+    Spans entirely outside ``[start_ns, end_ns]`` are dropped; spans crossing an edge are
+    clipped to it. Lanes with no span are present with empty arrays, so every lane keeps
+    its row. Spans on a lane not in LANES are ignored (a newer engine may add lanes).
+    """
+    per_lane: dict[str, tuple[list[int], list[int], list[int]]] = {
+        lane: ([], [], []) for lane in LANES
+    }
+    for i, rec in enumerate(records):
+        for span in rec.spans:
+            cols = per_lane.get(span.lane)
+            if cols is not None:
+                cols[0].append(span.start_ns)
+                cols[1].append(span.end_ns)
+                cols[2].append(i)
+    lo = np.iinfo(np.int64).min if start_ns is None else start_ns
+    hi = np.iinfo(np.int64).max if end_ns is None else end_ns
+    out: dict[str, LaneBars] = {}
+    for lane, (starts, ends, owners) in per_lane.items():
+        s = np.asarray(starts, dtype=np.int64)
+        e = np.asarray(ends, dtype=np.int64)
+        o = np.asarray(owners, dtype=np.int64)
+        keep = (e >= lo) & (s <= hi)
+        s, e, o = np.clip(s[keep], lo, hi), np.clip(e[keep], lo, hi), o[keep]
+        order = np.argsort(s, kind="stable")
+        s, e, o = s[order], e[order], o[order]
+        ms, me, mo, ml, mc = merge_thin(s, e, o, min_ns)
+        out[lane] = LaneBars(lane, ms, me, mo, ml, mc)
+    return out
+
+
+def step_facts(rec: StepRecord) -> str:
+    """The hover text of one step: everything its record says about the batch."""
+    bucket = "eager" if rec.graph_bucket is None else f"graph bucket {rec.graph_bucket}"
+    return (
+        f"step {rec.step} · {rec.mode} · slot {rec.slot}<br>"
+        f"requests {rec.num_requests} · prefill {rec.prefill_tokens} · "
+        f"decode {rec.decode_tokens} · padded {rec.padded_tokens}<br>{bucket}"
+    )
+
+
+def _hover_texts(bars: LaneBars, facts: np.ndarray, records: Sequence[StepRecord]) -> np.ndarray:
+    # A fixed-width unicode array, not a list: plotly validates it without a per-item loop.
+    dur_ms = (bars.end_ns - bars.start_ns) / 1e6
+    texts: list[str] = []
+    for k in range(len(bars)):
+        if bars.count[k] == 1:
+            head = f"<b>{bars.lane}</b> {dur_ms[k]:.3f} ms"
+            texts.append(f"{head}<br>{facts[bars.owner[k]]}")
+        else:
+            first, last = records[bars.owner[k]].step, records[bars.owner_last[k]].step
+            texts.append(
+                f"<b>{bars.lane}</b> {dur_ms[k]:.3f} ms<br>"
+                f"{bars.count[k]} spans merged (thinner than a pixel), steps {first}-{last}"
+            )
+    return np.array(texts, dtype=str)
+
+
+def timeline_figure(
+    records: Sequence[StepRecord],
+    *,
+    window_ms: float | None = None,
+    end_ns: int | None = None,
+    width_px: int = DEFAULT_WIDTH_PX,
+    height_px: int = 360,
+    title: str | None = None,
+) -> go.Figure:
+    """A Gantt chart of ``records``: one row per lane (LANES order, top to bottom).
+
+    The x axis is milliseconds before ``end_ns`` (default: the latest span end). With
+    ``window_ms`` only that much history is drawn; otherwise everything in ``records``.
+    Spans thinner than one pixel of a ``width_px`` wide plot are merged (see merge_thin).
+    """
+    if width_px < 1:
+        raise ValueError(f"width_px must be >= 1, got {width_px}")
+    if end_ns is None:
+        end_ns = window_end_ns(records)
+    first_start = min((s.start_ns for r in records for s in r.spans), default=None)
+    if end_ns is None or first_start is None:
+        start_ns = end_ns = 0
+    elif window_ms is not None:
+        start_ns = end_ns - int(window_ms * 1e6)
+    else:
+        start_ns = first_start
+    px_ns = max(end_ns - start_ns, 1) / width_px
+    bars = lane_bars(records, start_ns, end_ns, min_ns=px_ns)
+    facts = np.array([step_facts(r) for r in records] or [""], dtype=object)
+
+    fig = go.Figure()
+    for lane in LANES:
+        lb = bars[lane]
+        fig.add_trace(
+            go.Bar(
+                orientation="h",
+                name=lane,
+                # Numeric rows (0 = top lane), labelled by tickvals: category strings would
+                # make plotly validate every bar one by one.
+                y=np.full(len(lb), float(lane_row(lane))),
+                base=(lb.start_ns - end_ns) / 1e6,
+                # A span is at least a pixel wide on screen, or a 3 µs launch would vanish.
+                x=np.maximum((lb.end_ns - lb.start_ns), px_ns) / 1e6,
+                marker={"color": LANE_COLOURS.get(lane, "#888888"), "line": {"width": 0}},
+                hovertext=_hover_texts(lb, facts, records),
+                hoverinfo="text",
+                showlegend=False,
+            )
+        )
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0.25,
+        height=height_px,
+        margin={"l": 10, "r": 10, "t": 30 if title else 10, "b": 40},
+        title={"text": title} if title else None,
+        hovermode="closest",
+        xaxis={
+            "title": {"text": "ms before the newest span"},
+            "range": [(start_ns - end_ns) / 1e6, 0.0] if end_ns != start_ns else [-1.0, 0.0],
+            "zeroline": False,
+        },
+        yaxis={
+            "tickmode": "array",
+            "tickvals": [float(lane_row(lane)) for lane in LANES],
+            "ticktext": list(LANES),
+            "range": [len(LANES) - 0.5, -0.5],  # reversed: the first lane on top
+            "fixedrange": True,
+            "zeroline": False,
+        },
+        # One separator between the CPU rows and the device rows.
+        shapes=[
+            {
+                "type": "line",
+                "xref": "paper",
+                "yref": "y",
+                "x0": 0,
+                "x1": 1,
+                "y0": len(CPU_LANES) - 0.5,
+                "y1": len(CPU_LANES) - 0.5,
+                "line": {"color": "#999999", "width": 1, "dash": "dot"},
+            }
+        ],
+    )
+    if not any(len(b) for b in bars.values()):
+        fig.add_annotation(
+            text="no steps yet: submit a prompt or start the load generator",
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+            showarrow=False,
+        )
+    return fig
