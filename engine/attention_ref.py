@@ -56,7 +56,9 @@ def check_paged_attention_args(
         )
     for name, x in (("token_req", token_req), ("token_pos", token_pos)):
         if x.shape != (t,) or x.dtype != torch.int32:
-            raise ValueError(f"{name} must be int32 of shape ({t},), got {x.dtype} {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must be int32 of shape ({t},), got {x.dtype} {tuple(x.shape)}"
+            )
     if sliding_window is not None and sliding_window <= 0:
         raise ValueError(f"sliding_window must be a positive int or None, got {sliding_window}")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype):

@@ -263,7 +263,9 @@ def paged_attention_with_splits(
     if d < 16 or d & (d - 1):
         raise ValueError(f"head_dim must be a power of two >= 16 for the Triton kernel, got {d}")
     if block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two for the Triton kernel, got {block_size}")
+        raise ValueError(
+            f"block_size must be a power of two for the Triton kernel, got {block_size}"
+        )
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"dtype must be float16, bfloat16 or float32, got {q.dtype}")
     group = h // kvh
