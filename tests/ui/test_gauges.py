@@ -1,0 +1,87 @@
+"""Gauge values from hand-made records, and the indicator figure that shows them."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+
+from telemetry.records import Span, StepRecord
+from ui.gauges import gauge_values, gauges_figure, live_window, nice_ceiling
+
+MS = 1_000_000
+
+
+def rec(n: int, compute: tuple[int, int], **kw: int) -> StepRecord:
+    return StepRecord(
+        step=n,
+        mode="async",
+        slot=0,
+        num_requests=2,
+        prefill_tokens=kw.pop("prefill", 0),
+        decode_tokens=kw.pop("decode", 2),
+        spans=[Span("compute", compute[0] * MS, compute[1] * MS)],
+        **kw,
+    )
+
+
+def titles(fig: go.Figure) -> list[str]:
+    return [t.title.text for t in fig.data]
+
+
+def test_busy_idle_and_tokens_over_the_window() -> None:
+    # Window [0, 100) ms; compute busy 0-30 and 50-70 ms; 4 steps x 2 decode tokens + 10.
+    recs = [
+        rec(0, (0, 10)),
+        rec(1, (10, 30), prefill=10),
+        rec(2, (50, 60)),
+        rec(3, (60, 70), running=3, waiting=1, kv_blocks_used=5, kv_blocks_total=20),
+    ]
+    v = gauge_values(recs, (0, 100 * MS), max_num_seqs=8)
+    assert v.gpu_busy == pytest.approx(0.5)
+    assert v.idle_ms == pytest.approx(50.0) and v.idle_gaps == 2
+    assert v.largest_gap_ms == pytest.approx(30.0)
+    assert v.tokens_per_s == pytest.approx(18 / 0.1)
+    assert v.decode_tokens_per_s == pytest.approx(8 / 0.1)
+    assert (v.running, v.waiting, v.kv_usage) == (3, 1, 0.25)  # from the newest record
+    assert v.nvml_util_pct is None
+
+
+def test_engine_stats_and_nvml_take_precedence_over_records() -> None:
+    recs = [rec(0, (0, 10), running=9, waiting=9)]
+    v = gauge_values(
+        recs,
+        (0, 10 * MS),
+        stats={"running": 2, "waiting": 0, "kv_blocks_used": 1, "kv_blocks_total": 4},
+        nvml={"gpu_util_pct": 97.0},
+        nvml_reason="unused",
+    )
+    assert (v.running, v.waiting, v.kv_usage) == (2, 0, 0.25)
+    assert v.nvml_util_pct == 97.0 and v.nvml_reason is None
+
+
+def test_live_window_ends_now_unless_the_clocks_differ() -> None:
+    recs = [rec(0, (0, 10))]
+    assert live_window(recs, now_ns=20 * MS, window_ms=5) == (15 * MS, 20 * MS)
+    far = 10 * 60 * 1000 * MS  # ten minutes later: another clock domain
+    assert live_window(recs, now_ns=far, window_ms=5) == (5 * MS, 10 * MS)
+    with pytest.raises(ValueError):
+        live_window(recs, now_ns=0, window_ms=0)
+
+
+def test_figure_shows_busy_beside_nvml_and_says_why_nvml_is_missing() -> None:
+    v = gauge_values([rec(0, (0, 10))], (0, 20 * MS), nvml_reason="no GPU: NVML library not found")
+    fig = gauges_figure(v)
+    names = titles(fig)
+    assert len(fig.data) == 8
+    assert names[0].startswith("GPU busy") and names[1].startswith("NVML utilisation")
+    assert (fig.data[0].domain.row, fig.data[0].domain.column) == (0, 0)
+    assert (fig.data[1].domain.row, fig.data[1].domain.column) == (0, 1)
+    assert fig.data[0].value == pytest.approx(50.0)
+    assert "no GPU: NVML library not found" in names[1]
+    assert fig.data[1].mode == "gauge"  # no number drawn for a reading that does not exist
+    for label in ("tokens/s", "KV cache", "running", "waiting", "idle"):
+        assert any(label in n for n in names), label
+
+
+def test_nice_ceiling() -> None:
+    assert [nice_ceiling(x) for x in (1, 3, 7, 100, 101, 2500)] == [1, 5, 10, 100, 200, 5000]

@@ -1,0 +1,243 @@
+"""The Live page's gauges: GPU busy beside NVML, tokens/s, requests, KV cache, idle time.
+
+Owns turning a window of step records (plus the engine's NVML reading) into gauge values,
+and the plotly figure of ``go.Indicator`` gauges in a grid. The arithmetic itself (busy
+fraction, idle gaps, tokens/s) is telemetry.metrics': this module only picks the window and
+lays the numbers out. Pure functions: no streamlit, no engine, no clock reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+
+from telemetry.metrics import busy_fraction, idle_gaps, spans_of, step_gauges, tokens_per_second
+from telemetry.records import StepRecord
+
+# Records whose latest span is further than this from the dashboard's clock are taken to be
+# in another clock domain (an engine on another host): the window then ends at their end.
+_CLOCK_SKEW_LIMIT_NS = 60 * 1_000_000_000
+
+
+@dataclass(slots=True, frozen=True)
+class GaugeValues:
+    """What the gauges show. ``None`` means "not known" and is drawn as such."""
+
+    window_ms: float
+    gpu_busy: float  # fraction of the window with a compute span, 0..1
+    nvml_util_pct: float | None  # None without a GPU (see nvml_reason)
+    nvml_reason: str | None
+    tokens_per_s: float
+    decode_tokens_per_s: float
+    running: int
+    waiting: int
+    max_num_seqs: int
+    kv_usage: float  # 0..1
+    idle_ms: float  # compute-idle time inside the window
+    idle_gaps: int
+    largest_gap_ms: float
+
+
+def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float) -> tuple[int, int]:
+    """The ``(start_ns, end_ns)`` of the gauge window ending now.
+
+    Ends at ``now_ns`` (so an idle engine reads idle, not its last busy moment) unless the
+    records are in a different clock domain, when it ends at their latest span.
+    """
+    if window_ms <= 0:
+        raise ValueError(f"window_ms must be > 0, got {window_ms}")
+    last = max((s.end_ns for r in records for s in r.spans), default=None)
+    end = now_ns
+    if last is not None and abs(now_ns - last) > _CLOCK_SKEW_LIMIT_NS:
+        end = last
+    return end - int(window_ms * 1e6), end
+
+
+def gauge_values(
+    records: Sequence[StepRecord],
+    window: tuple[int, int],
+    *,
+    stats: Mapping[str, Any] | None = None,
+    nvml: Mapping[str, Any] | None = None,
+    nvml_reason: str | None = None,
+    max_num_seqs: int = 0,
+) -> GaugeValues:
+    """Gauge values over ``window`` from the records, the engine's stats and NVML.
+
+    ``stats`` (EngineClient.stats()) is preferred for running/waiting/KV because it is
+    current even when no step ran lately; without it the newest record's gauges are used.
+    """
+    start_ns, end_ns = window
+    spans = spans_of(records)
+    gaps = idle_gaps(spans, start_ns, end_ns)
+    latest = step_gauges(records)
+    if stats is not None:
+        running, waiting = int(stats.get("running", 0)), int(stats.get("waiting", 0))
+        total = int(stats.get("kv_blocks_total", 0))
+        kv = int(stats.get("kv_blocks_used", 0)) / total if total else 0.0
+    elif latest is not None:
+        running, waiting, kv = latest.running, latest.waiting, latest.kv_usage
+    else:
+        running = waiting = 0
+        kv = 0.0
+    util = None if nvml is None else nvml.get("gpu_util_pct")
+    return GaugeValues(
+        window_ms=(end_ns - start_ns) / 1e6,
+        gpu_busy=busy_fraction(spans, start_ns, end_ns),
+        nvml_util_pct=None if util is None else float(util),
+        nvml_reason=nvml_reason if util is None else None,
+        tokens_per_s=tokens_per_second(records, start_ns, end_ns),
+        decode_tokens_per_s=tokens_per_second(records, start_ns, end_ns, which="decode"),
+        running=running,
+        waiting=waiting,
+        max_num_seqs=max_num_seqs,
+        kv_usage=kv,
+        idle_ms=gaps.total_ns / 1e6,
+        idle_gaps=gaps.count,
+        largest_gap_ms=gaps.largest_ns / 1e6,
+    )
+
+
+def nice_ceiling(x: float) -> float:
+    """The smallest of 1, 2, 5 x 10^k that is >= x (a gauge axis that does not jitter)."""
+    if x <= 0:
+        raise ValueError(f"x must be > 0, got {x}")
+    scale = 10.0 ** math.floor(math.log10(x))
+    for m in (1.0, 2.0, 5.0, 10.0):
+        if m * scale >= x * (1 - 1e-12):
+            return m * scale
+    return 10.0 * scale  # pragma: no cover - the loop always returns
+
+
+def _title(title: str, subtitle: str | None) -> str:
+    if not subtitle:
+        return title
+    return f"{title}<br><span style='font-size:0.75em;color:gray'>{subtitle}</span>"
+
+
+def _gauge(
+    title: str,
+    value: float | None,
+    *,
+    axis_max: float,
+    suffix: str,
+    row: int,
+    col: int,
+    colour: str = "#31a354",
+    subtitle: str | None = None,
+) -> go.Indicator:
+    text = _title(title, subtitle)
+    return go.Indicator(
+        mode="gauge+number" if value is not None else "gauge",
+        value=value if value is not None else 0.0,
+        number={"suffix": suffix, "valueformat": ".1f" if axis_max <= 100 else ",.0f"},
+        title={"text": text, "font": {"size": 13}},
+        gauge={
+            "axis": {"range": [0, axis_max]},
+            "bar": {"color": colour if value is not None else "rgba(0,0,0,0)"},
+        },
+        domain={"row": row, "column": col},
+    )
+
+
+def _number(
+    title: str,
+    value: float,
+    *,
+    row: int,
+    col: int,
+    suffix: str = "",
+    fmt: str = ",.0f",
+    subtitle: str | None = None,
+) -> go.Indicator:
+    text = _title(title, subtitle)
+    return go.Indicator(
+        mode="number",
+        value=value,
+        number={"suffix": suffix, "valueformat": fmt},
+        title={"text": text, "font": {"size": 13}},
+        domain={"row": row, "column": col},
+    )
+
+
+def gauges_figure(v: GaugeValues, height_px: int = 330) -> go.Figure:
+    """Eight indicators on a 2 x 4 grid; GPU busy and NVML utilisation side by side."""
+    window = f"last {v.window_ms / 1000:.1f} s"
+    if v.nvml_util_pct is None:
+        nvml_sub = v.nvml_reason or "no reading yet"
+    else:
+        nvml_sub = "periods with any kernel running"
+    tok_axis = nice_ceiling(max(v.tokens_per_s, 100.0))
+    seq_axis = float(max(v.max_num_seqs, v.running, 1))
+    indicators = [
+        _gauge(
+            "GPU busy (timeline)",
+            100 * v.gpu_busy,
+            axis_max=100,
+            suffix="%",
+            row=0,
+            col=0,
+            subtitle=f"compute spans, {window}",
+        ),
+        _gauge(
+            "NVML utilisation",
+            v.nvml_util_pct,
+            axis_max=100,
+            suffix="%",
+            row=0,
+            col=1,
+            colour="#756bb1",
+            subtitle=nvml_sub,
+        ),
+        _gauge(
+            "tokens/s",
+            v.tokens_per_s,
+            axis_max=tok_axis,
+            suffix="",
+            row=0,
+            col=2,
+            colour="#3182bd",
+            subtitle=f"decode {v.decode_tokens_per_s:,.0f}/s, {window}",
+        ),
+        _gauge(
+            "KV cache used",
+            100 * v.kv_usage,
+            axis_max=100,
+            suffix="%",
+            row=0,
+            col=3,
+            colour="#e6550d",
+        ),
+        _gauge(
+            "running requests",
+            float(v.running),
+            axis_max=seq_axis,
+            suffix="",
+            row=1,
+            col=0,
+            colour="#3182bd",
+            subtitle=f"of max {v.max_num_seqs}" if v.max_num_seqs else None,
+        ),
+        _number("waiting requests", float(v.waiting), row=1, col=1, subtitle="queued"),
+        _number(
+            "GPU idle",
+            v.idle_ms,
+            row=1,
+            col=2,
+            suffix=" ms",
+            fmt=",.1f",
+            subtitle=f"{v.idle_gaps} gaps, {window}",
+        ),
+        _number("largest idle gap", v.largest_gap_ms, row=1, col=3, suffix=" ms", fmt=",.2f"),
+    ]
+    fig = go.Figure(indicators)
+    fig.update_layout(
+        grid={"rows": 2, "columns": 4, "pattern": "independent"},
+        height=height_px,
+        margin={"l": 20, "r": 20, "t": 40, "b": 10},
+    )
+    return fig
