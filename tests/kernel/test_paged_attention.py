@@ -1,0 +1,462 @@
+"""Paged attention: the torch reference against dense attention, the Triton kernel against
+the reference (Triton interpreter on CPU, real kernel on CUDA), and CUDA-graph replay.
+
+How the three groups run:
+
+- ``test_reference_*``: plain CPU tests, in the normal pytest process.
+- ``test_interp_*``: the Triton kernel under ``TRITON_INTERPRET=1``. Triton reads that
+  variable when a kernel is defined (module import), so it must be set before
+  ``engine.attention_triton`` is imported and must not leak into other test modules. The
+  parent-process test ``test_triton_kernel_matches_reference_in_interpreter_subprocess``
+  (marked slow) therefore re-runs this file in a child ``python -m pytest -k test_interp_``
+  with the variable set; outside such a child the ``test_interp_*`` tests skip. To run
+  only the child directly: ``TRITON_INTERPRET=1 .venv/bin/python -m pytest
+  tests/kernel/test_paged_attention.py -k test_interp_``. fp32 and fp16 only: the
+  interpreter mishandles bf16.
+- ``test_cuda_*`` (marked cuda, skipped without a GPU or inside the interpreter child):
+  realistic shapes (H=32, KVH=8, D=128, block 16, contexts up to 8448) in bf16/fp16, and
+  a capture/replay in a torch.cuda.CUDAGraph after changing the inputs' values in place.
+
+Every run writes into an output buffer poisoned with NaN, so an element the kernel forgets
+to write fails the test. Errors are relative: ||out - ref|| / ||ref||.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root out
+    sys.path.insert(0, str(REPO_ROOT))
+
+from engine.attention_ref import paged_attention as ref_attention  # noqa: E402
+
+IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+interp_only = pytest.mark.skipif(
+    not IN_INTERPRETER,
+    reason="runs in the TRITON_INTERPRET=1 child started by the subprocess test",
+)
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() or IN_INTERPRETER,
+    reason="needs a CUDA GPU (and a real, non-interpreted Triton)",
+)
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+@dataclass
+class Batch:
+    """One flat batch over a paged cache, plus the contiguous K/V it was scattered from."""
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    token_req: torch.Tensor
+    token_pos: torch.Tensor
+    keys: list[torch.Tensor]  # per request [ctx, KVH, D], contiguous
+    values: list[torch.Tensor]
+    scale: float
+
+
+def make_batch(
+    specs: list[tuple[int, int]],
+    *,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    padding: int = 0,
+    shuffle_tokens: bool = False,
+    seed: int = 0,
+) -> Batch:
+    """specs[r] = (query tokens, context length): request r's queries are its last positions.
+
+    Blocks are shuffled; unused block-table entries point at other requests' blocks and every
+    cache slot outside a context is NaN, so reading anything not allowed poisons the result.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    n_blocks = [math.ceil(ctx / block_size) for _, ctx in specs]
+    max_blocks = max(n_blocks) + 1
+    total_blocks = sum(n_blocks) + 3
+    shape = (total_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype)
+    perm = torch.randperm(total_blocks, generator=gen)
+    block_tables = torch.empty((len(specs), max_blocks), dtype=torch.int32)
+    keys, values, reqs, poss = [], [], [], []
+    start = 0
+    for r, (n_q, ctx) in enumerate(specs):
+        assert 1 <= n_q <= ctx
+        own = perm[start : start + n_blocks[r]]
+        start += n_blocks[r]
+        filler = torch.randint(0, total_blocks, (max_blocks - n_blocks[r],), generator=gen)
+        block_tables[r] = torch.cat([own, filler]).int()
+        k = torch.randn((ctx, kv_heads, head_dim), generator=gen).to(dtype)
+        v = torch.randn((ctx, kv_heads, head_dim), generator=gen).to(dtype)
+        pos = torch.arange(ctx)
+        k_cache[own[pos // block_size], pos % block_size] = k
+        v_cache[own[pos // block_size], pos % block_size] = v
+        keys.append(k)
+        values.append(v)
+        reqs += [r] * n_q
+        poss += list(range(ctx - n_q, ctx))
+    if shuffle_tokens:
+        order = torch.randperm(len(reqs), generator=gen).tolist()
+        reqs = [reqs[i] for i in order]
+        poss = [poss[i] for i in order]
+    reqs += [-1] * padding
+    poss += [0] * padding
+    q = torch.randn((len(reqs), heads, head_dim), generator=gen).to(dtype)
+    return Batch(
+        q=q.to(device),
+        k_cache=k_cache.to(device),
+        v_cache=v_cache.to(device),
+        block_tables=block_tables.to(device),
+        token_req=torch.tensor(reqs, dtype=torch.int32, device=device),
+        token_pos=torch.tensor(poss, dtype=torch.int32, device=device),
+        keys=keys,
+        values=values,
+        scale=head_dim**-0.5,
+    )
+
+
+def dense_attention(b: Batch, sliding_window: int | None) -> torch.Tensor:
+    """Independent oracle: float64 SDPA per request over the contiguous K/V, GQA expanded."""
+    t, h, d = b.q.shape
+    kvh = b.keys[0].shape[1] if b.keys else 1
+    out = torch.zeros((t, h, d), dtype=torch.float64)
+    req, pos = b.token_req.cpu(), b.token_pos.cpu()
+    for r, (k, v) in enumerate(zip(b.keys, b.values, strict=True)):
+        rows = (req == r).nonzero().flatten()
+        key_pos = torch.arange(k.shape[0])
+        mask = key_pos[None, :] <= pos[rows][:, None]
+        if sliding_window is not None:
+            mask &= pos[rows][:, None] - key_pos[None, :] < sliding_window
+        qr = b.q.cpu()[rows].double().transpose(0, 1)[None]  # [1, H, n, D]
+        kr = k.double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)[None]
+        vr = v.double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=b.scale)
+        out[rows] = o[0].transpose(0, 1)
+    return out
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def run_ref(b: Batch, sliding_window: int | None = None) -> torch.Tensor:
+    out = torch.full_like(b.q, float("nan"))
+    res = ref_attention(
+        b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
+        sliding_window=sliding_window, out=out,
+    )
+    assert res is out
+    return out
+
+
+def run_triton(
+    b: Batch, sliding_window: int | None = None, num_splits: int | None = None
+) -> torch.Tensor:
+    from engine.attention_triton import paged_attention_with_splits
+
+    out = torch.full_like(b.q, float("nan"))
+    res = paged_attention_with_splits(
+        b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
+        sliding_window=sliding_window, out=out, num_splits=num_splits,
+    )
+    assert res is out
+    return out
+
+
+def assert_padding_zero(b: Batch, out: torch.Tensor) -> None:
+    pad = b.token_req == -1
+    assert torch.equal(out[pad], torch.zeros_like(out[pad])), "padding tokens must output 0"
+
+
+# A mixed step: decodes at short and block-boundary contexts, a fresh prefill, prefill
+# chunks continuing a prompt, and a single-token context.
+MIXED = [(1, 1), (1, 37), (9, 9), (1, 16), (6, 50), (1, 33), (3, 20)]
+
+
+# --------------------------------------------------------------------------- (a) reference
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (6, 2), (8, 1)])
+@pytest.mark.parametrize("sliding_window", [None, 5])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_reference_matches_dense_attention(
+    heads: int, kv_heads: int, sliding_window: int | None, block_size: int
+) -> None:
+    b = make_batch(
+        MIXED, heads=heads, kv_heads=kv_heads, head_dim=32, block_size=block_size,
+        dtype=torch.float32, padding=3, seed=heads * 10 + kv_heads,
+    )
+    out = run_ref(b, sliding_window)
+    assert rel_err(out, dense_attention(b, sliding_window)) < TOL[torch.float32]
+    assert_padding_zero(b, out)
+
+
+def test_reference_handles_interleaved_tokens() -> None:
+    b = make_batch(
+        MIXED, heads=8, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32,
+        padding=2, shuffle_tokens=True, seed=3,
+    )
+    out = run_ref(b)
+    assert rel_err(out, dense_attention(b, None)) < TOL[torch.float32]
+    assert_padding_zero(b, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reference_low_precision(dtype: torch.dtype) -> None:
+    b = make_batch(MIXED, heads=8, kv_heads=2, head_dim=64, block_size=16, dtype=dtype, seed=4)
+    out = run_ref(b, None)
+    assert out.dtype == dtype
+    assert rel_err(out, dense_attention(b, None)) < TOL[dtype]
+
+
+def test_reference_window_one_is_own_value() -> None:
+    b = make_batch(MIXED, heads=4, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)
+    out = run_ref(b, sliding_window=1)
+    for i, (r, p) in enumerate(zip(b.token_req.tolist(), b.token_pos.tolist(), strict=True)):
+        own = b.values[r][p].repeat_interleave(2, dim=0)  # [H, D]
+        torch.testing.assert_close(out[i], own)
+
+
+def test_reference_rejects_mismatched_heads() -> None:
+    b = make_batch([(1, 4)], heads=6, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        ref_attention(
+            b.q[:, :5], b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, 1.0
+        )
+
+
+def test_triton_rejects_non_power_of_two_head_dim() -> None:
+    from engine.attention_triton import paged_attention
+
+    b = make_batch([(1, 4)], heads=4, kv_heads=2, head_dim=48, block_size=16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="power of two"):
+        paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, 1.0)
+
+
+# ------------------------------------------------------------------- (b) Triton interpreter
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
+def test_triton_kernel_matches_reference_in_interpreter_subprocess() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [
+        sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-k", "test_interp_",
+        "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=540
+    )
+    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, report
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
+
+
+INTERP_CASES = [
+    # dtype, heads, kv_heads, head_dim, block_size, sliding_window, num_splits
+    (torch.float32, 8, 2, 32, 16, None, 1),
+    (torch.float32, 8, 2, 32, 16, None, 3),
+    (torch.float32, 8, 2, 32, 32, 7, 1),
+    (torch.float32, 8, 2, 32, 16, 7, 2),
+    (torch.float32, 2, 2, 16, 16, None, 1),  # MHA: 16 query tokens per tile
+    (torch.float32, 6, 2, 16, 16, None, 2),  # group of 3, padded to 4
+    (torch.float32, 32, 1, 16, 32, None, 1),  # group of 32: one token per tile, 32 rows
+    (torch.float16, 8, 2, 64, 16, None, 1),
+    (torch.float16, 8, 2, 64, 16, 9, 4),
+    (torch.float16, 4, 1, 128, 32, None, 2),
+]
+
+
+@interp_only
+@pytest.mark.parametrize("case", INTERP_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_interp_triton_matches_reference(case: tuple) -> None:
+    dtype, heads, kv_heads, head_dim, block_size, window, splits = case
+    b = make_batch(
+        MIXED, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
+        dtype=dtype, padding=3, seed=heads + head_dim + splits,
+    )
+    ref = run_ref(b, window)
+    out = run_triton(b, window, splits)
+    assert rel_err(out, ref) < TOL[dtype]
+    assert_padding_zero(b, out)
+
+
+@interp_only
+def test_interp_interleaved_tokens_and_long_context() -> None:
+    """Requests' tokens not contiguous in the batch; one context spans many key tiles."""
+    b = make_batch(
+        [(1, 300), (4, 130), (1, 2), (2, 65)], heads=4, kv_heads=2, head_dim=16,
+        block_size=16, dtype=torch.float32, padding=1, shuffle_tokens=True, seed=11,
+    )
+    for splits in (1, 3):
+        assert rel_err(run_triton(b, None, splits), run_ref(b)) < TOL[torch.float32]
+
+
+@interp_only
+def test_interp_strided_query_and_output() -> None:
+    """q and out as views with non-unit strides (e.g. slices of a fused qkv projection)."""
+    from engine.attention_triton import paged_attention
+
+    b = make_batch(MIXED, heads=4, kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16)
+    qkv = torch.randn((b.q.shape[0], 8, 32)).half()
+    q = qkv[:, 2:6]
+    big_out = torch.full((4, b.q.shape[0], 32), float("nan")).half()
+    out = big_out.transpose(0, 1)  # [T, H, D] with a non-contiguous layout
+    paged_attention(
+        q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale, out=out
+    )
+    ref = ref_attention(
+        q.contiguous(), b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale
+    )
+    assert rel_err(out, ref) < TOL[torch.float16]
+
+
+@interp_only
+def test_interp_all_padding() -> None:
+    b = make_batch([(1, 3)], heads=4, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)
+    b.token_req.fill_(-1)
+    for splits in (1, 2):
+        out = run_triton(b, None, splits)
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+# ------------------------------------------------------------------------------- (c) CUDA
+
+CUDA_MIXED = [
+    (1, 1), (1, 17), (1, 1280), (1, 4097), (1, 8448), (1, 8448), (256, 8448), (300, 300),
+    (64, 1000), (1, 2048),
+]
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_cuda_mixed_batch_matches_reference(dtype: torch.dtype, num_splits: int | None) -> None:
+    b = make_batch(
+        CUDA_MIXED, heads=32, kv_heads=8, head_dim=128, block_size=16, dtype=dtype,
+        device="cuda", padding=5, seed=21,
+    )
+    ref = run_ref(b)
+    out = run_triton(b, None, num_splits)
+    assert rel_err(out, ref) < TOL[dtype]
+    assert_padding_zero(b, out)
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_decode_batch32_long_contexts(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    ctxs = torch.randint(1, 8448 + 1, (30,), generator=gen).tolist() + [8448, 8448 + 256]
+    b = make_batch(
+        [(1, c) for c in ctxs], heads=32, kv_heads=8, head_dim=128, block_size=16, dtype=dtype,
+        device="cuda", seed=6,
+    )
+    ref = run_ref(b)
+    for splits in (None, 1, 2, 8):
+        assert rel_err(run_triton(b, None, splits), ref) < TOL[dtype], f"num_splits={splits}"
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("sliding_window", [None, 1000])
+def test_cuda_shapes_and_window(head_dim: int, block_size: int, sliding_window: int | None) -> None:
+    b = make_batch(
+        [(1, 3000), (1, 999), (128, 1500), (7, 7)], heads=16, kv_heads=4, head_dim=head_dim,
+        block_size=block_size, dtype=torch.bfloat16, device="cuda", padding=2, seed=head_dim,
+    )
+    ref = run_ref(b, sliding_window)
+    for splits in (None, 4):
+        out = run_triton(b, sliding_window, splits)
+        assert rel_err(out, ref) < TOL[torch.bfloat16]
+        assert_padding_zero(b, out)
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("n_tokens", [32, 300])  # decode-sized (split-K) and mixed
+def test_cuda_graph_replay_after_in_place_input_changes(n_tokens: int) -> None:
+    """Capture once, then change token_pos, token_req, block_tables and q in place: replay
+    must follow the new values (nothing value-dependent was baked in at capture)."""
+    from engine.attention_triton import paged_attention
+
+    heads, kv_heads, d, bs, reqs, max_blocks = 32, 8, 128, 16, 32, 545  # up to 8720 keys
+    dev, dtype = "cuda", torch.bfloat16
+    gen = torch.Generator(device=dev).manual_seed(7)
+    n_blocks = reqs * max_blocks
+    k_cache = torch.randn((n_blocks, bs, kv_heads, d), device=dev, dtype=dtype, generator=gen)
+    v_cache = torch.randn((n_blocks, bs, kv_heads, d), device=dev, dtype=dtype, generator=gen)
+    q = torch.empty((n_tokens, heads, d), device=dev, dtype=dtype)
+    block_tables = torch.empty((reqs, max_blocks), device=dev, dtype=torch.int32)
+    token_req = torch.empty((n_tokens,), device=dev, dtype=torch.int32)
+    token_pos = torch.empty((n_tokens,), device=dev, dtype=torch.int32)
+    out = torch.empty_like(q)
+
+    def fill(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        q.copy_(torch.randn(q.shape, generator=g).to(dtype))
+        block_tables.copy_(torch.randperm(n_blocks, generator=g)[: reqs * max_blocks].view(
+            reqs, max_blocks).int())
+        if n_tokens == reqs:  # one decode per request, random contexts
+            req = torch.arange(reqs)
+            pos = torch.randint(0, max_blocks * bs, (reqs,), generator=g)
+        else:  # decodes for all but the last request, which runs a prefill chunk
+            n_chunk = n_tokens - (reqs - 1)
+            start = int(torch.randint(0, max_blocks * bs - n_chunk, (1,), generator=g))
+            req = torch.cat([torch.arange(reqs - 1), torch.full((n_chunk,), reqs - 1)])
+            pos = torch.cat([
+                torch.randint(0, max_blocks * bs, (reqs - 1,), generator=g),
+                torch.arange(start, start + n_chunk),
+            ])
+        pad = torch.rand(n_tokens, generator=g) < 0.1  # some padding tokens
+        token_req.copy_(torch.where(pad, -1, req).int())
+        token_pos.copy_(torch.where(pad, 0, pos).int())
+
+    def attention() -> None:
+        paged_attention(
+            q, k_cache, v_cache, block_tables, token_req, token_pos, d**-0.5, out=out
+        )
+
+    fill(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        attention()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention()
+
+    for seed in (1, 2, 3):
+        fill(seed)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = ref_attention(
+            q, k_cache, v_cache, block_tables, token_req, token_pos, d**-0.5
+        )
+        assert rel_err(out, ref) < TOL[dtype], f"replay with inputs #{seed}"
+        pad = token_req == -1
+        assert torch.equal(out[pad], torch.zeros_like(out[pad]))
+
