@@ -1,0 +1,211 @@
+"""Engine and sampling settings: what each knob means, what values it allows, and loading them.
+
+Owns validation at the boundary: every unknown key or invalid value raises ValueError naming
+the key and what is allowed. Nothing here touches a device, a model or the UI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEVICES = ("cpu", "cuda", "auto")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+NUM_SLOTS = (1, 2, 3)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Every engine knob; config.yaml documents each one."""
+
+    model: str = "models/gapless-tiny-python"
+    tokenizer: str | None = None
+    trust_remote_code: bool = False
+    device: str = "auto"
+    dtype: str = "auto"
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    gpu_memory_fraction: float = 0.85
+    seed: int = 0
+    attention_backend: str = "auto"
+    async_batching: bool = True
+    num_slots: int = 2
+    cuda_graphs: bool = True
+    graph_buckets: list[int] | None = None
+    telemetry: bool = True
+    nvml_interval_s: float = 0.25
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], **overrides: Any) -> EngineConfig:
+        merged = {**values, **overrides}
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        for key in merged:
+            if key not in allowed:
+                raise ValueError(
+                    f"unknown engine setting {key!r}; allowed settings: {', '.join(allowed)}"
+                )
+        cfg = cls(**merged)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> EngineConfig:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        with path.open() as f:
+            values = yaml.safe_load(f) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a mapping of setting: value at the top level")
+        return cls.from_dict(values, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        _check_type("model", self.model, str)
+        if not self.model:
+            raise ValueError("model must be a local folder or a hub id, got an empty string")
+        if self.tokenizer is not None:
+            _check_type("tokenizer", self.tokenizer, str)
+        _check_type("trust_remote_code", self.trust_remote_code, bool)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_model_len is not None:
+            _check_int("max_model_len", self.max_model_len, 2)
+        _check_int("block_size", self.block_size, 1)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.num_blocks is not None:
+            _check_int("num_blocks", self.num_blocks, 2)
+        _check_type("gpu_memory_fraction", self.gpu_memory_fraction, (int, float))
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise ValueError(
+                f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
+            )
+        _check_int("seed", self.seed, 0)
+        _check_type("async_batching", self.async_batching, bool)
+        _check_choice("num_slots", self.num_slots, NUM_SLOTS)
+        _check_type("cuda_graphs", self.cuda_graphs, bool)
+        if self.graph_buckets is not None:
+            if not isinstance(self.graph_buckets, list) or not self.graph_buckets:
+                raise ValueError("graph_buckets must be a non-empty list of positive integers")
+            for b in self.graph_buckets:
+                _check_int("graph_buckets entry", b, 1)
+        _check_type("telemetry", self.telemetry, bool)
+        _check_type("nvml_interval_s", self.nvml_interval_s, (int, float))
+        if self.nvml_interval_s <= 0:
+            raise ValueError(f"nvml_interval_s must be > 0, got {self.nvml_interval_s}")
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling and stop settings, named as in vLLM.
+
+    temperature 0 means greedy. top_k -1 disables top-k; top_p 1.0 disables top-p.
+    seed makes a sampled request reproducible whatever else runs beside it.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def coerce(cls, params: SamplingParams | dict[str, Any] | None) -> SamplingParams:
+        if params is None:
+            return cls()
+        if isinstance(params, cls):
+            return params
+        if isinstance(params, dict):
+            allowed = [f.name for f in dataclasses.fields(cls)]
+            for key in params:
+                if key not in allowed:
+                    raise ValueError(
+                        f"unknown sampling parameter {key!r}; allowed: {', '.join(allowed)}"
+                    )
+            return cls(**params)
+        raise ValueError(
+            f"sampling params must be SamplingParams, a dict or None, got {type(params).__name__}"
+        )
+
+    def validate(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not self.temperature >= 0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
+        if self.top_k < -1 or self.top_k == 0:
+            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+        ):
+            raise ValueError(f"seed must be None or an integer >= 0, got {self.seed!r}")
+        if self.stop is not None:
+            if isinstance(self.stop, str):
+                raise ValueError(
+                    f"stop must be a list of strings, got the string {self.stop!r} "
+                    "(write stop=[...])"
+                )
+            if not isinstance(self.stop, (list, tuple)) or not all(
+                isinstance(s, str) and s for s in self.stop
+            ):
+                raise ValueError(
+                    f"stop must be a list of non-empty strings, got {self.stop!r}"
+                )
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
+        ):
+            raise ValueError(
+                f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}"
+            )
+
+
+def _check_type(key: str, value: Any, types: type | tuple[type, ...]) -> None:
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ValueError(f"{key} must be {_type_names(types)}, got {value!r}")
+    if not isinstance(value, types):
+        raise ValueError(f"{key} must be {_type_names(types)}, got {value!r}")
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    ts = types if isinstance(types, tuple) else (types,)
+    return " or ".join(names.get(t, t.__name__) for t in ts)
+
+
+def _check_int(key: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
+    if isinstance(value, bool) or value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{key} must be one of {allowed}, got {value!r}")

@@ -1,0 +1,91 @@
+"""CUDA graphs of the compute step, one per (slot, token-count bucket, greedy-only).
+
+Owns capture, lookup and the fallback policy: a step is padded up to the smallest bucket
+that holds it; a step above the largest bucket runs eagerly; if capture fails (out of
+memory, an op that cannot be captured) graphs are switched off with the reason kept, and the
+engine keeps serving eagerly. All graphs share one memory pool: they never run concurrently
+because every step is serialised on the compute stream.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable
+
+import torch
+
+from engine.runner import DeviceView
+
+log = logging.getLogger("gapless.graphs")
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def default_buckets(max_num_batched_tokens: int) -> list[int]:
+    """Buckets up to the token budget (and at most 512: bigger steps are compute-bound,
+    where launch gaps matter little)."""
+    out = [b for b in DEFAULT_BUCKETS if b < max_num_batched_tokens]
+    if max_num_batched_tokens <= DEFAULT_BUCKETS[-1]:
+        out.append(max_num_batched_tokens)
+    return out
+
+
+class GraphCache:
+    def __init__(
+        self,
+        buckets: list[int],
+        compute: Callable[[DeviceView, int, int, bool], None],
+        stream: torch.cuda.Stream,
+        max_samples: int,
+    ) -> None:
+        self.buckets = sorted(set(buckets))
+        self._compute = compute
+        self._stream = stream
+        self._max_samples = max_samples
+        self._pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self.failure: str | None = None
+
+    def bucket_for(self, num_tokens: int) -> int | None:
+        i = bisect.bisect_left(self.buckets, num_tokens)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def capture_all(self, slots: list[tuple[int, DeviceView]]) -> bool:
+        """Capture every bucket for every slot. On failure, keep the reason and return False."""
+        try:
+            for index, view in slots:
+                for bucket in self.buckets:
+                    for greedy in (True, False):
+                        self._capture(index, view, bucket, greedy)
+        except Exception as e:  # capture can fail in many ways; serve eagerly instead
+            self.failure = f"CUDA graph capture failed ({type(e).__name__}: {e})"
+            log.warning("%s; running eagerly", self.failure)
+            self._graphs.clear()
+            return False
+        return True
+
+    def _capture(self, index: int, view: DeviceView, bucket: int, greedy: bool) -> None:
+        key = (index, bucket, greedy)
+        if key in self._graphs:
+            return
+        # The view holds a padded dummy step (all tokens point at scratch), so warm-up and
+        # capture read valid indices.
+        with torch.cuda.stream(self._stream):
+            for _ in range(2):
+                self._compute(view, bucket, self._max_samples, greedy)
+        self._stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+            self._compute(view, bucket, self._max_samples, greedy)
+        self._stream.synchronize()
+        self._graphs[key] = graph
+
+    def replay(self, index: int, bucket: int, greedy: bool) -> None:
+        self._graphs[(index, bucket, greedy)].replay()
+
+    def has(self, index: int, bucket: int, greedy: bool) -> bool:
+        return (index, bucket, greedy) in self._graphs
+
+    def clear(self) -> None:
+        self._graphs.clear()

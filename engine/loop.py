@@ -1,0 +1,305 @@
+"""The step loop: schedule, prepare, launch, then read results, in sync or async mode.
+
+    sync : schedule N, prepare N, launch N, wait N, post N
+    async: schedule N+1, prepare N+1, launch N+1, wait N, post N
+
+Owns the order of one step's CPU phases and what happens to the tokens that come back
+(append, detokenize, stop checks, finish, discard a finished request's one-step-late token).
+Live settings change here, at a step boundary, after draining the pipeline. Runs in one
+thread (the engine's loop thread, or the caller's in manual stepping).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.batch import BufferLayout, assemble
+from engine.detokenizer import IncrementalDetokenizer
+from engine.graphs import GraphCache
+from engine.pipeline import InflightStep, Pipeline, Slot
+from engine.request import Request
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.streams import StreamSet
+from telemetry.bus import TelemetryBus
+from telemetry.records import RequestEvent, Span, StepRecord
+
+log = logging.getLogger("gapless.loop")
+now = time.perf_counter_ns
+
+
+@dataclass(slots=True)
+class LiveSettings:
+    async_batching: bool
+    num_slots: int
+    cuda_graphs: bool
+
+
+class RequestSink:
+    """Where a request's text and end go (the engine's handles implement it)."""
+
+    def on_delta(self, req: Request, text: str) -> None: ...
+    def on_finish(self, req: Request) -> None: ...
+
+
+class StepLoop:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        streams: StreamSet,
+        layout: BufferLayout,
+        settings: LiveSettings,
+        graphs: GraphCache | None,
+        graphs_unavailable: str | None,
+        bus: TelemetryBus | None,
+        sink: RequestSink,
+        tokenizer: Any,
+        eos_ids: set[int],
+        max_model_len: int,
+        block_size: int,
+        scratch_slot: int,
+    ) -> None:
+        self.runner = runner
+        self.scheduler = scheduler
+        self.streams = streams
+        self.settings = settings
+        self.graphs = graphs
+        self.graphs_unavailable = graphs_unavailable
+        self.bus = bus
+        self.sink = sink
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.scratch_slot = scratch_slot
+        self.scratch_row = scheduler.max_num_seqs
+        self.pipeline = Pipeline(streams, layout, settings.num_slots)
+        self.detok: dict[str, IncrementalDetokenizer] = {}
+        self.inflight: InflightStep | None = None
+        self.step_no = 0
+        self.discarded_tokens = 0
+        self.generated_tokens = 0
+        if settings.cuda_graphs:
+            self._enable_graphs()
+
+    # ------------------------------------------------------------------------ settings
+    @property
+    def graphs_active(self) -> bool:
+        return self.settings.cuda_graphs and self.graphs is not None and not self.graphs.failure
+
+    def graphs_reason(self) -> str | None:
+        if self.graphs_unavailable:
+            return self.graphs_unavailable
+        return self.graphs.failure if self.graphs is not None else None
+
+    def reconfigure(self, async_batching: bool | None, num_slots: int | None,
+                    cuda_graphs: bool | None) -> None:
+        """Apply new live settings at a step boundary, draining the pipeline first."""
+        self.drain()
+        if async_batching is not None:
+            self.settings.async_batching = async_batching
+        if num_slots is not None and num_slots != len(self.pipeline.slots):
+            self.pipeline.resize(num_slots)
+            self.settings.num_slots = num_slots
+            if self.graphs_active:
+                self._enable_graphs()
+        if cuda_graphs is not None:
+            self.settings.cuda_graphs = cuda_graphs
+            if cuda_graphs:
+                self._enable_graphs()
+        self.streams.reanchor()
+
+    def _enable_graphs(self) -> None:
+        if self.graphs is None:
+            self.settings.cuda_graphs = False
+            return
+        if self.graphs.failure:
+            return
+        views = []
+        for slot in self.pipeline.slots:
+            self._fill_dummy(slot)
+            views.append((slot.index, slot.dev))
+        with torch.inference_mode():
+            ok = self.graphs.capture_all(views)
+        if not ok:
+            self.settings.cuda_graphs = False
+
+    def _fill_dummy(self, slot: Slot) -> None:
+        """A padded step of nothing, so graph warm-up and capture read valid indices."""
+        top = self.graphs.buckets[-1] if self.graphs else 1
+        assemble(SchedulerOutput(), slot.host, self.block_size, self.scratch_slot,
+                 self.scratch_row, pad_to=top)
+        slot.dev.buf.copy_(slot.host_buf)
+        torch.cuda.synchronize()
+
+    # ---------------------------------------------------------------------------- step
+    def step(self) -> bool:
+        """Run one step boundary. Returns False when there was nothing to do."""
+        t0 = now()
+        sched = self.scheduler.schedule()
+        t1 = now()
+        if sched.is_empty:
+            if self.inflight is not None:
+                self.drain()
+                return True
+            return False
+        step_no = self.step_no
+        self.step_no += 1
+        slot = self.pipeline.slot_for(step_no)
+        self.pipeline.wait_host_input(slot)
+        t2 = now()
+        bucket = self.graphs.bucket_for(sched.num_tokens) if self.graphs_active else None
+        meta = assemble(sched, slot.host, self.block_size, self.scratch_slot, self.scratch_row,
+                        pad_to=bucket)
+        t3 = now()
+        mode = "async" if self.settings.async_batching else "sync"
+        record = StepRecord(
+            step=step_no, mode=mode, slot=slot.index, num_requests=len(sched.chunks),
+            prefill_tokens=sched.num_prefill_tokens, decode_tokens=sched.num_decode_tokens,
+            padded_tokens=meta.padded_tokens, graph_bucket=bucket,
+            spans=[Span("cpu.schedule", t0, t1), Span("cpu.prepare", t2, t3)],
+            preemptions=len(sched.preempted),
+        )
+        if slot.inflight is not None:
+            # One slot in async mode: the slot's last step must be read before reuse.
+            self._complete(slot.inflight)
+        compute_fn = self._compute_fn(slot, meta.num_tokens, meta.num_samples,
+                                      meta.greedy_only, bucket)
+        t4 = now()
+        step = self.pipeline.launch(slot, sched, meta, record, compute_fn)
+        record.spans.append(Span("cpu.launch", t4, now()))
+        for chunk in sched.chunks:
+            if chunk.start == 0 and chunk.request.num_preemptions == 0:
+                self._event(chunk.request, "scheduled")
+        if self.settings.async_batching:
+            prev, self.inflight = self.inflight, step
+            if prev is not None:
+                self._complete(prev)
+        else:
+            self._complete(step)
+        return True
+
+    def drain(self) -> None:
+        if self.inflight is not None:
+            step, self.inflight = self.inflight, None
+            self._complete(step)
+
+    def _compute_fn(self, slot: Slot, t: int, s: int, greedy: bool,
+                    bucket: int | None) -> Callable[[], None]:
+        if bucket is not None and self.graphs is not None:
+            graphs, index = self.graphs, slot.index
+            return lambda: graphs.replay(index, bucket, greedy)
+        runner, view = self.runner, slot.dev
+
+        def run() -> None:
+            with torch.inference_mode():
+                runner.compute(view, t, s, greedy)
+
+        return run
+
+    # ------------------------------------------------------------------------- results
+    def _complete(self, step: InflightStep) -> None:
+        if self.inflight is step:
+            self.inflight = None
+        tw = now()
+        try:
+            tokens = self.pipeline.wait_results(step)
+        except Exception as e:
+            tp = now()
+            self._fail(step, e)
+        else:
+            tp = now()
+            for i, req in enumerate(step.meta.samplers):
+                self._on_token(req, int(tokens[i]))
+        rec = step.record
+        rec.spans.append(Span("cpu.wait", tw, tp))
+        rec.spans.append(Span("cpu.post", tp, now()))
+        if self.bus is not None:
+            for op in step.ops:
+                start, end = op.span_ns()
+                rec.spans.append(Span(op.lane, start, end))
+            sch = self.scheduler
+            rec.running, rec.waiting = len(sch.running), len(sch.waiting)
+            rec.kv_blocks_used = sch.allocator.num_used
+            rec.kv_blocks_total = sch.allocator.num_blocks
+            self.bus.publish_step(rec)
+
+    def _fail(self, step: InflightStep, error: BaseException) -> None:
+        log.error("step %d failed: %s", step.step, error)
+        msg = f"{type(error).__name__}: {error}"
+        for req in step.meta.samplers:
+            req.num_pending -= 1
+        for chunk in step.sched.chunks:
+            req = chunk.request
+            if not req.is_finished:
+                req.error = msg
+                self.finish(req, "error")
+
+    def _on_token(self, req: Request, token: int) -> None:
+        req.num_pending -= 1
+        if req.is_finished:
+            self.discarded_tokens += 1  # computed one step late, after the request ended
+            return
+        req.output_token_ids.append(token)
+        self.generated_tokens += 1
+        t = now()
+        if req.first_token_ns is None:
+            req.first_token_ns = t
+            self._event(req, "first_token", num_tokens=1)
+        else:
+            self._event(req, "tokens", num_tokens=1)
+        detok = self.detok.get(req.request_id)
+        if detok is None:
+            detok = self.detok[req.request_id] = IncrementalDetokenizer(
+                self.tokenizer, req.params.stop
+            )
+        delta, stop_hit = detok.push(token)
+        p = req.params
+        reason = None
+        if stop_hit:
+            reason = "stop"
+        elif (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids:
+            reason = "stop"
+        elif len(req.output_token_ids) >= p.max_tokens:
+            reason = "length"
+        elif req.prompt_len + len(req.output_token_ids) >= self.max_model_len:
+            reason = "length"
+        if delta:
+            self.sink.on_delta(req, delta)
+        if reason is not None:
+            self.finish(req, reason)
+
+    def finish(self, req: Request, reason: str) -> None:
+        if req.is_finished:
+            return
+        self.scheduler.finish(req, reason)
+        req.finished_ns = now()
+        detok = self.detok.pop(req.request_id, None)
+        if detok is not None:
+            rest = detok.flush()
+            if rest:
+                self.sink.on_delta(req, rest)
+            req.text = detok.text
+        self._event(req, "finished", reason=reason)
+        self.sink.on_finish(req)
+
+    def _event(self, req: Request, kind: str, num_tokens: int = 0,
+               reason: str | None = None) -> None:
+        if self.bus is not None:
+            self.bus.publish_event(RequestEvent(
+                req.request_id, kind, now(), num_tokens=num_tokens,  # type: ignore[arg-type]
+                prompt_tokens=req.prompt_len, reason=reason,
+            ))
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.streams.close()

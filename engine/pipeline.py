@@ -1,0 +1,150 @@
+"""The step pipeline: slots, and launching a step across the three streams.
+
+Owns the per-slot buffers (pinned host input, device input, device output, pinned host
+output) and the events that say when a slot may be reused, and the launch order:
+
+    h2d:     wait(slot's last compute_done) -> copy host -> device -> record h2d_done
+    compute: wait(h2d_done), wait(slot's last d2h_done) -> step -> record compute_done
+    d2h:     wait(compute_done) -> copy sampled tokens -> record d2h_done
+
+The CPU blocks only in `wait_host_input` (the slot's last H2D, normally long done) and
+`wait_results` (one d2h_done per step). It never decides what runs: see engine.engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from engine.batch import BufferLayout, HostView, StepMeta
+from engine.runner import DeviceView
+from engine.scheduler import SchedulerOutput
+from engine.streams import Event, StreamSet, TimedOp
+from telemetry.records import StepRecord
+
+
+@dataclass(slots=True)
+class Slot:
+    index: int
+    host_buf: torch.Tensor
+    host: HostView
+    dev: DeviceView
+    host_out: torch.Tensor
+    host_out_np: np.ndarray
+    h2d_done: Event | None = None
+    compute_done: Event | None = None
+    d2h_done: Event | None = None
+    inflight: InflightStep | None = None  # launched, results not yet read
+
+    @classmethod
+    def allocate(cls, index: int, layout: BufferLayout, device: torch.device) -> Slot:
+        pin = device.type == "cuda"
+        host_buf = torch.zeros(layout.size, dtype=torch.int32, pin_memory=pin)
+        host_out = torch.zeros(layout.max_seqs, dtype=torch.int64, pin_memory=pin)
+        return cls(
+            index=index,
+            host_buf=host_buf,
+            host=HostView(host_buf.numpy(), layout),
+            dev=DeviceView.allocate(layout, device),
+            host_out=host_out,
+            host_out_np=host_out.numpy(),
+        )
+
+    def poison(self) -> None:
+        """Fill the host buffers with garbage: a step that still reads them after the slot
+        was declared free produces wrong tokens (used by tests and debug mode)."""
+        self.host_buf.fill_(-7)
+        self.host_out.fill_(-7)
+
+
+@dataclass(slots=True)
+class InflightStep:
+    step: int
+    slot: Slot
+    sched: SchedulerOutput
+    meta: StepMeta
+    record: StepRecord
+    d2h_done: Event
+    ops: list[TimedOp] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class Pipeline:
+    def __init__(
+        self,
+        streams: StreamSet,
+        layout: BufferLayout,
+        num_slots: int,
+        poison_on_release: bool = False,
+    ) -> None:
+        self.streams = streams
+        self.layout = layout
+        self.poison_on_release = poison_on_release
+        self.slots: list[Slot] = []
+        self.resize(num_slots)
+
+    def resize(self, num_slots: int) -> None:
+        """Only between steps, with nothing in flight."""
+        assert all(s.inflight is None for s in self.slots)
+        while len(self.slots) > num_slots:
+            self.slots.pop()
+        while len(self.slots) < num_slots:
+            self.slots.append(Slot.allocate(len(self.slots), self.layout, self.streams.device))
+
+    def slot_for(self, step: int) -> Slot:
+        return self.slots[step % len(self.slots)]
+
+    def wait_host_input(self, slot: Slot) -> None:
+        """The host input buffer is free once the slot's last H2D copy finished."""
+        if slot.h2d_done is not None:
+            slot.h2d_done.synchronize()
+            if self.poison_on_release:
+                slot.host_buf.fill_(-7)
+
+    def launch(
+        self,
+        slot: Slot,
+        sched: SchedulerOutput,
+        meta: StepMeta,
+        record: StepRecord,
+        compute_fn: Callable[[], None],
+    ) -> InflightStep:
+        assert slot.inflight is None, "slot reused before its results were read"
+        s = self.streams
+        h2d_done, compute_done, d2h_done = s.event(), s.event(), s.event()
+        ops: list[TimedOp] = []
+        error: BaseException | None = None
+        if slot.compute_done is not None:
+            s.h2d.wait(slot.compute_done)  # device input still read by the slot's last step
+        ops.append(s.h2d.timed("h2d", lambda: slot.dev.buf.copy_(slot.host_buf, non_blocking=True)))
+        s.h2d.record(h2d_done)
+        s.compute.wait(h2d_done)
+        if slot.d2h_done is not None:
+            s.compute.wait(slot.d2h_done)  # device output still read by the slot's last D2H
+        try:
+            ops.append(s.compute.timed("compute", compute_fn))
+        except Exception as e:  # CUDA launches run here, in the calling thread
+            error = e
+        s.compute.record(compute_done)
+        s.d2h.wait(compute_done)
+        ops.append(s.d2h.timed("d2h", lambda: slot.host_out.copy_(slot.dev.out, non_blocking=True)))
+        s.d2h.record(d2h_done)
+        slot.h2d_done, slot.compute_done, slot.d2h_done = h2d_done, compute_done, d2h_done
+        step = InflightStep(record.step, slot, sched, meta, record, d2h_done, ops, error)
+        slot.inflight = step
+        return step
+
+    def wait_results(self, step: InflightStep) -> np.ndarray:
+        """Block until the step's tokens are on the host; returns a copy of them. Raises
+        what the step's device work raised."""
+        step.d2h_done.synchronize()
+        step.slot.inflight = None
+        if step.error is not None:
+            raise step.error
+        tokens = step.slot.host_out_np[: step.meta.num_samples].copy()
+        if self.poison_on_release:
+            step.slot.host_out.fill_(-7)
+        return tokens

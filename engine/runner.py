@@ -1,0 +1,135 @@
+"""The model runner: device state and the per-step device program.
+
+Owns the paged KV cache tensors, the device token table (the carry-over of sampled tokens),
+and `compute()`, the work queued on the compute stream for one step: gather input ids, run
+the model with our attention context, sample, scatter the new tokens into the table, copy
+them to the slot's output buffer. compute() reads only static per-slot buffers, so a CUDA
+graph can capture it. Never decides what to run (that is the scheduler's job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttnContext, Backend
+from engine.batch import BufferLayout
+from engine.sampler import sample
+
+
+@dataclass(slots=True)
+class DeviceView:
+    """Views of one slot's device input buffer (int32) and its output buffer."""
+
+    buf: torch.Tensor
+    out: torch.Tensor  # [max_seqs] int64 sampled tokens
+    ids: torch.Tensor
+    from_table: torch.Tensor
+    token_row: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    token_req: torch.Tensor
+    block_tables: torch.Tensor
+    sample_idx: torch.Tensor
+    sample_row: torch.Tensor
+    sample_pos: torch.Tensor
+    top_k: torch.Tensor
+    seed: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def allocate(cls, layout: BufferLayout, device: torch.device) -> DeviceView:
+        buf = torch.zeros(layout.size, dtype=torch.int32, device=device)
+        out = torch.zeros(layout.max_seqs, dtype=torch.int64, device=device)
+        views: dict[str, torch.Tensor] = {}
+        for name, (start, n) in layout.offsets().items():
+            v = buf[start : start + n]
+            if name in ("temperature", "top_p"):
+                v = v.view(torch.float32)
+            views[name] = v
+        views["block_tables"] = views["block_tables"].view(layout.max_seqs, layout.max_blocks)
+        return cls(buf=buf, out=out, **views)
+
+
+def kv_cache_shape(hf_config: object) -> tuple[int, int, int]:
+    """(num_layers, num_kv_heads, head_dim) of a transformers config."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return text.num_hidden_layers, kv_heads, head_dim
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        backend: Backend,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.dtype = dtype
+        layers, kv_heads, head_dim = kv_cache_shape(model.config)
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in range(layers)
+        ]
+        # Row max_num_seqs is scratch: padding and unused sample rows write there.
+        self.token_table = torch.zeros(
+            (max_num_seqs + 1, max_model_len + 1), dtype=torch.int64, device=device
+        )
+
+    @staticmethod
+    def kv_bytes_per_block(hf_config: object, block_size: int, dtype: torch.dtype) -> int:
+        layers, kv_heads, head_dim = kv_cache_shape(hf_config)
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * layers * block_size * kv_heads * head_dim * elem
+
+    def compute(self, v: DeviceView, num_tokens: int, num_samples: int, greedy_only: bool) -> None:
+        """Queue one step's device work on the current stream (or capture it)."""
+        t, s = num_tokens, num_samples
+        positions = v.positions[:t]
+        rows = v.token_row[:t]
+        from_table = self.token_table[rows, positions]
+        ids = torch.where(v.from_table[:t].bool(), from_table, v.ids[:t].long())
+        ctx = AttnContext(
+            kv_caches=self.kv_caches,
+            slot_mapping=v.slot_mapping[:t].long(),
+            block_tables=v.block_tables,
+            token_req=v.token_req[:t],
+            token_pos=positions,
+            backend=self.backend,
+        )
+        out = self.model(
+            input_ids=ids[None],
+            position_ids=positions[None],
+            logits_to_keep=v.sample_idx[:s].long(),
+            use_cache=False,
+            gapless=ctx,
+        )
+        logits = out.logits[0]
+        sample_pos = v.sample_pos[:s]
+        tokens = sample(
+            logits,
+            v.temperature[:s],
+            v.top_k[:s],
+            v.top_p[:s],
+            v.seed[:s],
+            sample_pos,
+            greedy_only,
+        )
+        self.token_table[v.sample_row[:s].long(), sample_pos.long()] = tokens
+        v.out[:s].copy_(tokens)

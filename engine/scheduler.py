@@ -1,0 +1,197 @@
+"""Continuous-batching scheduler: which tokens of which requests run in the next step.
+
+Owns the waiting queue, the running set (in admission order), token-table rows and KV block
+reservations. Pure Python: it never touches a device, so every decision is testable alone.
+
+Policy: running requests first (in admission order, so decodes and the prefill chunk of the
+request admitted last), then waiting requests, FCFS, as prefill chunks filling what is left of
+the token budget. When blocks run out, the most recently admitted request is preempted
+(its blocks freed, recomputed later). Blocks for a step are reserved when the step is
+scheduled, which is one step ahead of its results in async mode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_allocator import BlockAllocator, blocks_needed
+from engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """Positions [start, start + num_tokens) of one request, computed in one step."""
+
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool  # the chunk reaches the end of the sequence, so a token is sampled
+    table_from: int  # positions >= table_from take their token id from the device table
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free_rows: list[int] = list(range(max_num_seqs - 1, -1, -1))
+        # Per request: first position whose token id lives in its device token-table row.
+        self._table_from: dict[str, int] = {}
+        self.total_preemptions = 0
+
+    # ----------------------------------------------------------------------------- queue
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Mark finished and release everything it holds (safe while it is in flight: the
+        device runs steps in order, so a later owner of its blocks writes after it)."""
+        if req.status is RequestStatus.FINISHED:
+            return
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+            self._release(req)
+        else:
+            self.waiting.remove(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+
+    # -------------------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: set[str] = set()
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._chunk_len(req, budget)
+            if n == 0:
+                i += 1
+                continue
+            if not self._reserve(req, n, out, scheduled):
+                # req itself was preempted (it was the newest): the list shrank under i.
+                continue
+            out.chunks.append(self._chunk(req, n))
+            scheduled.add(req.request_id)
+            budget -= n
+            i += 1
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self._next_admissible()
+            if req is None:
+                break
+            n = self._chunk_len(req, budget)
+            if n == 0:
+                break
+            need = blocks_needed(req.num_computed + n, self.block_size) - len(req.block_ids)
+            if not self.allocator.can_allocate(need):
+                break  # never preempt a running request to admit a new one
+            self.waiting.remove(req)
+            req.block_ids.extend(self.allocator.allocate(need))
+            req.row = self._free_rows.pop()
+            req.status = RequestStatus.RUNNING
+            self._table_from[req.request_id] = req.seq_len
+            self.running.append(req)
+            out.chunks.append(self._chunk(req, n))
+            scheduled.add(req.request_id)
+            budget -= n
+
+        for c in out.chunks:
+            if c.start >= c.table_from:
+                out.num_decode_tokens += c.num_tokens
+            else:
+                out.num_prefill_tokens += c.num_tokens
+        return out
+
+    # ------------------------------------------------------------------------- internals
+    def _chunk_len(self, req: Request, budget: int) -> int:
+        remaining = req.seq_len - req.num_computed
+        if remaining <= 0:
+            return 0
+        n = min(remaining, budget)
+        if n == remaining and not self._may_sample(req):
+            # Its last token is already sampled by a step in flight; nothing more to do.
+            return 0 if remaining == 1 else n - 1
+        return n
+
+    def _may_sample(self, req: Request) -> bool:
+        return req.num_sampled < req.params.max_tokens and req.seq_len < self.max_model_len
+
+    def _chunk(self, req: Request, n: int) -> ScheduledChunk:
+        start = req.num_computed
+        req.num_computed += n
+        samples = req.num_computed == req.seq_len
+        if samples:
+            req.num_pending += 1
+        return ScheduledChunk(req, start, n, samples, self._table_from[req.request_id])
+
+    def _next_admissible(self) -> Request | None:
+        for req in self.waiting:
+            # A preempted request whose last token is still in flight waits for it: its
+            # recompute needs every token id on the host.
+            if req.num_pending == 0:
+                return req
+        return None
+
+    def _reserve(
+        self, req: Request, n: int, out: SchedulerOutput, scheduled: set[str]
+    ) -> bool:
+        need = blocks_needed(req.num_computed + n, self.block_size) - len(req.block_ids)
+        while not self.allocator.can_allocate(need):
+            victim = self.running[-1]
+            assert victim.request_id not in scheduled, "victims are newer than req"
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        req.block_ids.extend(self.allocator.allocate(need))
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.total_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        self.allocator.free(req.block_ids)
+        req.block_ids = []
+        self._free_rows.append(req.row)
+        req.row = -1
+        self._table_from.pop(req.request_id, None)

@@ -1,0 +1,244 @@
+"""Streams and events: one interface, a CUDA implementation and a host emulation.
+
+Owns ordering device work. `Stream.submit(fn)` queues work on the stream; `record(event)`
+and `wait(event)` order streams; `Event.synchronize()` is the only way the CPU blocks.
+`Stream.timed(lane, fn)` queues fn and returns a TimedOp whose start/end host-clock times
+can be read once the work is known to be done (telemetry adds no sync).
+
+On CUDA, work is launched from the calling thread inside `torch.cuda.stream(s)`. Without
+CUDA, a stream is a worker thread running its queue in order, an event is a threading event
+with a timestamp: the same pipeline code runs and really overlaps on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+
+class Event(Protocol):
+    def synchronize(self) -> None: ...
+    def query(self) -> bool: ...
+
+
+class TimedOp(Protocol):
+    lane: str
+
+    def span_ns(self) -> tuple[int, int]: ...
+
+
+class Stream(Protocol):
+    name: str
+
+    def submit(self, fn: Callable[[], None]) -> None: ...
+    def timed(self, lane: str, fn: Callable[[], None]) -> TimedOp: ...
+    def record(self, event: Event) -> None: ...
+    def wait(self, event: Event) -> None: ...
+
+
+class StreamError(RuntimeError):
+    """Work queued on a stream raised; raised again where the CPU waits for it."""
+
+
+# ------------------------------------------------------------------------ host emulation
+class HostEvent:
+    __slots__ = ("_flag", "t_ns", "error")
+
+    def __init__(self) -> None:
+        self._flag = threading.Event()
+        self.t_ns: int | None = None
+        self.error: BaseException | None = None
+
+    def set(self, error: BaseException | None = None) -> None:
+        self.t_ns = time.perf_counter_ns()
+        self.error = error
+        self._flag.set()
+
+    def synchronize(self) -> None:
+        self._flag.wait()
+        if self.error is not None:
+            raise StreamError(str(self.error)) from self.error
+
+    def query(self) -> bool:
+        return self._flag.is_set()
+
+
+class HostTimedOp:
+    __slots__ = ("lane", "start_ns", "end_ns")
+
+    def __init__(self, lane: str) -> None:
+        self.lane = lane
+        self.start_ns = 0
+        self.end_ns = 0
+
+    def span_ns(self) -> tuple[int, int]:
+        return self.start_ns, self.end_ns
+
+
+class HostStream:
+    """A worker thread that runs submitted callables in order. If one raises, the stream
+    keeps going but skips work until the error has been handed to the next recorded event;
+    waiters on that event see it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"gapless-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            while True:
+                fn = self._queue.get()
+                if fn is None:
+                    return
+                fn()
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            if self._error is not None:
+                return
+            try:
+                fn()
+            except BaseException as e:  # handed to the next event; the engine reports it
+                self._error = e
+
+        return run
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        self._queue.put(self._guard(fn))
+
+    def timed(self, lane: str, fn: Callable[[], None]) -> HostTimedOp:
+        op = HostTimedOp(lane)
+
+        def run() -> None:
+            op.start_ns = time.perf_counter_ns()
+            try:
+                fn()
+            finally:
+                op.end_ns = time.perf_counter_ns()
+
+        self._queue.put(self._guard(run))
+        return op
+
+    def record(self, event: Event) -> None:
+        assert isinstance(event, HostEvent)
+
+        def run() -> None:
+            err, self._error = self._error, None
+            event.set(err)
+
+        self._queue.put(run)
+
+    def wait(self, event: Event) -> None:
+        assert isinstance(event, HostEvent)
+
+        def run() -> None:
+            event._flag.wait()
+            if event.error is not None and self._error is None:
+                self._error = event.error  # propagate along the dependency
+
+        self._queue.put(run)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+
+# ------------------------------------------------------------------------------- CUDA
+class CudaTimedOp:
+    __slots__ = ("lane", "start", "end", "clock")
+
+    def __init__(self, lane: str, clock: CudaClock) -> None:
+        self.lane = lane
+        self.clock = clock
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+
+    def span_ns(self) -> tuple[int, int]:
+        return self.clock.to_host_ns(self.start), self.clock.to_host_ns(self.end)
+
+
+class CudaClock:
+    """Maps CUDA event times onto time.perf_counter_ns through an anchor event that was
+    recorded on an idle device and synchronised against the host clock."""
+
+    def __init__(self) -> None:
+        self.anchor = torch.cuda.Event(enable_timing=True)
+        self.anchor_ns = 0
+        self.reanchor()
+
+    def reanchor(self) -> None:
+        """Call only when the device is idle (start, or after the pipeline drained)."""
+        torch.cuda.synchronize()
+        self.anchor.record()
+        self.anchor.synchronize()
+        self.anchor_ns = time.perf_counter_ns()
+
+    def to_host_ns(self, event: torch.cuda.Event) -> int:
+        return self.anchor_ns + int(self.anchor.elapsed_time(event) * 1e6)
+
+
+class CudaStream:
+    def __init__(self, name: str, clock: CudaClock, device: torch.device) -> None:
+        self.name = name
+        self.clock = clock
+        self.stream = torch.cuda.Stream(device=device)
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with torch.cuda.stream(self.stream):
+            fn()
+
+    def timed(self, lane: str, fn: Callable[[], None]) -> CudaTimedOp:
+        op = CudaTimedOp(lane, self.clock)
+        with torch.cuda.stream(self.stream):
+            op.start.record(self.stream)
+            fn()
+            op.end.record(self.stream)
+        return op
+
+    def record(self, event: Event) -> None:
+        assert isinstance(event, torch.cuda.Event)
+        event.record(self.stream)
+
+    def wait(self, event: Event) -> None:
+        assert isinstance(event, torch.cuda.Event)
+        self.stream.wait_event(event)
+
+    def close(self) -> None:
+        self.stream.synchronize()
+
+
+class StreamSet:
+    """The three streams of the pipeline and a factory for their events."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        if self.is_cuda:
+            self.clock: CudaClock | None = CudaClock()
+            self.h2d: Stream = CudaStream("h2d", self.clock, device)
+            self.compute: Stream = CudaStream("compute", self.clock, device)
+            self.d2h: Stream = CudaStream("d2h", self.clock, device)
+        else:
+            self.clock = None
+            self.h2d = HostStream("h2d")
+            self.compute = HostStream("compute")
+            self.d2h = HostStream("d2h")
+
+    def event(self) -> Event:
+        return torch.cuda.Event() if self.is_cuda else HostEvent()
+
+    def reanchor(self) -> None:
+        if self.clock is not None:
+            self.clock.reanchor()
+
+    def close(self) -> None:
+        for s in (self.h2d, self.compute, self.d2h):
+            s.close()  # type: ignore[attr-defined]
