@@ -32,6 +32,9 @@ LANE_COLOURS: dict[str, str] = {
 }
 
 DEFAULT_WIDTH_PX = 1200
+# Records whose spans all end before the window must follow each other this many times
+# before a backwards scan stops: steps overlap in async mode, so ends are not quite sorted.
+_TAIL_SCAN = 16
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,18 +73,35 @@ def recent_window(
     """The records with at least one span overlapping ``[end_ns - window_ms, end_ns]``.
 
     ``end_ns`` defaults to the latest span end, so a paused or idle engine still shows its
-    last activity rather than an empty window. Order is kept.
+    last activity rather than an empty window. Order is kept. Records are expected in
+    publish order (as the bus holds them): the scan walks back from the newest and stops
+    after a run of records entirely before the window, so its cost follows the window,
+    not the history.
     """
     if window_ms <= 0:
         raise ValueError(f"window_ms must be > 0, got {window_ms}")
     if end_ns is None:
-        end_ns = window_end_ns(records)
+        end_ns = window_end_ns(records[-_TAIL_SCAN:])
+        if end_ns is None:
+            end_ns = window_end_ns(records)
         if end_ns is None:
             return []
     start_ns = end_ns - int(window_ms * 1e6)
-    return [
-        r for r in records if any(s.end_ns >= start_ns and s.start_ns <= end_ns for s in r.spans)
-    ]
+    kept: list[StepRecord] = []
+    before = 0
+    for rec in reversed(records):
+        if not rec.spans:
+            continue
+        if max(s.end_ns for s in rec.spans) < start_ns:
+            before += 1
+            if before >= _TAIL_SCAN:
+                break
+            continue
+        before = 0
+        if min(s.start_ns for s in rec.spans) <= end_ns:
+            kept.append(rec)
+    kept.reverse()
+    return kept
 
 
 def merge_thin(

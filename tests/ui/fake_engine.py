@@ -1,0 +1,294 @@
+"""A stand-in for engine.client.EngineClient, for page tests that need a failing engine.
+
+It follows docs/engine-client-api.md closely enough for the pages: settings and configure
+with the engine's validation, submit/stream/result, a telemetry bus fed with plausible step
+records and request events, a load generator, a benchmark, and a kill switch. Tests use it
+where the real engine cannot be made to fail on purpose (death, a restart that fails) and
+for the fast page tests; the real client is tested in test_pages_engine.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from telemetry.bus import TelemetryBus
+from telemetry.records import LANES, RequestEvent, Span, StepRecord
+
+REPLY = ["def", " add", "(a", ",", " b", "):", "\n", "    return", " a", " +", " b", "\n"]
+
+
+try:
+    from engine.client import EngineDead as _DeadBase
+except ImportError:  # before engine/client.py lands, the pages fall back to RuntimeError
+    _DeadBase = RuntimeError  # type: ignore[assignment,misc]
+
+
+class FakeEngineDead(_DeadBase):  # type: ignore[valid-type,misc]
+    """What the fake raises once killed: an engine.client.EngineDead, as the real one."""
+
+
+@dataclass(slots=True)
+class FakeOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class FakeProgress:
+    mode_label: str
+    done: int
+    total: int
+
+
+@dataclass(slots=True)
+class FakeResult:
+    mode_label: str
+    total_s: float
+    tokens_per_s: float
+    gpu_busy: float
+    idle_total_s: float
+    idle_gaps: int
+    records: list[StepRecord]
+
+
+def fake_steps(first_step: int, n: int, mode: str, t0_ns: int) -> list[StepRecord]:
+    """``n`` steps of 1 ms each with every lane present, starting at ``t0_ns``."""
+    out = []
+    for k in range(n):
+        t = t0_ns + k * 1_000_000
+        spans = [
+            Span(lane, t + i * 100_000, t + i * 100_000 + 80_000) for i, lane in enumerate(LANES)
+        ]
+        out.append(
+            StepRecord(
+                step=first_step + k,
+                mode=mode,
+                slot=k % 2,
+                num_requests=2,  # type: ignore[arg-type]
+                prefill_tokens=0,
+                decode_tokens=2,
+                spans=spans,
+                running=2,
+                kv_blocks_used=4,
+                kv_blocks_total=64,
+            )
+        )
+    return out
+
+
+class FakeEngineClient:
+    def __init__(self, *, graphs_available: bool = False, **_: Any) -> None:
+        self.bus = TelemetryBus()
+        self.graphs_available = graphs_available
+        self._settings: dict[str, Any] = {
+            "async_batching": True,
+            "num_slots": 2,
+            "cuda_graphs": False,
+            "cuda_graphs_available": graphs_available,
+            "cuda_graphs_reason": None if graphs_available else "no CUDA device",
+            "device": "cuda" if graphs_available else "cpu",
+            "model": "fake/model",
+            "dtype": "float32",
+            "max_num_seqs": 8,
+        }
+        self._dead: str | None = None
+        self._load = False
+        self._ids = itertools.count()
+        self._step = 0
+        self._lock = threading.Lock()
+        self.restart_fails = False
+        self.submitted: list[tuple[str, dict[str, Any] | None]] = []
+        self.shut_down = False
+        self.publish_steps(20)
+
+    # -- life
+    def alive(self) -> bool:
+        return self._dead is None
+
+    def death_reason(self) -> str | None:
+        return self._dead
+
+    def kill(self, reason: str = "engine process exited with code -9 (SIGKILL)") -> None:
+        self._dead = reason
+
+    def restart(self) -> None:
+        if self.restart_fails:
+            raise RuntimeError("could not start the engine: model folder missing")
+        self._dead = None
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+    def _check(self) -> None:
+        if self._dead is not None:
+            raise FakeEngineDead(self._dead)
+
+    # -- telemetry
+    def publish_steps(self, n: int) -> None:
+        with self._lock:
+            mode = "async" if self._settings["async_batching"] else "sync"
+            t0 = time.perf_counter_ns() - n * 1_000_000
+            for rec in fake_steps(self._step, n, mode, t0):
+                self.bus.publish_step(rec)
+            self._step += n
+
+    def telemetry(self) -> TelemetryBus:
+        return self.bus
+
+    def nvml(self) -> dict[str, Any] | None:
+        return {"gpu_util_pct": 93.0} if self.graphs_available else None
+
+    def nvml_reason(self) -> str | None:
+        return None if self.graphs_available else "no GPU: NVML library not found"
+
+    # -- control
+    def settings(self) -> dict[str, Any]:
+        self._check()
+        return dict(self._settings)
+
+    def stats(self) -> dict[str, int]:
+        self._check()
+        return {
+            "running": 2,
+            "waiting": 1,
+            "kv_blocks_used": 16,
+            "kv_blocks_total": 64,
+            "steps": self._step,
+            "generated_tokens": 2 * self._step,
+            "preemptions": 0,
+        }
+
+    def configure(
+        self,
+        async_batching: bool | None = None,
+        num_slots: int | None = None,
+        cuda_graphs: bool | None = None,
+    ) -> dict[str, Any]:
+        self._check()
+        if num_slots is not None and num_slots not in (1, 2, 3):
+            raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
+        if cuda_graphs and not self.graphs_available:
+            raise ValueError("cuda_graphs cannot be turned on: no CUDA device")
+        for key, value in (
+            ("async_batching", async_batching),
+            ("num_slots", num_slots),
+            ("cuda_graphs", cuda_graphs),
+        ):
+            if value is not None:
+                self._settings[key] = value
+        return self.settings()
+
+    # -- requests
+    def submit(self, prompt: str | list[int], params: dict[str, Any] | None = None) -> str:
+        self._check()
+        if not prompt:
+            raise ValueError("prompt is empty: give at least one token")
+        if isinstance(prompt, str) and len(prompt) > 2000:
+            raise ValueError(
+                f"prompt is {len(prompt)} tokens long; max_model_len is 2000 (prompt + output)"
+            )
+        self.submitted.append((prompt if isinstance(prompt, str) else "<ids>", params))
+        rid = f"req-{next(self._ids)}"
+        t = time.perf_counter_ns()
+        self.bus.publish_event(RequestEvent(rid, "queued", t, prompt_tokens=len(prompt)))
+        self.bus.publish_event(RequestEvent(rid, "scheduled", t + 1000))
+        return rid
+
+    def stream(self, rid: str, timeout: float | None = None) -> Iterator[str]:
+        for i, delta in enumerate(REPLY):
+            self._check()
+            time.sleep(0.001)
+            kind = "first_token" if i == 0 else "tokens"
+            self.bus.publish_event(RequestEvent(rid, kind, time.perf_counter_ns(), 1))
+            yield delta
+        self.bus.publish_event(
+            RequestEvent(rid, "finished", time.perf_counter_ns(), reason="length")
+        )
+        self.publish_steps(len(REPLY))
+
+    def result(self, rid: str, timeout: float | None = None) -> FakeOutput:
+        self._check()
+        return FakeOutput(rid, [1, 2, 3], list(range(len(REPLY))), "".join(REPLY), "length")
+
+    def abort(self, rid: str) -> None:
+        pass
+
+    # -- load generator
+    def start_load(self, spec: Any) -> None:
+        self._check()
+        self.load_spec = spec
+        self._load = True
+
+    def stop_load(self) -> None:
+        self._load = False
+
+    def load_running(self) -> bool:
+        return self._load
+
+    # -- benchmark
+    def run_benchmark(self, spec: Any) -> Iterator[FakeProgress | FakeResult]:
+        self._check()
+        labels = [getattr(m, "label", str(m)) for m in spec.modes]
+        for j, label in enumerate(labels):
+            for done in range(0, spec.num_requests + 1, max(1, spec.num_requests // 4)):
+                yield FakeProgress(label, done, spec.num_requests)
+            recs = fake_steps(0, 30, "async" if "async" in label else "sync", 0)
+            yield FakeResult(
+                label,
+                total_s=2.0 - 0.5 * j,
+                tokens_per_s=512.0 + 100 * j,
+                gpu_busy=0.6 + 0.2 * j,
+                idle_total_s=0.4 - 0.2 * j,
+                idle_gaps=30 - 10 * j,
+                records=recs,
+            )
+
+
+def install_stub_modules() -> None:
+    """Stand-ins for engine.loadgen / engine.workload while they do not exist yet."""
+    import importlib
+    import sys
+    import types
+
+    try:
+        importlib.import_module("engine.loadgen")
+    except ImportError:
+        mod = types.ModuleType("engine.loadgen")
+
+        @dataclass
+        class LoadSpec:
+            concurrency: int | None = 8
+            rate: float | None = None
+            prompt_len: int = 64
+            max_tokens: int = 64
+
+        mod.LoadSpec = LoadSpec  # type: ignore[attr-defined]
+        sys.modules["engine.loadgen"] = mod
+    try:
+        importlib.import_module("engine.workload")
+    except ImportError:
+        mod = types.ModuleType("engine.workload")
+
+        @dataclass
+        class BenchmarkSpec:
+            num_requests: int = 16
+            prompt_len: int = 64
+            max_tokens: int = 64
+            modes: list[str] = field(default_factory=lambda: ["sync", "async"])
+
+        def default_modes(cuda_graphs: bool = False) -> list[str]:
+            extra = ["sync+graphs", "async+graphs"] if cuda_graphs else []
+            return ["sync", "async", *extra]
+
+        mod.BenchmarkSpec = BenchmarkSpec  # type: ignore[attr-defined]
+        mod.default_modes = default_modes  # type: ignore[attr-defined]
+        sys.modules["engine.workload"] = mod

@@ -1,0 +1,159 @@
+"""The one engine client every page shares, and how engine failures reach the user.
+
+Owns the ``st.cache_resource`` singleton of engine.client.EngineClient (one engine process
+per Streamlit server, shut down when the cache entry is released) and the messages shown
+for a dead engine (with a restart button), an engine that would not start, and a rejected
+request. Pages get the client only through ``engine_client()``; nothing else in the
+dashboard constructs one.
+
+It must never show a traceback to the user (errors become st.error messages; details go to
+the server log), and never call st.* from a thread other than the script's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+import streamlit as st
+
+if TYPE_CHECKING:
+    from engine.client import EngineClient
+
+log = logging.getLogger("gapless.ui")
+
+# The engine's settings file; GAPLESS_CONFIG points elsewhere (tests, other machines).
+CONFIG_ENV = "GAPLESS_CONFIG"
+DEFAULT_CONFIG = "config.yaml"
+
+
+def config_path() -> str:
+    return os.environ.get(CONFIG_ENV, DEFAULT_CONFIG)
+
+
+def make_client() -> EngineClient:
+    """Start an engine process (the seam tests replace with a fake)."""
+    from engine.client import EngineClient
+
+    return EngineClient(config_path=config_path())
+
+
+def _release(client: EngineClient) -> None:
+    # Called when the cache entry goes (st.cache_resource.clear(), tests): stop the engine.
+    try:
+        client.shutdown()
+    except Exception:  # the engine may already be gone; releasing must not fail
+        log.exception("engine shutdown on cache release failed")
+
+
+@st.cache_resource(on_release=_release, show_spinner="Starting the engine...")
+def _shared_client() -> EngineClient:
+    return make_client()
+
+
+def _engine_dead_type() -> type[BaseException]:
+    try:
+        from engine.client import EngineDead
+    except ImportError:  # pragma: no cover - only before engine/client.py exists
+        return RuntimeError
+    return EngineDead
+
+
+def show_dead_engine(client: EngineClient) -> NoReturn:
+    """Say that the engine died and why, offer a restart, and stop the page here."""
+    reason = None
+    try:
+        reason = client.death_reason()
+    except Exception:  # a client too broken to say why still gets the banner
+        log.exception("death_reason() failed")
+    st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
+
+    def restart() -> None:
+        try:
+            client.restart()
+        except Exception as exc:  # shown on the next run, never as a traceback
+            log.exception("engine restart failed")
+            st.session_state["ui.restart_error"] = str(exc) or type(exc).__name__
+
+    st.button("Restart the engine", key="ui.restart", type="primary", on_click=restart)
+    failed = st.session_state.pop("ui.restart_error", None)
+    if failed:
+        st.error(f"Restart failed: {failed}")
+    st.stop()
+
+
+def engine_client() -> EngineClient:
+    """The shared, live engine client; otherwise a message (and restart button) and a stop."""
+    try:
+        client = _shared_client()
+    except Exception as exc:  # the boundary: whatever went wrong, the user reads a message
+        log.exception("engine failed to start")
+        st.error(f"The engine could not start: {exc}")
+        st.caption(f"Settings file: `{config_path()}`. Details are in the server's log.")
+        if st.button("Try again", key="ui.retry_start"):
+            st.rerun()
+        st.stop()
+    if not client.alive():
+        show_dead_engine(client)
+    return client
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Whether an engine_errors block failed (its message was shown)."""
+
+    failed: bool = False
+
+
+@contextmanager
+def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
+    """Turn an engine failure inside the block into a message for the user.
+
+    A dead engine shows the restart banner and stops the page; a rejected input
+    (ValueError carrying the engine's message) is shown as ``"<what>: <message>"``, the
+    yielded Outcome is marked failed and the page goes on.
+    """
+    outcome = Outcome()
+    dead = _engine_dead_type()
+    try:
+        yield outcome
+    except ValueError as exc:
+        outcome.failed = True
+        st.error(f"{what}: {exc}")
+    except dead:
+        show_dead_engine(client)
+
+
+FLASH_KEY = "ui.flash"
+
+
+def flash(message: str) -> None:
+    """Keep an error message for the next run of this session (widget callbacks use it:
+    they run before the script, where nothing can be drawn yet)."""
+    st.session_state.setdefault(FLASH_KEY, []).append(message)
+
+
+def show_flashes() -> None:
+    """Show and forget the messages kept by flash()."""
+    for message in st.session_state.pop(FLASH_KEY, []):
+        st.error(message)
+
+
+def in_callback(what: str, action: Callable[[], object]) -> None:
+    """Run an engine command from a widget callback; a failure becomes a flashed message.
+
+    A dead engine needs no message here: the run that follows shows the restart banner.
+    """
+    try:
+        action()
+    except ValueError as exc:
+        flash(f"{what}: {exc}")
+    except _engine_dead_type():
+        pass
+    except Exception as exc:  # never a traceback in the browser
+        log.exception("%s failed", what)
+        flash(f"{what} failed: {exc}")

@@ -1,0 +1,181 @@
+"""Widgets that act on the running engine: batching mode, slots, CUDA graphs, load generator.
+
+Owns the rule that the engine is the source of truth (DESIGN.md §7): before each widget is
+drawn its session-state value is set from ``client.settings()``, and a change is pushed back
+in the widget's ``on_change``. So every tab shows what the engine really does, whichever
+tab changed it.
+
+It must never keep its own copy of a setting between runs, and never call the engine from
+anywhere but the script thread (callbacks run there too).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+from ui.client import in_callback
+
+if TYPE_CHECKING:
+    from engine.client import EngineClient
+
+ASYNC_KEY = "ctl.async"
+SLOTS_KEY = "ctl.slots"
+GRAPHS_KEY = "ctl.graphs"
+SLOT_CHOICES = (1, 2, 3)
+
+
+def mode_summary(settings: dict[str, Any]) -> str:
+    """One line saying what the engine runs now, e.g. "mode async · 2 slots · graphs off"."""
+    mode = "async" if settings.get("async_batching") else "sync"
+    slots = settings.get("num_slots")
+    graphs = "on" if settings.get("cuda_graphs") else "off"
+    return (
+        f"mode **{mode}** · {slots} slot{'s' if slots != 1 else ''} · CUDA graphs {graphs} · "
+        f"{settings.get('device', '?')} · `{settings.get('model', '?')}` "
+        f"({settings.get('dtype', '?')})"
+    )
+
+
+def _push(client: EngineClient, what: str, **change: Any) -> None:
+    in_callback(what, lambda: client.configure(**change))
+
+
+def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
+    """Async on/off, slots 1/2/3 and CUDA graphs on/off, in three columns."""
+    st.session_state[ASYNC_KEY] = bool(settings["async_batching"])
+    st.session_state[SLOTS_KEY] = int(settings["num_slots"])
+    available = bool(settings.get("cuda_graphs_available"))
+    st.session_state[GRAPHS_KEY] = bool(settings.get("cuda_graphs")) and available
+
+    async_col, slots_col, graphs_col = st.columns(3)
+    with async_col:
+        st.toggle(
+            "Async batching",
+            key=ASYNC_KEY,
+            help="Build batch N+1 on the CPU while the device runs batch N.",
+            on_change=lambda: _push(
+                client, "Switching async batching", async_batching=st.session_state[ASYNC_KEY]
+            ),
+        )
+    with slots_col:
+        st.segmented_control(
+            "Slots",
+            SLOT_CHOICES,
+            key=SLOTS_KEY,
+            required=True,
+            help="Sets of input/output buffers the steps take turns with.",
+            on_change=lambda: _push(
+                client, "Changing the slot count", num_slots=st.session_state[SLOTS_KEY]
+            ),
+        )
+    with graphs_col:
+        reason = settings.get("cuda_graphs_reason") or "CUDA graphs are not available here."
+        st.toggle(
+            "CUDA graphs",
+            key=GRAPHS_KEY,
+            disabled=not available,
+            help=(
+                "Replay captured graphs of forward + sampling per token-count bucket."
+                if available
+                else reason
+            ),
+            on_change=lambda: _push(
+                client, "Switching CUDA graphs", cuda_graphs=st.session_state[GRAPHS_KEY]
+            ),
+        )
+        if not available:
+            st.caption(reason)
+
+
+LOAD_DRIVE_KEY = "load.drive"
+LOAD_CONC_KEY = "load.concurrency"
+LOAD_RATE_KEY = "load.rate"
+LOAD_PROMPT_KEY = "load.prompt_len"
+LOAD_TOKENS_KEY = "load.max_tokens"
+DRIVES = ("concurrency", "request rate")
+DEFAULT_CONCURRENCY = 8
+DEFAULT_RATE = 4.0
+DEFAULT_LEN = 64
+
+
+def load_spec_from_state() -> Any:
+    """The LoadSpec the load generator widgets describe."""
+    from engine.loadgen import LoadSpec
+
+    state = st.session_state
+    by_rate = state.get(LOAD_DRIVE_KEY) == "request rate"
+    return LoadSpec(
+        concurrency=None if by_rate else int(state.get(LOAD_CONC_KEY, DEFAULT_CONCURRENCY)),
+        rate=float(state.get(LOAD_RATE_KEY, DEFAULT_RATE)) if by_rate else None,
+        prompt_len=int(state.get(LOAD_PROMPT_KEY, DEFAULT_LEN)),
+        max_tokens=int(state.get(LOAD_TOKENS_KEY, DEFAULT_LEN)),
+    )
+
+
+def load_generator(client: EngineClient, max_num_seqs: int) -> None:
+    """Concurrency or request rate, prompt and output lengths; start and stop."""
+    running = client.load_running()
+    cols = st.columns([1.2, 1, 1, 1, 1.4])
+    with cols[0]:
+        drive = st.radio("Drive by", DRIVES, key=LOAD_DRIVE_KEY, disabled=running)
+    with cols[1]:
+        if drive == "concurrency":
+            st.number_input(
+                "Concurrent requests",
+                min_value=1,
+                max_value=max(1, 4 * max_num_seqs),
+                value=min(DEFAULT_CONCURRENCY, 4 * max(1, max_num_seqs)),
+                key=LOAD_CONC_KEY,
+                disabled=running,
+            )
+        else:
+            st.number_input(
+                "Requests per second",
+                min_value=0.1,
+                max_value=1000.0,
+                value=DEFAULT_RATE,
+                step=0.5,
+                key=LOAD_RATE_KEY,
+                disabled=running,
+            )
+    with cols[2]:
+        st.number_input(
+            "Prompt tokens",
+            min_value=1,
+            max_value=8192,
+            value=DEFAULT_LEN,
+            key=LOAD_PROMPT_KEY,
+            disabled=running,
+        )
+    with cols[3]:
+        st.number_input(
+            "Output tokens",
+            min_value=1,
+            max_value=8192,
+            value=DEFAULT_LEN,
+            key=LOAD_TOKENS_KEY,
+            disabled=running,
+        )
+    with cols[4]:
+        if running:
+            st.button(
+                "Stop load",
+                key="load.stop",
+                icon=":material/stop:",
+                on_click=lambda: in_callback("Stopping the load generator", client.stop_load),
+            )
+            st.caption("load generator running")
+        else:
+            st.button(
+                "Start load",
+                key="load.start",
+                type="primary",
+                icon=":material/play_arrow:",
+                on_click=lambda: in_callback(
+                    "Starting the load generator",
+                    lambda: client.start_load(load_spec_from_state()),
+                ),
+            )
+            st.caption("load generator stopped")
