@@ -208,17 +208,19 @@ def default_num_splits(num_tokens: int, kv_heads: int, device: torch.device) -> 
     return splits
 
 
-def _tile_shape(group: int, head_dim: int, block_size: int) -> tuple[int, int, int]:
-    """(G_PAD, BLOCK_Q, BLOCK_N): rows padded to the 16-row tl.dot minimum, key tile size."""
+def _tile_shape(group: int, head_dim: int, block_n: int | None) -> tuple[int, int, int]:
+    """(G_PAD, BLOCK_Q, BLOCK_N): rows padded to the 16-row tl.dot minimum, key tile size.
+
+    BLOCK_N and the cache block size are both powers of two, so the key tile is always a
+    multiple or a divisor of a cache block.
+    """
     g_pad = triton.next_power_of_2(group)
     block_q = max(1, 16 // g_pad)
-    block_n = 64 if head_dim <= 128 else 32
-    # The key tile is a multiple of the cache block or a divisor of it.
-    if block_size < block_n and block_n % block_size != 0:
-        block_n = block_size
-    if block_size > block_n and block_size % block_n != 0:
-        block_n = block_size
-    return g_pad, block_q, max(16, block_n)
+    if block_n is None:
+        block_n = 64 if head_dim <= 128 else 32
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
+    return g_pad, block_q, block_n
 
 
 def paged_attention(
@@ -250,10 +252,12 @@ def paged_attention_with_splits(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    block_n: int | None = None,
 ) -> torch.Tensor:
-    """`paged_attention` with an explicit split-K factor (None: `default_num_splits`).
+    """`paged_attention` with explicit tuning: split-K factor (None: `default_num_splits`)
+    and key tile size (None: 64, or 32 for head_dim > 128).
 
-    Exposed for the benchmark and the tests, which compare split counts.
+    Exposed for the benchmark and the tests, which compare configurations.
     """
     check_paged_attention_args(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
@@ -278,7 +282,7 @@ def paged_attention_with_splits(
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
 
-    g_pad, block_q, block_n = _tile_shape(group, d, block_size)
+    g_pad, block_q, block_n = _tile_shape(group, d, block_n)
     if num_splits > 1:
         part_acc = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_splits, t, h, 2), dtype=torch.float32, device=q.device)
@@ -297,7 +301,7 @@ def paged_attention_with_splits(
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None,
         IEEE_DOT=q.dtype == torch.float32,
-        num_warps=4, num_stages=2,
+        num_warps=4 if block_n <= 64 else 8, num_stages=2,
     )
     if num_splits > 1:
         _reduce_splits_kernel[(t, h)](

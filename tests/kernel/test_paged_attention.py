@@ -168,14 +168,17 @@ def run_ref(b: Batch, sliding_window: int | None = None) -> torch.Tensor:
 
 
 def run_triton(
-    b: Batch, sliding_window: int | None = None, num_splits: int | None = None
+    b: Batch,
+    sliding_window: int | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
 ) -> torch.Tensor:
     from engine.attention_triton import paged_attention_with_splits
 
     out = torch.full_like(b.q, float("nan"))
     res = paged_attention_with_splits(
         b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
-        sliding_window=sliding_window, out=out, num_splits=num_splits,
+        sliding_window=sliding_window, out=out, num_splits=num_splits, block_n=block_n,
     )
     assert res is out
     return out
@@ -308,6 +311,18 @@ def test_interp_interleaved_tokens_and_long_context() -> None:
     )
     for splits in (1, 3):
         assert rel_err(run_triton(b, None, splits), run_ref(b)) < TOL[torch.float32]
+
+
+@interp_only
+@pytest.mark.parametrize("block_size,block_n", [(32, 16), (16, 128), (16, 16)])
+def test_interp_key_tile_smaller_or_larger_than_cache_block(block_size: int, block_n: int) -> None:
+    b = make_batch(
+        MIXED, heads=4, kv_heads=2, head_dim=16, block_size=block_size, dtype=torch.float32,
+        padding=2, seed=block_n,
+    )
+    for window in (None, 12):
+        out = run_triton(b, window, num_splits=2, block_n=block_n)
+        assert rel_err(out, run_ref(b, window)) < TOL[torch.float32]
 
 
 @interp_only
