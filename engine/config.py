@@ -65,6 +65,12 @@ class EngineConfig:
             values = yaml.safe_load(f) or {}
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of setting: value at the top level")
+        model = values.get("model")
+        if isinstance(model, str) and not Path(model).is_absolute():
+            # A relative model folder is relative to the config file (if it exists there).
+            beside = path.parent / model
+            if beside.is_dir():
+                values["model"] = str(beside)
         return cls.from_dict(values, **overrides)
 
     def to_dict(self) -> dict[str, Any]:

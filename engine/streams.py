@@ -87,6 +87,9 @@ class HostStream:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # Test hook: each timed op takes this much longer, to make this stream the slow one
+        # (a pipeline that reuses a slot too early then computes the wrong tokens).
+        self.delay_s = 0.0
         self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"gapless-{name}", daemon=True)
@@ -119,6 +122,8 @@ class HostStream:
 
         def run() -> None:
             op.start_ns = time.perf_counter_ns()
+            if self.delay_s:
+                time.sleep(self.delay_s)
             try:
                 fn()
             finally:
