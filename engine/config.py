@@ -131,6 +131,7 @@ class SamplingParams:
     stop: list[str] | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    detokenize: bool = True  # False: token ids only (benchmarks); no text, no stop strings
 
     @classmethod
     def coerce(cls, params: SamplingParams | dict[str, Any] | None) -> SamplingParams:
@@ -183,6 +184,10 @@ class SamplingParams:
                 raise ValueError(
                     f"stop must be a list of non-empty strings, got {self.stop!r}"
                 )
+        if not isinstance(self.detokenize, bool):
+            raise ValueError(f"detokenize must be true or false, got {self.detokenize!r}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (they are matched on text)")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         if not isinstance(self.stop_token_ids, (list, tuple)) or not all(

@@ -117,8 +117,6 @@ class Engine:
             tokenizer = tokenizer or tok
         else:
             model = loader.prepare_model(model, self.device, self.dtype)
-        if tokenizer is None:
-            raise ValueError("a tokenizer is needed (pass one with the model)")
         self.model, self.tokenizer = model, tokenizer
         text_cfg = getattr(model.config, "text_config", None) or model.config
         self.vocab_size = int(text_cfg.vocab_size)
@@ -201,6 +199,8 @@ class Engine:
             raise RuntimeError("the engine is shut down")
         params = SamplingParams.coerce(params)
         params.validate()
+        if params.detokenize and self.tokenizer is None:
+            raise ValueError("this engine has no tokenizer: submit with detokenize=False")
         ids = self._prompt_ids(prompt)
         rid = request_id or f"req-{next(self._ids)}"
         seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, rid)
@@ -216,6 +216,8 @@ class Engine:
 
     def _prompt_ids(self, prompt: PromptInput) -> list[int]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this engine has no tokenizer: give prompts as token id lists")
             if not prompt:
                 raise ValueError("prompt is empty; give a non-empty string or token id list")
             ids = list(self.tokenizer(prompt)["input_ids"])

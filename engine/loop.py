@@ -255,13 +255,15 @@ class StepLoop:
             self._event(req, "first_token", num_tokens=1)
         else:
             self._event(req, "tokens", num_tokens=1)
-        detok = self.detok.get(req.request_id)
-        if detok is None:
-            detok = self.detok[req.request_id] = IncrementalDetokenizer(
-                self.tokenizer, req.params.stop
-            )
-        delta, stop_hit = detok.push(token)
         p = req.params
+        delta, stop_hit = "", False
+        if p.detokenize:
+            detok = self.detok.get(req.request_id)
+            if detok is None:
+                detok = self.detok[req.request_id] = IncrementalDetokenizer(
+                    self.tokenizer, p.stop
+                )
+            delta, stop_hit = detok.push(token)
         reason = None
         if stop_hit:
             reason = "stop"
