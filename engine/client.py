@@ -1,0 +1,607 @@
+"""EngineClient: the engine in its own process, seen from the dashboard (or any script).
+
+Owns the parent side of the process boundary (DESIGN.md section 5; the wire protocol is in
+engine/server.py): starting the engine process and waiting until its model is loaded,
+request/reply calls, per-request streams of text deltas, a local TelemetryBus mirror fed
+with the engine's StepRecords and RequestEvents, the latest NVML reading, and noticing
+that the engine died: within about a second of the process exiting every in-flight request
+ends with finish_reason "error", waiting calls raise EngineDead, and death_reason() says
+what happened ("engine process exited with code -9 (SIGKILL)").
+
+The engine starts as a fresh interpreter (spawn semantics: nothing is inherited but one
+socket), through subprocess rather than multiprocessing's spawn context, because spawn
+re-runs the parent's __main__ in the child, and under `streamlit run` that imports
+streamlit in the engine process. Clocks: both processes stamp with time.perf_counter_ns(),
+which on Linux is CLOCK_MONOTONIC, shared by all processes, so mirrored records can be
+compared with the dashboard's own perf_counter_ns().
+
+It must never import streamlit or ui/, never block a caller forever (every wait has a
+timeout or ends when the engine dies), and never leave an engine process behind: shutdown()
+is idempotent and also runs at interpreter exit, and the engine exits when this process
+dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig, SamplingParams
+from engine.request import RequestOutput
+from telemetry.bus import TelemetryBus
+
+log = logging.getLogger("gapless.client")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 300.0
+CALL_TIMEOUT_S = 60.0
+SHUTDOWN_TIMEOUT_S = 30.0
+# After the pipe closes, how long to wait for the exit code before calling it a hang.
+EXIT_GRACE_S = 1.5
+KEEP_FINISHED = 1024  # finished requests whose result() can still be read
+
+
+class EngineDead(RuntimeError):
+    """The engine process is not running; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class EngineStartError(EngineDead):
+    """The engine process could not start (bad model, out of memory, timeout...)."""
+
+
+class EngineError(RuntimeError):
+    """An engine command failed for a reason other than bad input (that is ValueError)."""
+
+
+def exit_reason(code: int | None) -> str:
+    if code is None:
+        return "the engine process closed its connection but did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"engine process exited with code {code} ({name})"
+    return f"engine process exited with code {code}"
+
+
+class _Stream:
+    """One request's deltas and end, as the receiver thread delivers them."""
+
+    __slots__ = ("request_id", "deltas", "done", "output", "text")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.done = threading.Event()
+        self.output: RequestOutput | None = None
+        self.text = ""
+
+    def finish(self, output: RequestOutput) -> None:
+        if self.done.is_set():
+            return
+        self.output = output
+        self.done.set()
+        self.deltas.put(None)
+
+
+class _Call:
+    __slots__ = ("event", "ok", "value", "items")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.ok = False
+        self.value: Any = None
+        self.items: queue.SimpleQueue[Any] | None = None  # run_benchmark's stream of items
+
+
+class _Session:
+    """One engine process and its pipe. restart() replaces the session, never reuses it."""
+
+    def __init__(self, config: EngineConfig, bus: TelemetryBus, start_timeout_s: float) -> None:
+        self.bus = bus
+        self.dead: str | None = None
+        self.shutting_down = False
+        self.info: dict[str, Any] = {}
+        self.nvml: dict[str, Any] | None = None
+        self.nvml_reason: str | None = "NVML not read yet"
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._ids = itertools.count(1)
+        self.streams: OrderedDict[str, _Stream] = OrderedDict()
+        self._ready = threading.Event()
+        self._eof = threading.Event()
+        self._exited = threading.Event()
+        self._start_failure: str | None = None
+
+        parent_sock, child_sock = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        fd = child_sock.fileno()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from engine.server import main; main()",
+                 "--fd", str(fd), "--parent", str(os.getpid())],
+                pass_fds=(fd,), stdin=subprocess.DEVNULL, env=env,
+            )
+        finally:
+            child_sock.close()  # only the child holds its end: its exit gives us EOF
+        self.pid = self.proc.pid
+        self.conn = Connection(parent_sock.detach())
+        self._receiver = threading.Thread(target=self._receive, daemon=True,
+                                          name=f"gapless-client-recv-{self.pid}")
+        self._waiter = threading.Thread(target=self._wait_exit, daemon=True,
+                                        name=f"gapless-client-wait-{self.pid}")
+        self._receiver.start()
+        self._waiter.start()
+        try:
+            self._send((0, "start", config.to_dict()))
+        except EngineDead:
+            pass  # the child died at once: the reason comes below
+        deadline = time.monotonic() + start_timeout_s
+        while not self._ready.is_set() and self.dead is None:
+            if time.monotonic() > deadline:
+                self.kill()
+                raise EngineStartError(
+                    f"the engine did not become ready within {start_timeout_s:g} s "
+                    "(loading the model took too long?); it was stopped"
+                )
+            self._ready.wait(0.05)
+        if not self._ready.is_set():
+            self._exited.wait(EXIT_GRACE_S)
+            reason = self._start_failure or self.dead or exit_reason(self.proc.returncode)
+            if self._start_failure is None:
+                reason = f"the engine process died while starting: {reason}"
+            self.dead = reason
+            raise EngineStartError(reason)
+
+    # --------------------------------------------------------------------- transport
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+        except (OSError, ValueError) as e:
+            raise EngineDead(self.dead or f"the engine's pipe is closed ({e})") from e
+
+    def call(self, command: str, timeout: float | None, items: bool = False,
+             **kwargs: Any) -> Any:
+        call = self.begin(command, items, **kwargs)
+        return self.finish_call(call, command, timeout)
+
+    def begin(self, command: str, items: bool = False, **kwargs: Any) -> tuple[int, _Call]:
+        if self.dead is not None:
+            raise EngineDead(self.dead)
+        call_id = next(self._ids)
+        pending = _Call()
+        if items:
+            pending.items = queue.SimpleQueue()
+        with self._lock:
+            if self.dead is not None:
+                raise EngineDead(self.dead)
+            self._calls[call_id] = pending
+        try:
+            self._send((call_id, command, kwargs))
+        except EngineDead:
+            with self._lock:
+                self._calls.pop(call_id, None)
+            raise
+        return call_id, pending
+
+    def finish_call(self, call: tuple[int, _Call], command: str, timeout: float | None) -> Any:
+        call_id, pending = call
+        if not pending.event.wait(timeout):
+            with self._lock:
+                self._calls.pop(call_id, None)
+            raise TimeoutError(f"the engine did not answer {command} within {timeout:g} s")
+        return self.outcome(pending)
+
+    @staticmethod
+    def outcome(pending: _Call) -> Any:
+        if pending.ok:
+            return pending.value
+        if isinstance(pending.value, EngineDead):
+            raise pending.value
+        kind, message = pending.value
+        if kind == "ValueError":
+            raise ValueError(message)
+        raise EngineError(message)
+
+    # ---------------------------------------------------------------- receiver thread
+    def _receive(self) -> None:
+        while True:
+            try:
+                batch = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:  # an unpicklable message must not kill the receiver
+                log.exception("could not read a message from the engine")
+                continue
+            for msg in batch if isinstance(batch, list) else [batch]:
+                try:
+                    self._dispatch(msg)
+                except Exception:
+                    log.exception("bad message from the engine: %r", msg[:1])
+        self._eof.set()
+        if self._exited.wait(EXIT_GRACE_S):
+            self.mark_dead(self._exit_reason())
+        else:
+            reason = exit_reason(None)
+            self.kill()
+            self.mark_dead(reason)
+
+    def _wait_exit(self) -> None:
+        self.proc.wait()
+        self._exited.set()
+        # Normally EOF follows at once; should something else hold the pipe open, the exit
+        # itself is the death.
+        if not self._eof.wait(0.5):
+            self.mark_dead(self._exit_reason())
+
+    def _exit_reason(self) -> str:
+        if self.shutting_down:
+            return "the engine was shut down"
+        reason = exit_reason(self.proc.returncode)
+        if self._start_failure:
+            reason = self._start_failure
+        return reason
+
+    def _dispatch(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "delta":
+            _, rid, text = msg
+            s = self.streams.get(rid)
+            if s is not None:
+                s.text += text
+                s.deltas.put(text)
+        elif kind == "end":
+            _, rid, out = msg
+            s = self.streams.get(rid)
+            if s is not None:
+                s.finish(RequestOutput(**out))
+        elif kind == "telemetry":
+            _, steps, events = msg
+            for rec in steps:
+                self.bus.publish_step(rec)
+            for ev in events:
+                self.bus.publish_event(ev)
+        elif kind == "reply":
+            _, call_id, ok, value = msg
+            with self._lock:
+                pending = self._calls.pop(call_id, None)
+            if pending is not None:
+                pending.ok, pending.value = ok, value
+                pending.event.set()
+                if pending.items is not None:
+                    pending.items.put(None)
+        elif kind == "bench":
+            _, call_id, item = msg
+            with self._lock:
+                pending = self._calls.get(call_id)
+            if pending is not None and pending.items is not None:
+                pending.items.put(item)
+        elif kind == "nvml":
+            _, reading, reason = msg
+            self.nvml, self.nvml_reason = reading, reason
+        elif kind == "ready":
+            self.info = msg[1]
+            self.nvml_reason = self.info.get("nvml_reason")
+            self._ready.set()
+        elif kind == "failed":
+            self._start_failure = str(msg[1])
+        else:
+            log.warning("unknown message from the engine: %r", kind)
+
+    def mark_dead(self, reason: str) -> None:
+        """First caller wins. Ends every stream and wakes every waiting call."""
+        with self._lock:
+            if self.dead is not None:
+                return
+            self.dead = reason
+            calls, self._calls = list(self._calls.values()), {}
+        if not self.shutting_down:
+            log.error("engine process %d: %s", self.pid, reason)
+        for s in list(self.streams.values()):
+            s.finish(RequestOutput(s.request_id, [], [], s.text, "error", reason))
+        for pending in calls:
+            pending.ok, pending.value = False, EngineDead(reason)
+            pending.event.set()
+            if pending.items is not None:
+                pending.items.put(None)
+
+    # ------------------------------------------------------------------------ stopping
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+
+    def shutdown(self, timeout: float) -> None:
+        if self.dead is not None:
+            self.kill()
+            return
+        self.shutting_down = True
+        try:
+            self.call("shutdown", timeout)
+        except (EngineDead, TimeoutError, EngineError):
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("engine process %d did not exit in %g s: killing it", self.pid, timeout)
+            self.kill()
+            self.proc.wait(5.0)
+        self.mark_dead("the engine was shut down")
+        self.conn.close()
+
+
+_live: weakref.WeakSet[EngineClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    for client in list(_live):
+        try:
+            client.shutdown(timeout=10.0)
+        except Exception:  # exiting anyway; the engine also exits when we are gone
+            log.exception("engine shutdown at exit failed")
+
+
+class EngineClient:
+    """The engine in a child process. See docs/engine-client-api.md for the contract.
+
+    ``config_path`` None means EngineConfig defaults; ``overrides`` are EngineConfig keys.
+    The config is validated here (ValueError) before any process starts.
+    """
+
+    def __init__(self, config_path: str | Path | None = "config.yaml", *,
+                 start_timeout_s: float = START_TIMEOUT_S,
+                 call_timeout_s: float = CALL_TIMEOUT_S, **overrides: Any) -> None:
+        if config_path is None:
+            self.config = EngineConfig.from_dict({}, **overrides)
+        else:
+            self.config = EngineConfig.from_yaml(config_path, **overrides)
+        self.start_timeout_s = start_timeout_s
+        self.call_timeout_s = call_timeout_s
+        self._bus = TelemetryBus()
+        self._rids = itertools.count()
+        self._lifecycle = threading.Lock()
+        self._closed = False
+        self._session: _Session | None = None
+        self._dead_reason: str | None = None
+        self._start()
+        _live.add(self)
+
+    def _start(self) -> None:
+        self._bus = TelemetryBus()
+        try:
+            self._session = _Session(self.config, self._bus, self.start_timeout_s)
+        except EngineStartError as e:
+            self._session = None
+            self._dead_reason = e.reason
+            raise
+
+    def _live_session(self) -> _Session:
+        s = self._session
+        if s is None:
+            raise EngineDead(self._dead_reason or "the engine is not running")
+        if s.dead is not None:
+            raise EngineDead(s.dead)
+        return s
+
+    # ---------------------------------------------------------------------- lifecycle
+    @property
+    def pid(self) -> int | None:
+        """The engine process id (None when it never started)."""
+        return self._session.pid if self._session is not None else None
+
+    def alive(self) -> bool:
+        s = self._session
+        return s is not None and s.dead is None
+
+    def death_reason(self) -> str | None:
+        """None while alive; otherwise why the engine is not running."""
+        s = self._session
+        if s is None:
+            return self._dead_reason or "the engine is not running"
+        return s.dead
+
+    def restart(self) -> None:
+        """Stop the current engine process (if any) and start a new one with the same
+        config. The telemetry mirror starts empty (step numbers restart at 0)."""
+        with self._lifecycle:
+            if self._session is not None:
+                self._session.shutdown(timeout=10.0)
+            self._closed = False
+            self._start()
+
+    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Stop the engine process (idempotent). In-flight requests end with "abort"."""
+        with self._lifecycle:
+            if self._closed:
+                return
+            self._closed = True
+            if self._session is not None:
+                self._session.shutdown(timeout)
+                self._dead_reason = self._session.dead
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _call(self, command: str, timeout: float | None = None, **kwargs: Any) -> Any:
+        return self._live_session().call(
+            command, self.call_timeout_s if timeout is None else timeout, **kwargs)
+
+    # ----------------------------------------------------------------------- requests
+    def submit(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
+               request_id: str | None = None) -> str:
+        """Queue a request; returns its id. ValueError carries the engine's message."""
+        s = self._live_session()
+        rid = request_id if request_id is not None else f"req-{next(self._rids)}"
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"request_id must be a non-empty string, got {rid!r}")
+        stream = _Stream(rid)
+        with s._lock:
+            old = s.streams.get(rid)
+            if old is not None and not old.done.is_set():
+                raise ValueError(f"request id {rid!r} is already in use")
+            s.streams[rid] = stream
+            s.streams.move_to_end(rid)
+            self._prune(s)
+        try:
+            s.call("submit", self.call_timeout_s, prompt=prompt, params=params, request_id=rid)
+        except BaseException:
+            with s._lock:
+                if s.streams.get(rid) is stream:
+                    del s.streams[rid]
+            raise
+        if s.dead is not None:  # died between the reply and here: the stream ends too
+            stream.finish(RequestOutput(rid, [], [], stream.text, "error", s.dead))
+        return rid
+
+    @staticmethod
+    def _prune(s: _Session) -> None:
+        extra = len(s.streams) - KEEP_FINISHED
+        for rid in list(s.streams):
+            if extra <= 0:
+                break
+            if s.streams[rid].done.is_set():
+                del s.streams[rid]
+                extra -= 1
+
+    def _stream_of(self, rid: str) -> _Stream:
+        s = self._session
+        stream = s.streams.get(rid) if s is not None else None
+        if stream is None:
+            raise ValueError(f"unknown request id {rid!r} (not submitted through this client, "
+                             "or from before a restart)")
+        return stream
+
+    def stream(self, rid: str, timeout: float | None = None) -> Iterator[str]:
+        """Text deltas until the request ends (for any reason, engine death included).
+        ``timeout`` bounds the wait for each delta (TimeoutError)."""
+        stream = self._stream_of(rid)
+        while True:
+            try:
+                delta = stream.deltas.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"request {rid} sent nothing for {timeout:g} s") from None
+            if delta is None:
+                stream.deltas.put(None)  # a second stream() ends at once too
+                return
+            yield delta
+
+    def result(self, rid: str, timeout: float | None = None) -> RequestOutput:
+        """The request's output once it has ended; finish_reason "error" (and error set)
+        when the engine died first. TimeoutError when ``timeout`` passes first."""
+        stream = self._stream_of(rid)
+        if not stream.done.wait(timeout):
+            raise TimeoutError(f"request {rid} did not finish within {timeout:g} s")
+        assert stream.output is not None
+        return stream.output
+
+    def generate(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
+                 timeout: float | None = None) -> RequestOutput:
+        """submit() then result(): one request, start to end."""
+        return self.result(self.submit(prompt, params), timeout)
+
+    def abort(self, rid: str) -> None:
+        self._call("abort", request_id=rid)
+
+    # ------------------------------------------------------------------- live control
+    def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
+                  cuda_graphs: bool | None = None) -> dict[str, Any]:
+        return dict(self._call("configure", async_batching=async_batching,
+                               num_slots=num_slots, cuda_graphs=cuda_graphs))
+
+    def settings(self) -> dict[str, Any]:
+        return dict(self._call("settings"))
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._call("stats"))
+
+    def process_info(self) -> dict[str, Any]:
+        """pid, parent pid, and whether streamlit / ui were imported in the engine process."""
+        return dict(self._call("process_info"))
+
+    # ---------------------------------------------------------------------- telemetry
+    def telemetry(self) -> TelemetryBus:
+        """The local mirror of the engine's bus (a new one after restart())."""
+        return self._bus
+
+    def nvml(self) -> dict[str, Any] | None:
+        """The latest NvmlReading as a dict (telemetry.nvml field names), or None."""
+        s = self._session
+        return s.nvml if s is not None else None
+
+    def nvml_reason(self) -> str | None:
+        """None while NVML readings arrive; otherwise why not ("no GPU: ...")."""
+        s = self._session
+        if s is None:
+            return "the engine is not running"
+        return None if s.nvml is not None else s.nvml_reason
+
+    # ---------------------------------------------------------------- load generator
+    def start_load(self, spec: Any) -> dict[str, Any]:
+        """Start (or replace) the load generator in the engine process; returns its stats."""
+        return dict(self._call("start_load", spec=spec))
+
+    def stop_load(self) -> dict[str, Any]:
+        """Stop the load generator and abort its requests still in flight."""
+        return dict(self._call("stop_load"))
+
+    def load_running(self) -> bool:
+        return bool(self._call("load_running"))
+
+    def load_stats(self) -> dict[str, Any]:
+        """running, submitted, finished, inflight, dropped, errors, stopped_reason, spec."""
+        return dict(self._call("load_stats"))
+
+    # --------------------------------------------------------------------- benchmark
+    def run_benchmark(self, spec: Any) -> Iterator[Any]:
+        """Yields BenchmarkProgress and one BenchmarkResult per mode (engine/workload.py).
+        ValueError when the engine is busy or the spec is bad; EngineDead if it dies.
+        Stopping the iteration early cancels the run in the engine process."""
+        s = self._live_session()
+        call_id, pending = s.begin("run_benchmark", items=True, spec=spec)
+        finished = False
+        try:
+            assert pending.items is not None
+            while True:
+                item = pending.items.get()
+                if item is None:
+                    break
+                yield item
+            finished = True
+            s.outcome(pending)
+        finally:
+            if not finished and s.dead is None:
+                try:
+                    s.call("cancel_benchmark", self.call_timeout_s)
+                except (EngineDead, TimeoutError):
+                    pass
+
