@@ -13,6 +13,7 @@ restored, also on error or when the caller stops iterating), and never import UI
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -140,12 +141,18 @@ def benchmark_prompts(engine: Engine, spec: BenchmarkSpec) -> list[list[int]]:
 
 
 def _busy(engine: Engine) -> int:
+    """Requests the engine has not finished. stats() counts only what the loop thread has
+    picked up, so a request submitted a moment ago is looked for in the engine's table too
+    (Engine has no public count of unfinished requests yet)."""
     s = engine.stats()
-    return int(s["running"]) + int(s["waiting"])
+    n = int(s["running"]) + int(s["waiting"])
+    table = getattr(engine, "_requests", None)
+    if table is not None:
+        n = max(n, sum(1 for r in list(table.values()) if not r.is_finished))
+    return n
 
 
-_runs = 0
-_runs_lock = threading.Lock()
+_run_ids = itertools.count(1)  # request ids of different runs never collide
 
 
 def run_benchmark(engine: Engine, spec: BenchmarkSpec,
@@ -153,8 +160,9 @@ def run_benchmark(engine: Engine, spec: BenchmarkSpec,
                   ) -> Iterator[BenchmarkProgress | BenchmarkResult]:
     """Run ``spec`` once per mode; yields progress as requests finish and a result per mode.
 
-    Raises ValueError before anything runs when the spec is invalid, telemetry is off, or
-    the engine is serving other requests. Setting ``cancel`` aborts the run (RuntimeError).
+    Raises ValueError at the call, before anything runs, when the spec is invalid,
+    telemetry is off, or the engine is serving other requests. Setting ``cancel`` aborts
+    the run (RuntimeError at the next wait).
     """
     spec.validate(engine.max_model_len)
     if not engine.bus.enabled:
@@ -165,20 +173,22 @@ def run_benchmark(engine: Engine, spec: BenchmarkSpec,
             f"the engine is serving {busy} other request(s); a benchmark needs an idle engine "
             "(stop the load generator and let running requests finish)"
         )
-    original = {k: v for k, v in engine.settings().items() if k in LIVE_KEYS}
-    graphs = bool(engine.settings()["cuda_graphs_available"])
-    modes = spec.modes if spec.modes is not None else default_modes(graphs)
+    settings = engine.settings()
+    original = {k: v for k, v in settings.items() if k in LIVE_KEYS}
+    modes = spec.modes or default_modes(bool(settings["cuda_graphs_available"]))
+    return _run(engine, spec, modes, original, f"bench{next(_run_ids)}", cancel)
+
+
+def _run(engine: Engine, spec: BenchmarkSpec, modes: list[dict[str, Any]],
+         original: dict[str, Any], run_prefix: str, cancel: threading.Event | None,
+         ) -> Iterator[BenchmarkProgress | BenchmarkResult]:
     prompts = benchmark_prompts(engine, spec)
-    global _runs
-    with _runs_lock:
-        _runs += 1
-        run_id = _runs
     try:
         for k, mode in enumerate(modes):
             label = mode_label(mode)
             live = {key: mode[key] for key in LIVE_KEYS if key in mode}
             settings = engine.configure(**live)
-            prefix = f"bench{run_id}-{k}"
+            prefix = f"{run_prefix}-{k}"
             if spec.warmup:
                 warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, spec.max_tokens),
                                       temperature=0.0, ignore_eos=True)

@@ -1,0 +1,132 @@
+"""run_benchmark runs the same workload once per mode, yields progress and one result per
+mode with real figures and step records, refuses a busy engine, and restores the settings
+(also after an error or an early stop)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.workload import (
+    BenchmarkProgress,
+    BenchmarkResult,
+    BenchmarkSpec,
+    default_modes,
+    mode_label,
+    run_benchmark,
+)
+
+SMALL = dict(device="cpu", max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
+SPEC = dict(num_requests=4, prompt_len=12, max_tokens=10)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), **SMALL))
+    yield eng
+    eng.shutdown()
+
+
+def live(eng: Engine) -> tuple[bool, int, bool]:
+    s = eng.settings()
+    return s["async_batching"], s["num_slots"], s["cuda_graphs"]
+
+
+def test_default_modes_and_labels():
+    assert [mode_label(m) for m in default_modes()] == ["sync", "async"]
+    assert [mode_label(m) for m in default_modes(cuda_graphs=True)] == [
+        "sync",
+        "async",
+        "sync+graphs",
+        "async+graphs",
+    ]
+    assert mode_label({"async_batching": True, "num_slots": 3}) == "async 3 slots"
+    assert mode_label({"label": "mine", "async_batching": False}) == "mine"
+
+
+def test_one_result_per_mode_with_progress_and_records(engine):
+    engine.configure(async_batching=True, num_slots=3)
+    items = list(run_benchmark(engine, BenchmarkSpec(**SPEC)))
+    results = [i for i in items if isinstance(i, BenchmarkResult)]
+    assert [r.mode_label for r in results] == ["sync", "async"]
+    for r in results:
+        progress = [
+            i.done
+            for i in items
+            if isinstance(i, BenchmarkProgress) and i.mode_label == r.mode_label
+        ]
+        assert progress[0] == 0 and progress[-1] == 4
+        assert progress == sorted(progress)
+        assert r.generated_tokens == 4 * 10
+        assert r.tokens_per_s > 0 and r.total_s > 0
+        assert r.tokens_per_s == pytest.approx(r.generated_tokens / r.total_s)
+        assert 0 < r.gpu_busy <= 1
+        assert r.num_steps == len(r.records) > 0
+        assert {rec.mode for rec in r.records} == {r.mode_label}
+        assert sum(rec.decode_tokens for rec in r.records) >= 4 * 9
+        assert r.idle_total_s >= 0 and r.idle_gaps >= 1
+        # busy + idle = the whole window
+        assert r.gpu_busy * r.total_s + r.idle_total_s == pytest.approx(r.total_s, rel=1e-6)
+    assert results[0].settings["async_batching"] is False
+    assert results[1].settings["async_batching"] is True
+    assert results[0].tokens_digest == results[1].tokens_digest, "greedy output changed by mode"
+    assert live(engine) == (True, 3, False), "the caller's settings were not restored"
+
+
+def test_refuses_while_other_requests_are_in_flight(engine):
+    h = engine.submit([1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
+    try:
+        with pytest.raises(ValueError, match="serving 1 other request"):
+            run_benchmark(engine, BenchmarkSpec(**SPEC))
+    finally:
+        engine.abort(h.request_id)
+        h.result(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(num_requests=0), "num_requests must be an integer >= 1"),
+        (dict(prompt_len=200, max_tokens=100), "exceeds the engine's max_model_len of 256"),
+        (dict(modes=[{"async": True}]), "unknown benchmark mode key 'async'"),
+        (dict(modes=["sync"]), "a benchmark mode is a dict"),
+    ],
+)
+def test_bad_spec_is_refused_before_running(engine, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run_benchmark(engine, BenchmarkSpec(**{**SPEC, **kwargs}))
+    assert engine.stats()["running"] == 0
+
+
+def test_settings_restored_after_a_mode_fails(engine):
+    before = live(engine)
+    runs = run_benchmark(
+        engine, BenchmarkSpec(**SPEC, modes=[{"async_batching": False}, {"cuda_graphs": True}])
+    )
+    results = []
+    with pytest.raises(ValueError, match="cuda_graphs cannot be turned on"):
+        for item in runs:
+            if isinstance(item, BenchmarkResult):
+                results.append(item)
+    assert [r.mode_label for r in results] == ["sync"]
+    assert live(engine) == before
+
+
+def test_stopping_early_aborts_and_restores(engine):
+    engine.configure(async_batching=True, num_slots=2)
+    runs = run_benchmark(
+        engine,
+        BenchmarkSpec(
+            num_requests=4, prompt_len=8, max_tokens=200, modes=[{"async_batching": False}]
+        ),
+    )
+    first = next(runs)
+    assert first == BenchmarkProgress("sync", 0, 4)
+    runs.close()
+    assert live(engine) == (True, 2, False)
+    deadline = time.monotonic() + 3
+    while engine.stats()["running"] + engine.stats()["waiting"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.stats()["running"] == 0, "the benchmark's requests were left running"
