@@ -12,13 +12,13 @@ faster than once a second (Plotly work here competes for the CPU with the engine
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from telemetry.export import chrome_trace_json
+from telemetry.records import StepRecord
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import engine_controls, load_generator, mode_summary
 from ui.gauges import gauge_values, gauges_figure, live_window
@@ -71,7 +71,8 @@ def gauges(client: EngineClient, max_num_seqs: int) -> None:
         st.plotly_chart(gauges_figure(values), key="live.gauges", config={"displaylogo": False})
 
 
-def draw_timeline(records: list, window_ms: float, paused: bool) -> None:
+def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> list[StepRecord]:
+    """Draw the timeline of the newest ``window_ms``; returns the steps it shows."""
     recent = recent_window(records, window_ms) if records else []
     fig = timeline_figure(
         recent,
@@ -84,20 +85,7 @@ def draw_timeline(records: list, window_ms: float, paused: bool) -> None:
         ),
     )
     st.plotly_chart(fig, key="live.timeline", config={"displaylogo": False})
-    first = recent[0].step if recent else 0
-    last = recent[-1].step if recent else 0
-    st.download_button(
-        "Download the Chrome trace of these steps",
-        # Built only when clicked, from exactly the steps drawn above.
-        data=functools.partial(chrome_trace_json, recent),
-        file_name=f"gapless-steps-{first}-{last}.json",
-        mime="application/json",
-        key="live.trace",
-        icon=":material/download:",
-        on_click="ignore",
-        disabled=not recent,
-        help="Open it in Perfetto (ui.perfetto.dev) or chrome://tracing.",
-    )
+    return recent
 
 
 def live_timeline(client: EngineClient) -> None:
@@ -109,12 +97,45 @@ def live_timeline(client: EngineClient) -> None:
     draw_timeline(records, float(st.session_state.get(WINDOW_KEY, 250)), paused=False)
 
 
-def on_pause() -> None:
-    # Freeze what was on screen at the moment of the click; resume clears it.
-    if st.session_state[PAUSE_KEY]:
+def freeze() -> None:
+    """Pause on what was on screen at the moment of the click; resuming forgets it."""
+    if st.session_state.get(PAUSE_KEY):
         st.session_state[FROZEN_KEY] = st.session_state.get(LAST_KEY, [])
     else:
         st.session_state.pop(FROZEN_KEY, None)
+
+
+def pause_for_trace() -> None:
+    st.session_state[PAUSE_KEY] = True
+    freeze()
+
+
+def trace_download(shown: list[StepRecord]) -> None:
+    """The Chrome trace of exactly the steps on screen (a paused timeline).
+
+    The file is built by this full run and stays registered until the next one. A live
+    download (deferred data built on click) would race Streamlit's clean-up of unreferenced
+    files, which every 1-2 Hz fragment run triggers, and often answer 404.
+    """
+    if not shown:
+        st.download_button(
+            "Download the Chrome trace of the steps on screen",
+            b"",
+            disabled=True,
+            key="live.trace",
+            help="No steps on screen yet.",
+        )
+        return
+    st.download_button(
+        "Download the Chrome trace of the steps on screen",
+        data=chrome_trace_json(shown),
+        file_name=f"gapless-steps-{shown[0].step}-{shown[-1].step}.json",
+        mime="application/json",
+        key="live.trace",
+        icon=":material/download:",
+        on_click="ignore",
+        help="Open it in Perfetto (ui.perfetto.dev) or chrome://tracing.",
+    )
 
 
 def live_page() -> None:
@@ -140,7 +161,7 @@ def live_page() -> None:
         paused = st.toggle(
             "Pause",
             key=PAUSE_KEY,
-            on_change=on_pause,
+            on_change=freeze,
             help="Freeze the timeline so it can be zoomed; the engine keeps running.",
         )
     with window_col:
@@ -152,9 +173,16 @@ def live_page() -> None:
             SNAPSHOT_STEPS
         )
         st.session_state[FROZEN_KEY] = frozen
-        draw_timeline(frozen, float(st.session_state[WINDOW_KEY]), paused=True)
+        shown = draw_timeline(frozen, float(st.session_state[WINDOW_KEY]), paused=True)
+        trace_download(shown)
     else:
         st.fragment(run_every=TIMELINE_PERIOD_S)(live_timeline)(client)
+        st.button(
+            "Pause to download the Chrome trace of the steps on screen",
+            key="live.trace_pause",
+            icon=":material/download:",
+            on_click=pause_for_trace,
+        )
 
 
 def main() -> None:

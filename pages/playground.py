@@ -133,6 +133,8 @@ def stream_reply(client: EngineClient, prompt: str, params: dict[str, Any]) -> R
             return None
         t_end = time.perf_counter()
         box.code(out.text, language=None, wrap_lines=True)
+        if out.finish_reason == "error":
+            st.error(f"The request failed: {out.error or 'the engine stopped'}")
         line = figures_line(t_submit, t_first, t_end, len(out.token_ids), out.finish_reason)
         st.caption(line)
         return Reply(prompt=prompt, text=out.text, figures=line)

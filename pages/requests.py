@@ -45,6 +45,7 @@ def requests_view(client: EngineClient) -> None:
     rows = request_rows(lats)
     if not rows:
         st.info("No requests yet: type a prompt in the Playground or start the load generator.")
+        return
     st.dataframe(
         rows[:MAX_ROWS],
         key="req.table",

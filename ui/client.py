@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import streamlit as st
 
+from engine.client import EngineDead
+
 if TYPE_CHECKING:
     from engine.client import EngineClient
 
@@ -53,14 +55,6 @@ def _release(client: EngineClient) -> None:
 @st.cache_resource(on_release=_release, show_spinner="Starting the engine...")
 def _shared_client() -> EngineClient:
     return make_client()
-
-
-def _engine_dead_type() -> type[BaseException]:
-    try:
-        from engine.client import EngineDead
-    except ImportError:  # pragma: no cover - only before engine/client.py exists
-        return RuntimeError
-    return EngineDead
 
 
 def show_dead_engine(client: EngineClient) -> NoReturn:
@@ -118,13 +112,12 @@ def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
     yielded Outcome is marked failed and the page goes on.
     """
     outcome = Outcome()
-    dead = _engine_dead_type()
     try:
         yield outcome
     except ValueError as exc:
         outcome.failed = True
         st.error(f"{what}: {exc}")
-    except dead:
+    except EngineDead:
         show_dead_engine(client)
 
 
@@ -152,7 +145,7 @@ def in_callback(what: str, action: Callable[[], object]) -> None:
         action()
     except ValueError as exc:
         flash(f"{what}: {exc}")
-    except _engine_dead_type():
+    except EngineDead:
         pass
     except Exception as exc:  # never a traceback in the browser
         log.exception("%s failed", what)

@@ -129,12 +129,13 @@ def _gauge(
     col: int,
     colour: str = "#31a354",
     subtitle: str | None = None,
+    fmt: str = ".1f",
 ) -> go.Indicator:
     text = _title(title, subtitle)
     return go.Indicator(
         mode="gauge+number" if value is not None else "gauge",
         value=value if value is not None else 0.0,
-        number={"suffix": suffix, "valueformat": ".1f" if axis_max <= 100 else ",.0f"},
+        number={"suffix": suffix, "valueformat": fmt},
         title={"text": text, "font": {"size": 13}},
         gauge={
             "axis": {"range": [0, axis_max]},
@@ -164,7 +165,7 @@ def _number(
     )
 
 
-def gauges_figure(v: GaugeValues, height_px: int = 330) -> go.Figure:
+def gauges_figure(v: GaugeValues, height_px: int = 440) -> go.Figure:
     """Eight indicators on a 2 x 4 grid; GPU busy and NVML utilisation side by side."""
     window = f"last {v.window_ms / 1000:.1f} s"
     if v.nvml_util_pct is None:
@@ -202,6 +203,7 @@ def gauges_figure(v: GaugeValues, height_px: int = 330) -> go.Figure:
             col=2,
             colour="#3182bd",
             subtitle=f"decode {v.decode_tokens_per_s:,.0f}/s, {window}",
+            fmt=",.0f",
         ),
         _gauge(
             "KV cache used",
@@ -221,6 +223,7 @@ def gauges_figure(v: GaugeValues, height_px: int = 330) -> go.Figure:
             col=0,
             colour="#3182bd",
             subtitle=f"of max {v.max_num_seqs}" if v.max_num_seqs else None,
+            fmt=",.0f",
         ),
         _number("waiting requests", float(v.waiting), row=1, col=1, subtitle="queued"),
         _number(
@@ -236,8 +239,9 @@ def gauges_figure(v: GaugeValues, height_px: int = 330) -> go.Figure:
     ]
     fig = go.Figure(indicators)
     fig.update_layout(
-        grid={"rows": 2, "columns": 4, "pattern": "independent"},
+        # Room above each row for its two-line title.
+        grid={"rows": 2, "columns": 4, "pattern": "independent", "ygap": 0.45, "xgap": 0.2},
         height=height_px,
-        margin={"l": 20, "r": 20, "t": 40, "b": 10},
+        margin={"l": 30, "r": 30, "t": 70, "b": 10},
     )
     return fig

@@ -16,19 +16,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.client import EngineDead
+from engine.workload import default_modes, mode_label
 from telemetry.bus import TelemetryBus
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
 REPLY = ["def", " add", "(a", ",", " b", "):", "\n", "    return", " a", " +", " b", "\n"]
 
 
-try:
-    from engine.client import EngineDead as _DeadBase
-except ImportError:  # before engine/client.py lands, the pages fall back to RuntimeError
-    _DeadBase = RuntimeError  # type: ignore[assignment,misc]
-
-
-class FakeEngineDead(_DeadBase):  # type: ignore[valid-type,misc]
+class FakeEngineDead(EngineDead):
     """What the fake raises once killed: an engine.client.EngineDead, as the real one."""
 
 
@@ -86,7 +82,10 @@ def fake_steps(first_step: int, n: int, mode: str, t0_ns: int) -> list[StepRecor
 
 
 class FakeEngineClient:
-    def __init__(self, *, graphs_available: bool = False, **_: Any) -> None:
+    def __init__(
+        self, *, graphs_available: bool = False, token_delay_s: float = 0.001, **_: Any
+    ) -> None:
+        self.token_delay_s = token_delay_s
         self.bus = TelemetryBus()
         self.graphs_available = graphs_available
         self._settings: dict[str, Any] = {
@@ -206,7 +205,7 @@ class FakeEngineClient:
     def stream(self, rid: str, timeout: float | None = None) -> Iterator[str]:
         for i, delta in enumerate(REPLY):
             self._check()
-            time.sleep(0.001)
+            time.sleep(self.token_delay_s)
             kind = "first_token" if i == 0 else "tokens"
             self.bus.publish_event(RequestEvent(rid, kind, time.perf_counter_ns(), 1))
             yield delta
@@ -237,7 +236,7 @@ class FakeEngineClient:
     # -- benchmark
     def run_benchmark(self, spec: Any) -> Iterator[FakeProgress | FakeResult]:
         self._check()
-        labels = [getattr(m, "label", str(m)) for m in spec.modes]
+        labels = [mode_label(m) for m in spec.modes or default_modes(self.graphs_available)]
         for j, label in enumerate(labels):
             for done in range(0, spec.num_requests + 1, max(1, spec.num_requests // 4)):
                 yield FakeProgress(label, done, spec.num_requests)
@@ -251,44 +250,3 @@ class FakeEngineClient:
                 idle_gaps=30 - 10 * j,
                 records=recs,
             )
-
-
-def install_stub_modules() -> None:
-    """Stand-ins for engine.loadgen / engine.workload while they do not exist yet."""
-    import importlib
-    import sys
-    import types
-
-    try:
-        importlib.import_module("engine.loadgen")
-    except ImportError:
-        mod = types.ModuleType("engine.loadgen")
-
-        @dataclass
-        class LoadSpec:
-            concurrency: int | None = 8
-            rate: float | None = None
-            prompt_len: int = 64
-            max_tokens: int = 64
-
-        mod.LoadSpec = LoadSpec  # type: ignore[attr-defined]
-        sys.modules["engine.loadgen"] = mod
-    try:
-        importlib.import_module("engine.workload")
-    except ImportError:
-        mod = types.ModuleType("engine.workload")
-
-        @dataclass
-        class BenchmarkSpec:
-            num_requests: int = 16
-            prompt_len: int = 64
-            max_tokens: int = 64
-            modes: list[str] = field(default_factory=lambda: ["sync", "async"])
-
-        def default_modes(cuda_graphs: bool = False) -> list[str]:
-            extra = ["sync+graphs", "async+graphs"] if cuda_graphs else []
-            return ["sync", "async", *extra]
-
-        mod.BenchmarkSpec = BenchmarkSpec  # type: ignore[attr-defined]
-        mod.default_modes = default_modes  # type: ignore[attr-defined]
-        sys.modules["engine.workload"] = mod

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import streamlit as st
-from fake_engine import FakeEngineClient, install_stub_modules
+from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
 
 import ui.client
@@ -23,7 +23,6 @@ TIMEOUT = 30
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
-    install_stub_modules()
     client = FakeEngineClient()
     st.cache_resource.clear()
     monkeypatch.setattr(ui.client, "make_client", lambda: client)
@@ -82,14 +81,21 @@ def test_load_generator_starts_and_stops(fake: FakeEngineClient) -> None:
     assert not fake.load_running()
 
 
-def test_pause_freezes_the_timeline(fake: FakeEngineClient) -> None:
+def test_pause_freezes_the_timeline_and_offers_its_trace(fake: FakeEngineClient) -> None:
     at = app().run()
-    at.toggle(key="live.pause").set_value(True).run()
+    at.button(key="live.trace_pause").click().run()
+    assert at.toggle(key="live.pause").value is True
     spec = at.get("plotly_chart")[1].proto.spec
     assert "Paused" in spec
     fake.publish_steps(50)
     at.run()
     assert at.get("plotly_chart")[1].proto.spec == spec  # nothing new drawn while paused
+    download = at.get("download_button")[0]
+    assert not download.proto.disabled
+    assert download.proto.url  # a file is registered, not built on click
+    at.toggle(key="live.pause").set_value(False).run()
+    assert "Live" in at.get("plotly_chart")[1].proto.spec
+    assert not at.get("download_button")
 
 
 def test_dead_engine_shows_a_message_and_restart_brings_it_back(fake: FakeEngineClient) -> None:
@@ -125,7 +131,6 @@ def test_engine_that_cannot_start_is_a_message(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_graphs_toggle_is_enabled_with_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    install_stub_modules()
     client = FakeEngineClient(graphs_available=True)
     st.cache_resource.clear()
     monkeypatch.setattr(ui.client, "make_client", lambda: client)
