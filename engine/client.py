@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -35,9 +36,10 @@ import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,26 @@ SHUTDOWN_TIMEOUT_S = 30.0
 # After the pipe closes, how long to wait for the exit code before calling it a hang.
 EXIT_GRACE_S = 1.5
 KEEP_FINISHED = 1024  # finished requests whose result() can still be read
+MAX_OUTPUT_CHARS = 300
+
+
+# "Fatal Python error: ...", or the last line of a traceback ("RuntimeError: ...").
+_ERROR_LINE = re.compile(r"(Fatal Python error|[\w.]*(Error|Exception|Interrupt))\b")
+
+
+def last_words(lines: list[str]) -> str | None:
+    """The line of a dying process's output that says most: its latest error line (for
+    a crash, faulthandler's "Fatal Python error: ..." comes before the stacks)."""
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line):
+            return line
+    return lines[-1] if lines else None
+
+
+def _pickle(obj: Any) -> bytes:
+    # What Connection.send does, split out so a pickling error is told apart from a
+    # broken pipe.
+    return bytes(ForkingPickler.dumps(obj))
 
 
 class EngineDead(RuntimeError):
@@ -72,7 +94,10 @@ class EngineError(RuntimeError):
     """An engine command failed for a reason other than bad input (that is ValueError)."""
 
 
-def exit_reason(code: int | None) -> str:
+def exit_reason(code: int | None, last_output: str | None = None) -> str:
+    """What a user reads when the engine process is gone. The process's last line of
+    output is added when it says something (a Python error, "Fatal Python error: ..."),
+    not after SIGKILL or SIGTERM, where it is just whatever was logged last."""
     if code is None:
         return "the engine process closed its connection but did not exit"
     if code < 0:
@@ -80,8 +105,14 @@ def exit_reason(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        return f"engine process exited with code {code} ({name})"
-    return f"engine process exited with code {code}"
+        reason = f"engine process exited with code {code} ({name})"
+        if -code in (signal.SIGKILL, signal.SIGTERM):
+            return reason
+    else:
+        reason = f"engine process exited with code {code}"
+    if code != 0 and last_output:
+        reason += f"; its last output: {last_output[:MAX_OUTPUT_CHARS]}"
+    return reason
 
 
 class _Stream:
@@ -141,14 +172,19 @@ class _Session:
         fd = child_sock.fileno()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from engine.server import main; main()",
+                # -P: never put the working directory first on sys.path, so `engine`
+                # is this repository's package whatever folder the parent runs in.
+                [sys.executable, "-P", "-c", "from engine.server import main; main()",
                  "--fd", str(fd), "--parent", str(os.getpid())],
-                pass_fds=(fd,), stdin=subprocess.DEVNULL, env=env,
+                pass_fds=(fd,), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
             )
         finally:
             child_sock.close()  # only the child holds its end: its exit gives us EOF
         self.pid = self.proc.pid
         self.conn = Connection(parent_sock.detach())
+        self.last_output: deque[str] = deque(maxlen=200)  # a crash dumps every stack
+        threading.Thread(target=self._relay_stderr, daemon=True,
+                         name=f"gapless-client-stderr-{self.pid}").start()
         self._receiver = threading.Thread(target=self._receive, daemon=True,
                                           name=f"gapless-client-recv-{self.pid}")
         self._waiter = threading.Thread(target=self._wait_exit, daemon=True,
@@ -170,7 +206,7 @@ class _Session:
             self._ready.wait(0.05)
         if not self._ready.is_set():
             self._exited.wait(EXIT_GRACE_S)
-            reason = self._start_failure or self.dead or exit_reason(self.proc.returncode)
+            reason = self._start_failure or self.dead or self._exit_reason()
             if self._start_failure is None:
                 reason = f"the engine process died while starting: {reason}"
             self.dead = reason
@@ -179,8 +215,12 @@ class _Session:
     # --------------------------------------------------------------------- transport
     def _send(self, msg: tuple[Any, ...]) -> None:
         try:
+            data = _pickle(msg)
+        except Exception as e:  # nothing was sent: the caller's input is at fault
+            raise ValueError(f"cannot send {msg[1]!r} to the engine process: {e}") from e
+        try:
             with self._send_lock:
-                self.conn.send(msg)
+                self.conn.send_bytes(data)
         except (OSError, ValueError) as e:
             raise EngineDead(self.dead or f"the engine's pipe is closed ({e})") from e
 
@@ -202,7 +242,7 @@ class _Session:
             self._calls[call_id] = pending
         try:
             self._send((call_id, command, kwargs))
-        except EngineDead:
+        except BaseException:
             with self._lock:
                 self._calls.pop(call_id, None)
             raise
@@ -250,6 +290,24 @@ class _Session:
             self.kill()
             self.mark_dead(reason)
 
+    def _relay_stderr(self) -> None:
+        """The engine's log goes on to our stderr; its last lines explain a crash."""
+        assert self.proc.stderr is not None
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        for raw in self.proc.stderr:
+            try:
+                if out is not None:
+                    out.write(raw)
+                    out.flush()
+                else:
+                    sys.stderr.write(raw.decode(errors="replace"))
+            except (OSError, ValueError):  # our stderr is closed: keep draining the pipe
+                pass
+            line = raw.decode(errors="replace").strip()
+            if line:
+                self.last_output.append(line.rsplit("\r", 1)[-1])
+        self.proc.stderr.close()
+
     def _wait_exit(self) -> None:
         self.proc.wait()
         self._exited.set()
@@ -261,10 +319,12 @@ class _Session:
     def _exit_reason(self) -> str:
         if self.shutting_down:
             return "the engine was shut down"
-        reason = exit_reason(self.proc.returncode)
         if self._start_failure:
-            reason = self._start_failure
-        return reason
+            return self._start_failure
+        code = self.proc.returncode
+        if code:  # a crash prints on its way out: give the relay a moment to catch it
+            time.sleep(0.1)
+        return exit_reason(code, last_words(list(self.last_output)))
 
     def _dispatch(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import logging
 import os
 import queue
@@ -298,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, required=True, help="pid of the client process")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable()  # a crash in native code (CUDA, triton) says where, on stderr
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="engine[%(process)d] %(levelname)s %(name)s: %(message)s")
     os.set_inheritable(args.fd, False)  # nothing we start may hold the client's pipe open

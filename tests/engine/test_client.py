@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.client import EngineClient, EngineDead, EngineStartError
+from engine.client import EngineClient, EngineDead, EngineStartError, exit_reason, last_words
 from engine.loadgen import LoadSpec
 from engine.workload import BenchmarkProgress, BenchmarkResult, BenchmarkSpec
 
@@ -175,6 +175,18 @@ def test_benchmark_through_the_client(client):
         list(client.run_benchmark(BenchmarkSpec(num_requests=0)))
 
 
+def test_exit_reasons_read_well():
+    assert exit_reason(-9) == "engine process exited with code -9 (SIGKILL)"
+    assert exit_reason(-9, "Loading weights: 100%") == exit_reason(-9)
+    assert exit_reason(1, "RuntimeError: CUDA error: out of memory") == (
+        "engine process exited with code 1; its last output: RuntimeError: CUDA error: out "
+        "of memory")
+    assert exit_reason(0, "bye") == "engine process exited with code 0"
+    assert last_words(["x", "Fatal Python error: Aborted", "  File a.py, line 3"]) == (
+        "Fatal Python error: Aborted")
+    assert last_words(["just", "lines"]) == "lines" and last_words([]) is None
+
+
 def test_bad_config_is_refused_before_any_process_starts():
     with pytest.raises(ValueError, match="max_num_seqs must be an integer >= 1"):
         EngineClient(None, max_num_seqs=0)
@@ -268,6 +280,13 @@ def test_killed_engine_is_reported_and_restart_serves_again(client):
     assert client.pid != pid
     out = client.generate([1, 2, 3], GREEDY, timeout=30)
     assert out.finish_reason == "length" and len(out.token_ids) == 12
+    # A crash says what the process printed on its way out (faulthandler in the child).
+    os.kill(client.pid, signal.SIGSEGV)
+    wait_for(lambda: not client.alive(), 2.0)
+    assert client.death_reason() == ("engine process exited with code -11 (SIGSEGV); its last "
+                                     "output: Fatal Python error: Segmentation fault")
+    client.restart()
+    assert client.generate([1, 2, 3], GREEDY, timeout=30).token_ids == out.token_ids
     client.shutdown()
     client.shutdown()  # idempotent
     assert not client.alive() and client.death_reason() == "the engine was shut down"
