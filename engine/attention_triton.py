@@ -253,9 +253,11 @@ def paged_attention_with_splits(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    num_stages: int = 3,
 ) -> torch.Tensor:
-    """`paged_attention` with explicit tuning: split-K factor (None: `default_num_splits`)
-    and key tile size (None: 64, or 32 for head_dim > 128).
+    """`paged_attention` with explicit tuning: split-K factor (None: `default_num_splits`),
+    key tile size (None: 64, or 32 for head_dim > 128) and software-pipeline depth (3 lets
+    Triton prefetch the block-table entries as well as the K/V tiles).
 
     Exposed for the benchmark and the tests, which compare configurations.
     """
@@ -301,7 +303,7 @@ def paged_attention_with_splits(
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None,
         IEEE_DOT=q.dtype == torch.float32,
-        num_warps=4 if block_n <= 64 else 8, num_stages=2,
+        num_warps=4 if block_n <= 64 else 8, num_stages=num_stages,
     )
     if num_splits > 1:
         _reduce_splits_kernel[(t, h)](
