@@ -45,6 +45,7 @@ from typing import Any
 
 from engine.config import EngineConfig, SamplingParams
 from engine.request import RequestOutput
+from engine.server import decode_events, decode_steps
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.client")
@@ -341,9 +342,9 @@ class _Session:
                 s.finish(RequestOutput(**out))
         elif kind == "telemetry":
             _, steps, events = msg
-            for rec in steps:
+            for rec in decode_steps(steps):
                 self.bus.publish_step(rec)
-            for ev in events:
+            for ev in decode_events(events):
                 self.bus.publish_event(ev)
         elif kind == "reply":
             _, call_id, ok, value = msg

@@ -16,7 +16,8 @@ Wire protocol (pickled over multiprocessing.connection.Connection):
 - engine -> client: lists of messages (one send carries everything queued, so a busy
   engine costs one syscall per batch, not per token):
   ``("delta", rid, text)``, ``("end", rid, RequestOutput as a dict)``,
-  ``("telemetry", [StepRecord], [RequestEvent])`` every ~50 ms when anything is new,
+  ``("telemetry", steps, events)`` every ~50 ms when anything is new (records encoded as
+  tuples, see encode_steps),
   ``("nvml", NvmlReading dict | None, reason | None)`` when a new reading exists,
   ``("bench", call_id, BenchmarkProgress | BenchmarkResult)`` during run_benchmark,
   ``("ready", info)`` / ``("failed", message)`` once at start.
@@ -36,6 +37,7 @@ import argparse
 import dataclasses
 import faulthandler
 import logging
+import operator
 import os
 import queue
 import signal
@@ -47,6 +49,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from telemetry.records import RequestEvent, Span, StepRecord
+
 log = logging.getLogger("gapless.server")
 
 TELEMETRY_PERIOD_S = 0.05
@@ -57,6 +61,32 @@ MAX_BACKLOG = 2000
 MAX_BATCH = 512
 
 Message = tuple[Any, ...]
+
+# Telemetry travels as plain tuples: pickling a frozen slots dataclass costs ~30x more, and
+# that cost is paid in the engine process, on the GIL the step loop needs. The client
+# rebuilds the records (decode_steps / decode_events), in its own process.
+STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord) if f.name != "spans")
+EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(RequestEvent))
+_step_values = operator.attrgetter(*STEP_FIELDS)
+_event_values = operator.attrgetter(*EVENT_FIELDS)
+
+
+def encode_steps(records: list[StepRecord]) -> list[tuple[Any, ...]]:
+    return [(_step_values(r), [(s.lane, s.start_ns, s.end_ns) for s in r.spans])
+            for r in records]
+
+
+def decode_steps(rows: list[tuple[Any, ...]]) -> list[StepRecord]:
+    return [StepRecord(**dict(zip(STEP_FIELDS, values, strict=True)),
+                       spans=[Span(*s) for s in spans]) for values, spans in rows]
+
+
+def encode_events(events: list[RequestEvent]) -> list[tuple[Any, ...]]:
+    return [_event_values(e) for e in events]
+
+
+def decode_events(rows: list[tuple[Any, ...]]) -> list[RequestEvent]:
+    return [RequestEvent(*row) for row in rows]
 
 
 def describe(exc: BaseException) -> str:
@@ -162,7 +192,7 @@ class EngineServer:
                 continue
             steps, events = reader.steps(), reader.events()
             if steps or events:
-                self.outbox.put(("telemetry", steps, events))
+                self.outbox.put(("telemetry", encode_steps(steps), encode_events(events)))
             reading = self.nvml.latest()
             if reading is not None and reading is not last_nvml:
                 last_nvml = reading

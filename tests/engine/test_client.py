@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -24,7 +25,9 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.client import EngineClient, EngineDead, EngineStartError, exit_reason, last_words
 from engine.loadgen import LoadSpec
+from engine.server import decode_events, decode_steps, encode_events, encode_steps
 from engine.workload import BenchmarkProgress, BenchmarkResult, BenchmarkSpec
+from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
 SMALL = dict(
     device="cpu", max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512, block_size=16
@@ -173,6 +176,15 @@ def test_benchmark_through_the_client(client):
     assert client.settings() == before
     with pytest.raises(ValueError, match="num_requests must be an integer >= 1"):
         list(client.run_benchmark(BenchmarkSpec(num_requests=0)))
+
+
+def test_telemetry_wire_format_round_trips():
+    spans = [Span(lane, 10 * k, 10 * k + 5) for k, lane in enumerate(LANES)]
+    steps = [StepRecord(3, "async", 1, 2, 5, 2, 3, 8, spans, 2, 1, 4, 64, 1),
+             StepRecord(4, "sync", 0, 1, 0, 1)]
+    events = [RequestEvent("r", "finished", 99, 0, 7, "length"), RequestEvent("q", "queued", 1)]
+    wire = pickle.loads(pickle.dumps((encode_steps(steps), encode_events(events))))
+    assert decode_steps(wire[0]) == steps and decode_events(wire[1]) == events
 
 
 def test_exit_reasons_read_well():
