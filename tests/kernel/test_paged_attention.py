@@ -13,6 +13,8 @@ How the three groups run:
   only the child directly: ``TRITON_INTERPRET=1 .venv/bin/python -m pytest
   tests/kernel/test_paged_attention.py -k test_interp_``. fp32 and fp16 only: the
   interpreter mishandles bf16.
+- ``test_kernel_compiles_for_sm90_without_a_gpu`` (slow, CPU-only machines with a ptxas):
+  builds the real kernel for an sm_90 target, so compile errors show up without a GPU.
 - ``test_cuda_*`` (marked cuda, skipped without a GPU or inside the interpreter child):
   realistic shapes (H=32, KVH=8, D=128, block 16, contexts up to 8448) in bf16/fp16, and
   a capture/replay in a torch.cuda.CUDAGraph after changing the inputs' values in place.
@@ -351,6 +353,73 @@ def test_interp_all_padding() -> None:
     for splits in (1, 2):
         out = run_triton(b, None, splits)
         assert torch.equal(out, torch.zeros_like(out))
+
+
+# ------------------------------------------------- compile for the GPU, on a machine without
+
+
+def _ptxas_available() -> bool:
+    try:
+        from triton import knobs
+
+        return Path(knobs.nvidia.ptxas.path).exists()
+    except Exception:
+        return False
+
+
+SM90_CASES = [
+    # dtype, group, head_dim, block_size, num_splits, has_window, block_n
+    ("bf16", 4, 128, 16, 1, False, 64),
+    ("bf16", 4, 128, 16, 4, True, 64),
+    ("fp16", 4, 128, 32, 2, False, 128),
+    ("bf16", 1, 64, 16, 1, True, 64),
+    ("bf16", 32, 256, 16, 8, False, 32),
+    ("fp32", 3, 64, 16, 1, False, 64),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    torch.cuda.is_available() or IN_INTERPRETER,
+    reason="on a GPU the test_cuda_* tests compile and run the kernel for real",
+)
+@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+@pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
+    """Catch compile errors (and shared-memory blow-ups) on a CPU-only machine: build the
+    kernel for an H100/H200 target with the specialisations the JIT would apply (unit
+    strides on the head dimension, 16-divisible pointers and row strides)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.attention_triton import _paged_attention_kernel as kernel
+    from engine.attention_triton import _tile_shape
+
+    dt, group, head_dim, block_size, splits, window, block_n = case
+    g_pad, block_q, block_n = _tile_shape(group, head_dim, block_n)
+    const = dict(
+        H=8 * group, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=head_dim,
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=splits, HAS_WINDOW=window,
+        IEEE_DOT=dt == "fp32",
+        stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
+    )
+    ptrs = {
+        "q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "out_ptr": f"*{dt}",
+        "bt_ptr": "*i32", "req_ptr": "*i32", "pos_ptr": "*i32",
+        "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
+    }
+    types = {**ptrs, "scale_log2": "fp32"}
+    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in kernel.arg_names}
+    aligned = [*ptrs, *(n for n in kernel.arg_names if n.startswith("stride") and n not in const)]
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    compiled = triton.compile(
+        ASTSource(kernel, sig, const, attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4 if block_n <= 64 else 8, "num_stages": 3},
+    )
+    assert compiled.metadata.shared <= 227 * 1024, "exceeds an H100/H200 block's shared memory"
+    assert "cp.async" in compiled.asm["ptx"], "K/V tile loads are no longer software-pipelined"
 
 
 # ------------------------------------------------------------------------------- (c) CUDA
