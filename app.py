@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 GAUGE_PERIOD_S = 0.5  # 2 Hz
 TIMELINE_PERIOD_S = 1.0  # 1 Hz, the most DESIGN.md §7 allows
 GAUGE_WINDOW_MS = 2000.0
-TIMELINE_WINDOWS_MS = (50, 100, 250, 500, 1000, 2000)
+TIMELINE_WINDOWS_MS = (50, 100, 250, 500, 1000, 2000, 5000)
+DEFAULT_WINDOW_MS = 1000  # a few CPU steps, a few hundred GPU steps
 SNAPSHOT_STEPS = 4000  # the newest steps taken from the bus per refresh (a slice, no copy)
 TIMELINE_WIDTH_PX = 1600  # for merging sub-pixel spans; about a wide browser window
 
@@ -94,7 +95,7 @@ def live_timeline(client: EngineClient) -> None:
         st.rerun()  # the full run shows the dead-engine banner
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     st.session_state[LAST_KEY] = records  # what a pause would freeze
-    draw_timeline(records, float(st.session_state.get(WINDOW_KEY, 250)), paused=False)
+    draw_timeline(records, float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS)), paused=False)
 
 
 def freeze() -> None:
@@ -165,7 +166,9 @@ def live_page() -> None:
             help="Freeze the timeline so it can be zoomed; the engine keeps running.",
         )
     with window_col:
-        st.select_slider("Timeline window (ms)", TIMELINE_WINDOWS_MS, value=250, key=WINDOW_KEY)
+        st.select_slider(
+            "Timeline window (ms)", TIMELINE_WINDOWS_MS, value=DEFAULT_WINDOW_MS, key=WINDOW_KEY
+        )
     if paused:
         # A frozen snapshot is drawn once by this full run; nothing redraws it until the
         # pause ends, so plotly keeps the user's zoom.

@@ -88,12 +88,13 @@ def show_results(results: list[Any]) -> None:
     cols = st.columns(len(results))
     for col, r in zip(cols, results, strict=True):
         with col:
-            speedup = base.total_s / r.total_s if r.total_s else float("nan")
+            change = 100 * (r.total_s / base.total_s - 1) if base.total_s else 0.0
             st.metric(
                 r.mode_label,
                 f"{r.total_s:.2f} s",
-                delta=None if r is base else f"{speedup:.2f}x vs {base.mode_label}",
-                delta_color="normal" if speedup >= 1 else "inverse",
+                delta=None if r is base else f"{change:+.1f}% time vs {base.mode_label}",
+                delta_color="inverse",  # less time is better
+                help="Total time from the first request queued to the last one finished.",
             )
             st.metric("tokens/s", f"{r.tokens_per_s:,.0f}")
             st.metric("GPU busy", f"{100 * r.gpu_busy:.1f}%")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from telemetry.latency import request_latencies, summarize_latencies
+from telemetry.latency import Distribution, request_latencies, summarize_latencies
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.histograms import latency_histograms, request_rows
 
@@ -27,8 +27,13 @@ REFRESH_S = 2.0
 AUTO_KEY = "req.auto"
 
 
-def _ms(x: float) -> str:
-    return "–" if math.isnan(x) else f"{x / 1e6:,.1f} ms"
+def p50_p90(dist: Distribution) -> str:
+    """ "276 / 1,480 ms" (or seconds past 10 s): short enough for a metric tile."""
+    if dist.count == 0 or math.isnan(dist.p50):
+        return "–"
+    if dist.p90 >= 10e9:
+        return f"{dist.p50 / 1e9:,.1f} / {dist.p90 / 1e9:,.1f} s"
+    return f"{dist.p50 / 1e6:,.0f} / {dist.p90 / 1e6:,.0f} ms"
 
 
 def requests_view(client: EngineClient) -> None:
@@ -39,9 +44,9 @@ def requests_view(client: EngineClient) -> None:
     cols = st.columns(5)
     cols[0].metric("requests seen", f"{summary.requests:,}")
     cols[1].metric("finished", f"{summary.finished:,}")
-    cols[2].metric("TTFT p50 / p90", f"{_ms(summary.ttft.p50)} / {_ms(summary.ttft.p90)}")
-    cols[3].metric("inter-token p50 / p90", f"{_ms(summary.itl.p50)} / {_ms(summary.itl.p90)}")
-    cols[4].metric("end-to-end p50 / p90", f"{_ms(summary.e2e.p50)} / {_ms(summary.e2e.p90)}")
+    cols[2].metric("TTFT p50 / p90", p50_p90(summary.ttft))
+    cols[3].metric("inter-token p50 / p90", p50_p90(summary.itl))
+    cols[4].metric("end-to-end p50 / p90", p50_p90(summary.e2e))
     rows = request_rows(lats)
     if not rows:
         st.info("No requests yet: type a prompt in the Playground or start the load generator.")
