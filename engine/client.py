@@ -193,7 +193,7 @@ class _Session:
         self._receiver.start()
         self._waiter.start()
         try:
-            self._send((0, "start", config.to_dict()))
+            self._send(0, "start", {"config": config.to_dict()})
         except EngineDead:
             pass  # the child died at once: the reason comes below
         deadline = time.monotonic() + start_timeout_s
@@ -214,11 +214,13 @@ class _Session:
             raise EngineStartError(reason)
 
     # --------------------------------------------------------------------- transport
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, call_id: int, command: str, kwargs: dict[str, Any]) -> None:
+        # The arguments are pickled apart from the envelope, so the engine can always read
+        # the call id and answer, even when it cannot rebuild an argument.
         try:
-            data = _pickle(msg)
+            data = _pickle((call_id, command, _pickle(kwargs)))
         except Exception as e:  # nothing was sent: the caller's input is at fault
-            raise ValueError(f"cannot send {msg[1]!r} to the engine process: {e}") from e
+            raise ValueError(f"cannot send {command!r} to the engine process: {e}") from e
         try:
             with self._send_lock:
                 self.conn.send_bytes(data)
@@ -242,7 +244,7 @@ class _Session:
                 raise EngineDead(self.dead)
             self._calls[call_id] = pending
         try:
-            self._send((call_id, command, kwargs))
+            self._send(call_id, command, kwargs)
         except BaseException:
             with self._lock:
                 self._calls.pop(call_id, None)

@@ -13,6 +13,7 @@ when the engine shuts down, and never imports UI code.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import threading
@@ -29,6 +30,7 @@ POLL_S = 0.005
 # Upper bound of in-flight requests in rate mode, as a multiple of the engine's batch size.
 INFLIGHT_PER_SEQ = 4
 MAX_CONCURRENCY = 4096
+_generator_ids = itertools.count(1)  # request ids of different generators never collide
 
 
 @dataclass(slots=True)
@@ -96,8 +98,6 @@ def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
 class LoadGenerator:
     """Submits synthetic requests to ``engine`` on a daemon thread until stop()."""
 
-    _instances = 0
-
     def __init__(self, engine: Engine, spec: LoadSpec, seed: int = 0,
                  max_inflight: int | None = None) -> None:
         if not isinstance(spec, LoadSpec):
@@ -116,8 +116,7 @@ class LoadGenerator:
                                      ignore_eos=True)
         self._rng = random.Random(seed)
         self._vocab = prompt_vocab(engine)
-        LoadGenerator._instances += 1
-        self._prefix = f"load{LoadGenerator._instances}"
+        self._prefix = f"load{next(_generator_ids)}"
         self._next_id = 0
         self._inflight: list[RequestHandle] = []
         self._lock = threading.Lock()

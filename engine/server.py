@@ -9,10 +9,11 @@ shut down or until its parent is gone.
 
 Wire protocol (pickled over multiprocessing.connection.Connection):
 
-- client -> engine: ``(call_id, command, kwargs)``; commands are the keys of
-  EngineServer.COMMANDS. Every command gets exactly one ``("reply", call_id, ok, value)``;
-  when ok is False, value is ``(exception type name, message)`` and the client raises
-  ValueError for "ValueError" (bad input, same message) and EngineError otherwise.
+- client -> engine: ``(call_id, command, pickled kwargs)``; commands are the keys of
+  EngineServer.commands plus shutdown, run_benchmark and cancel_benchmark. Every command
+  gets exactly one ``("reply", call_id, ok, value)``; when ok is False, value is
+  ``(exception type name, message)`` and the client raises ValueError for "ValueError"
+  (bad input, same message) and EngineError otherwise.
 - engine -> client: lists of messages (one send carries everything queued, so a busy
   engine costs one syscall per batch, not per token):
   ``("delta", rid, text)``, ``("end", rid, RequestOutput as a dict)``,
@@ -39,6 +40,7 @@ import faulthandler
 import logging
 import operator
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -111,7 +113,7 @@ class EngineServer:
         self.bench_cancel = threading.Event()
         self.forwarders: set[threading.Thread] = set()
         self.stopping = threading.Event()
-        self.COMMANDS: dict[str, Callable[..., Any]] = {
+        self.commands: dict[str, Callable[..., Any]] = {
             "submit": self.submit,
             "abort": self.abort,
             "configure": self.configure,
@@ -132,10 +134,16 @@ class EngineServer:
         self._pump.start()
         while True:
             try:
-                call_id, command, kwargs = self.conn.recv()
+                call_id, command, payload = self.conn.recv()
             except (EOFError, OSError):
                 log.warning("the client's pipe closed without a shutdown: exiting")
                 os._exit(3)
+            try:
+                kwargs = pickle.loads(payload)
+            except Exception as e:  # e.g. a class this process cannot import
+                self.reply(call_id, False, ("ValueError", f"the engine process cannot read "
+                                            f"the arguments of {command}: {describe(e)}"))
+                continue
             if command == "shutdown":
                 self.shutdown()
                 self.reply(call_id, True, None)
@@ -148,7 +156,7 @@ class EngineServer:
                 self.bench_cancel.set()
                 self.reply(call_id, True, None)
                 continue
-            fn = self.COMMANDS.get(command)
+            fn = self.commands.get(command)
             try:
                 if fn is None:
                     raise ValueError(f"unknown engine command {command!r}")
@@ -337,7 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=_watch_parent, args=(args.parent,), name="gapless-watchdog",
                      daemon=True).start()
     try:
-        _, _, config_dict = conn.recv()
+        _, _, payload = conn.recv()
+        config_dict = pickle.loads(payload)["config"]
     except (EOFError, OSError):
         os._exit(3)
     try:

@@ -48,6 +48,10 @@ def client(model_dir):
     c.shutdown()
 
 
+class OnlyHere:
+    """A class the engine process cannot import."""
+
+
 def process_gone(pid: int) -> bool:
     """Exited: no such process, or a zombie nobody has reaped yet."""
     try:
@@ -97,6 +101,10 @@ def test_bad_input_raises_the_engines_message_and_the_next_request_succeeds(clie
         client.submit([1, 2], {"max_new_tokens": 3})
     with pytest.raises(ValueError, match="prompt is empty"):
         client.submit("", None)
+    with pytest.raises(ValueError, match="cannot send 'submit' to the engine process"):
+        client.submit([1, 2], {"stop": [lambda: 0]})  # cannot be pickled
+    with pytest.raises(ValueError, match="engine process cannot read the arguments of submit"):
+        client.submit([1, 2], OnlyHere())  # this test module is not importable there
     out = client.generate([1, 2, 3], GREEDY, timeout=30)
     assert out.finish_reason == "length" and len(out.token_ids) == 12
     assert vocab == client.settings()
