@@ -403,6 +403,7 @@ class _Session:
     def shutdown(self, timeout: float) -> None:
         if self.dead is not None:
             self.kill()
+            self.conn.close()
             return
         self.shutting_down = True
         try:

@@ -49,6 +49,7 @@ import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from telemetry.records import RequestEvent, Span, StepRecord
@@ -187,9 +188,28 @@ class EngineServer:
                     break
                 batch.append(msg)
             try:
-                self.conn.send(batch)
-            except (OSError, ValueError):  # the parent is gone; the watchdog ends us
+                self.conn.send_bytes(self._pickle_batch(batch))
+            except OSError:  # the parent is gone; the watchdog ends us
                 return
+
+    @staticmethod
+    def _pickle_batch(batch: list[Message]) -> bytes:
+        try:
+            return bytes(ForkingPickler.dumps(batch))
+        except Exception:  # one bad value must not silence the pipe: find it, answer instead
+            good: list[Message] = []
+            for msg in batch:
+                try:
+                    ForkingPickler.dumps(msg)
+                except Exception as e:
+                    log.exception("cannot send a %r message", msg[0])
+                    if msg[0] == "reply":
+                        msg = ("reply", msg[1], False, ("EngineError",
+                               f"the engine's answer could not be sent: {describe(e)}"))
+                    else:
+                        continue
+                good.append(msg)
+            return bytes(ForkingPickler.dumps(good))
 
     def _pump_loop(self) -> None:
         reader = self.engine.bus.reader()
