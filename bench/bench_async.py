@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from models import build_model, weight_bytes  # noqa: E402
+from model_shapes import build_model, weight_bytes  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of  # noqa: E402
@@ -97,6 +97,17 @@ def profiler_busy(eng: Engine, prompts: list[list[int]], new: int, trace_path: s
             "kernels": len(ivs), "wall_s": ours["wall_s"]}
 
 
+def _agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    """Share of requests identical, and share of tokens before the first divergence."""
+    same = sum(x == y for x, y in zip(a, b, strict=True))
+    prefix = 0
+    for x, y in zip(a, b, strict=True):
+        n = next((i for i, (p, q) in enumerate(zip(x, y, strict=True)) if p != q), len(x))
+        prefix += n
+    return {"identical_requests": same / len(a),
+            "tokens_before_divergence": prefix / sum(len(x) for x in a)}
+
+
 def make_engine(model, args, telemetry: bool = True) -> Engine:
     cfg = EngineConfig(
         model=f"random:{args.preset}", device=args.device, dtype=args.dtype,
@@ -139,6 +150,7 @@ def main() -> None:
     print(f"engine ready in {time.perf_counter() - t:.1f} s: {eng.settings()}", flush=True)
     run(eng, workload(args.requests, args.prompt, vocab, seed=1)[:4], 8)  # warm-up
     reference = None
+    tokens: dict[str, list[list[int]]] = {}
     for mode in args.modes.split(","):
         sync_or_async, graphs = mode.split("-")
         if graphs == "graphs" and not eng.settings()["cuda_graphs_available"]:
@@ -149,14 +161,21 @@ def main() -> None:
         outs = r.pop("outputs")
         r["same_tokens_as_first_mode"] = reference is None or outs == reference
         reference = reference or outs
+        tokens[mode] = outs
         results[mode] = r
         print(mode, json.dumps(r), flush=True)
+    names = list(tokens)
+    results["token_agreement"] = {
+        f"{a} vs {b}": _agreement(tokens[a], tokens[b])
+        for i, a in enumerate(names) for b in names[i + 1:]
+    }
+    print("token agreement", json.dumps(results["token_agreement"]), flush=True)
     if args.profile:
         eng.configure(async_batching=True, cuda_graphs=eng.settings()["cuda_graphs_available"])
         for mode in ("sync", "async"):
             eng.configure(async_batching=mode == "async")
             results[f"profile-{mode}"] = profiler_busy(
-                eng, prompts, args.profile_new, str(out_dir / f"profile_{mode}.json"))
+                eng, prompts, args.profile_new, f"/tmp/gapless_profile_{mode}.json")
             print(f"profile-{mode}", json.dumps(results[f"profile-{mode}"]), flush=True)
     eng.shutdown()
     del eng

@@ -33,8 +33,11 @@ from engine.attention_ref import check_paged_attention_args
 
 LOG2E = 1.4426950408889634
 
-# Below this many (token, kv head) programs per SM, long decodes split their keys.
-_PROGRAMS_PER_SM_TARGET = 4
+# Below this many (token, kv head) programs per SM, long decodes split their keys. Measured
+# on the H200 (docs/benchmarks.md, bench/bench_attention.py): at batch 32 x 8 kv heads (256
+# programs, ~2 per SM) one split with 128-key tiles was fastest at contexts 1280 and 8448
+# (84% and 97% of the KV-bytes floor, against 69% and lower with 4 splits of 64 keys).
+_PROGRAMS_PER_SM_TARGET = 1
 _MAX_SPLITS = 16
 
 
@@ -208,7 +211,9 @@ def default_num_splits(num_tokens: int, kv_heads: int, device: torch.device) -> 
     return splits
 
 
-def _tile_shape(group: int, head_dim: int, block_n: int | None) -> tuple[int, int, int]:
+def _tile_shape(
+    group: int, head_dim: int, block_n: int | None, elem_size: int = 2
+) -> tuple[int, int, int]:
     """(G_PAD, BLOCK_Q, BLOCK_N): rows padded to the 16-row tl.dot minimum, key tile size.
 
     BLOCK_N and the cache block size are both powers of two, so the key tile is always a
@@ -217,7 +222,9 @@ def _tile_shape(group: int, head_dim: int, block_n: int | None) -> tuple[int, in
     g_pad = triton.next_power_of_2(group)
     block_q = max(1, 16 // g_pad)
     if block_n is None:
-        block_n = 64 if head_dim <= 128 else 32
+        # 128-key tiles measured best for 16-bit D=128; keep K+V stages within shared memory.
+        row_bytes = head_dim * elem_size
+        block_n = 128 if row_bytes <= 256 else 64 if row_bytes <= 512 else 32
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     return g_pad, block_q, block_n
@@ -284,7 +291,7 @@ def paged_attention_with_splits(
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
 
-    g_pad, block_q, block_n = _tile_shape(group, d, block_n)
+    g_pad, block_q, block_n = _tile_shape(group, d, block_n, k_cache.element_size())
     if num_splits > 1:
         part_acc = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=q.device)
         part_ml = torch.empty((num_splits, t, h, 2), dtype=torch.float32, device=q.device)

@@ -47,10 +47,13 @@ def test_bf16_greedy_equals_generate(llama, async_batching, num_slots, graphs):
     assert got == expected
 
 
-def test_torch_backend_on_cuda_matches_too(llama):
-    model_dir, prompts, expected = llama
+def test_torch_backend_on_cuda_matches_in_float32(llama):
+    """The reference backend computes attention in fp32; against bf16 generate a near-tie
+    flipped once (seen on the H200, 2026-12-02), so it is held to fp32 generate instead."""
+    model_dir, prompts, _ = llama
+    expected = hf_greedy(model_dir, prompts, MAX_NEW, "cuda", torch.float32)
     got, _, settings = engine_outputs(model_dir, prompts, attention_backend="torch",
-                                      cuda_graphs=False)
+                                      cuda_graphs=False, dtype="float32")
     assert settings["attention_backend"] == "torch"
     assert got == expected
 
