@@ -1,10 +1,33 @@
 """gapless engine: continuous batching over a paged KV cache, sync or async steps.
 
-engine/ never imports streamlit, plotly or anything under ui/ or pages/.
+engine/ never imports streamlit, plotly or anything under ui/ or pages/. The names below are
+loaded lazily, so `from engine.client import EngineClient` (the dashboard's only door into
+the engine) does not import torch or transformers into the dashboard process.
 """
 
-from engine.config import EngineConfig, SamplingParams
-from engine.engine import Engine, RequestHandle
-from engine.request import RequestOutput
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig, SamplingParams
+    from engine.engine import Engine, RequestHandle
+    from engine.request import RequestOutput
 
 __all__ = ["Engine", "EngineConfig", "RequestHandle", "RequestOutput", "SamplingParams"]
+
+_WHERE = {
+    "Engine": "engine.engine",
+    "RequestHandle": "engine.engine",
+    "EngineConfig": "engine.config",
+    "SamplingParams": "engine.config",
+    "RequestOutput": "engine.request",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -68,6 +68,10 @@ class _Sink(RequestSink):
     def __init__(self) -> None:
         self.handles: dict[str, RequestHandle] = {}
 
+    @property
+    def num_open(self) -> int:
+        return len(self.handles)
+
     def on_delta(self, req: Request, text: str) -> None:
         h = self.handles.get(req.request_id)
         if h is not None:
@@ -271,6 +275,8 @@ class Engine:
             raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
+        if self._stop:
+            raise RuntimeError("the engine is shut down")
         if cuda_graphs and self.loop.graphs is None:
             raise ValueError(f"cuda_graphs cannot be turned on: {self.loop.graphs_reason()}")
         done = threading.Event()
@@ -311,6 +317,8 @@ class Engine:
             "generated_tokens": self.loop.generated_tokens,
             "discarded_tokens": self.loop.discarded_tokens,
             "preemptions": sch.total_preemptions,
+            # Submitted and not finished, including requests not yet picked up by the loop.
+            "unfinished": self._sink.num_open,
         }
 
     # ---------------------------------------------------------------------- the loop

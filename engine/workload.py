@@ -141,15 +141,8 @@ def benchmark_prompts(engine: Engine, spec: BenchmarkSpec) -> list[list[int]]:
 
 
 def _busy(engine: Engine) -> int:
-    """Requests the engine has not finished. stats() counts only what the loop thread has
-    picked up, so a request submitted a moment ago is looked for in the engine's table too
-    (Engine has no public count of unfinished requests yet)."""
-    s = engine.stats()
-    n = int(s["running"]) + int(s["waiting"])
-    table = getattr(engine, "_requests", None)
-    if table is not None:
-        n = max(n, sum(1 for r in list(table.values()) if not r.is_finished))
-    return n
+    """Requests the engine has not finished, counting those submitted a moment ago."""
+    return int(engine.stats()["unfinished"])
 
 
 _run_ids = itertools.count(1)  # request ids of different runs never collide
