@@ -13,14 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "gapless-tiny-python"
+from engine import Engine, EngineConfig, SamplingParams
+from engine.loader import load_model_and_tokenizer
+from engine.scoring import sequence_logits
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_DIR = ROOT / "models" / "gapless-tiny-python"
 # The first 2,991 bytes of asyncio/taskgroups.py of Python 3.12.3, a held-out file of the split
 # in training/corpus.py (the model never trained on it), behind a one-line provenance comment.
 SNIPPET = Path(__file__).parent / "data" / "heldout_snippet.py.txt"
-# Measured 2.3746 nats/token (CPU, fp32, torch 2.13, 2026-12-02); training reported 2.1349 over
+# Measured 2.3746 nats/token (CPU, fp32, torch 2.13, 2026-12-02; the same through engine.scoring
+# and our paged attention as through transformers sdpa); training reported 2.1349 over
 # all held-out files. The margin covers kernel and version drift (about 1e-4), not damage: one
 # matrix replaced by noise of its own scale gave 2.54 (layer 3 down_proj) and 2.70 (o_proj), the
 # final norm halved 2.95, random weights about ln(8192) = 9.0.
@@ -29,8 +35,10 @@ MAX_FOLDER_BYTES = 25_000_000
 
 
 def load_default_model() -> tuple[PreTrainedModel, Tokenizer]:
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(MODEL_DIR)
+    """Through the engine's own loader and config.yaml (the path `streamlit run` takes)."""
+    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", device="cpu", dtype="float32")
+    assert Path(cfg.model).resolve() == MODEL_DIR.resolve()
+    return load_model_and_tokenizer(cfg, torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +49,9 @@ def model_and_tokenizer() -> tuple[PreTrainedModel, Tokenizer]:
 def test_heldout_snippet_loss_stays_under_the_recorded_bound(model_and_tokenizer) -> None:
     model, tok = model_and_tokenizer
     ids = tok(SNIPPET.read_text(encoding="utf-8"))["input_ids"]
-    x = torch.tensor([[tok.eos_token_id, *ids]])  # training put EOT before every file
-    with torch.no_grad():
-        logits = model(input_ids=x[:, :-1]).logits
-    loss = F.cross_entropy(logits[0], x[0, 1:]).item()
+    x = [tok.eos_token_id, *ids]  # training put EOT before every file
+    logits = sequence_logits(model, x[:-1])  # our paged attention, not transformers' sdpa
+    loss = F.cross_entropy(logits, torch.tensor(x[1:])).item()
     assert loss < SNIPPET_LOSS_BOUND, f"held-out snippet loss {loss:.4f} nats/token"
 
 
@@ -77,3 +84,12 @@ def test_folder_is_a_small_standard_hf_model() -> None:
     assert {"tokenizer.json", "tokenizer_config.json", "TRAINING.md"} <= names
     size = sum(p.stat().st_size for p in MODEL_DIR.iterdir())
     assert size <= MAX_FOLDER_BYTES, f"{size:,} bytes > {MAX_FOLDER_BYTES:,}"
+
+
+def test_the_engine_serves_the_default_model_with_real_text() -> None:
+    """config.yaml's default model through the engine: the greedy completion recorded in
+    TRAINING.md (fp32, model.generate) comes back, as text."""
+    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", device="cpu")
+    with Engine(cfg) as eng:
+        out = eng.generate(["def fibonacci(n):"], SamplingParams(max_tokens=12, temperature=0.0))
+    assert out[0].text.startswith('\n    """Return the textual representation'), out[0].text
