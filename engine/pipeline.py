@@ -7,8 +7,9 @@ output) and the events that say when a slot may be reused, and the launch order:
     compute: wait(h2d_done), wait(slot's last d2h_done) -> step -> record compute_done
     d2h:     wait(compute_done) -> copy sampled tokens -> record d2h_done
 
-The CPU blocks only in `wait_host_input` (the slot's last H2D, normally long done) and
-`wait_results` (one d2h_done per step). It never decides what runs: see engine.engine.
+The CPU blocks only in `wait_results` (one d2h_done per step) and, when a slot is reused
+before its last step's results were read (one slot in async mode), in `wait_host_input`.
+It never decides what runs: see engine.loop.
 """
 
 from __future__ import annotations
@@ -98,8 +99,10 @@ class Pipeline:
         return self.slots[step % len(self.slots)]
 
     def wait_host_input(self, slot: Slot) -> None:
-        """The host input buffer is free once the slot's last H2D copy finished."""
-        if slot.h2d_done is not None:
+        """The host input buffer is free once the slot's last H2D copy finished. If that
+        step's results were already read, its H2D is known to be done: no wait, so in steady
+        state the CPU blocks on one event per step (d2h_done)."""
+        if slot.h2d_done is not None and slot.inflight is not None:
             slot.h2d_done.synchronize()
             if self.poison_on_release:
                 slot.host_buf.fill_(-7)

@@ -125,3 +125,29 @@ def test_async_mode_overlaps_cpu_prep_with_compute(workload):
         overlapped += prep.start_ns < comp.end_ns and prep.end_ns > comp.start_ns
     assert overlapped >= len(recs) // 2, f"only {overlapped} of {len(recs)} steps overlapped"
     eng.shutdown()
+
+
+@pytest.mark.parametrize("async_batching", [False, True])
+def test_spans_of_a_step_are_on_their_lanes_in_causal_order(workload, async_batching):
+    model_dir, prompts, _ = workload
+    eng = make_engine(model_dir, async_batching=async_batching, num_slots=2)
+    reader = eng.bus.reader()
+    for p in prompts[:4]:
+        eng.submit(p, SamplingParams(max_tokens=6, **GREEDY))
+    drive(eng)
+    recs = reader.steps()
+    assert recs and all(r.mode == ("async" if async_batching else "sync") for r in recs)
+    for r in recs:
+        lane = {s.lane: s for s in r.spans}
+        assert sorted(lane) == sorted(["cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.wait",
+                                       "cpu.post", "h2d", "compute", "d2h"])
+        assert all(s.start_ns <= s.end_ns for s in r.spans)
+        assert lane["cpu.schedule"].end_ns <= lane["cpu.prepare"].start_ns
+        assert lane["cpu.prepare"].end_ns <= lane["cpu.launch"].start_ns
+        assert lane["cpu.launch"].start_ns <= lane["h2d"].start_ns
+        assert lane["h2d"].end_ns <= lane["compute"].start_ns
+        assert lane["compute"].end_ns <= lane["d2h"].start_ns
+        assert lane["d2h"].end_ns <= lane["cpu.wait"].end_ns <= lane["cpu.post"].start_ns
+        assert r.num_requests >= 1 and r.prefill_tokens + r.decode_tokens >= 1
+        assert r.graph_bucket is None and r.padded_tokens == 0
+    eng.shutdown()
