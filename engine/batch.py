@@ -62,11 +62,18 @@ class StepMeta:
 
 
 class HostView:
-    """Numpy views of one slot's host buffer, one per field."""
+    """Numpy views of one slot's host buffer, one per field.
+
+    Block tables are indexed by the request's token-table row and kept across steps: a row
+    is rewritten only from the first block this slot has not seen yet (or whole, when the row
+    changed hands or its request was preempted), so a decode step copies no block ids.
+    """
 
     def __init__(self, buf: np.ndarray, layout: BufferLayout) -> None:
         assert buf.dtype == np.int32 and buf.size == layout.size
         self.layout = layout
+        self.bt_owner: list[tuple[str, int] | None] = [None] * layout.max_seqs
+        self.bt_len = [0] * layout.max_seqs
         offs = layout.offsets()
         for name, (start, n) in offs.items():
             view = buf[start : start + n]
@@ -85,28 +92,53 @@ def assemble(
     pad_to: int | None = None,
 ) -> StepMeta:
     """Fill `host` with the step described by `sched`. Tokens past the real ones (up to
-    pad_to) and unused sample rows point at the scratch cache slot and token-table row."""
+    pad_to) and unused sample rows point at the scratch cache slot and token-table row.
+    token_req holds each token's token-table row, which indexes block_tables."""
     t = 0
     s = 0
     greedy_only = True
     samplers: list[Request] = []
     sample_positions: list[int] = []
-    for r, chunk in enumerate(sched.chunks):
+    # Single-token chunks (decodes) are gathered and written in one numpy call per field.
+    d_t: list[int] = []
+    d_pos: list[int] = []
+    d_slot: list[int] = []
+    d_ids: list[int] = []
+    d_table: list[int] = []
+    d_row: list[int] = []
+    s_idx: list[int] = []
+    s_row: list[int] = []
+    s_pos: list[int] = []
+    s_temp: list[float] = []
+    s_topk: list[int] = []
+    s_topp: list[float] = []
+    s_seed: list[int] = []
+    for chunk in sched.chunks:
         req = chunk.request
         n = chunk.num_tokens
         start = chunk.start
         end = start + n
         blocks = req.block_ids
-        host.block_tables[r, : len(blocks)] = blocks
+        row = req.row
+        owner = (req.request_id, req.num_preemptions)
+        if host.bt_owner[row] != owner:
+            host.bt_owner[row] = owner
+            host.bt_len[row] = 0
+        written = host.bt_len[row]
+        if written < len(blocks):
+            host.block_tables[row, written : len(blocks)] = blocks[written:]
+            host.bt_len[row] = len(blocks)
         if n == 1:
-            host.positions[t] = start
-            host.slot_mapping[t] = blocks[start // block_size] * block_size + start % block_size
+            d_t.append(t)
+            d_pos.append(start)
+            d_slot.append(blocks[start // block_size] * block_size + start % block_size)
+            d_row.append(row)
             if start >= chunk.table_from:
-                host.ids[t] = 0
-                host.from_table[t] = 1
+                d_ids.append(0)
+                d_table.append(1)
             else:
-                host.ids[t] = req.token_id_at(start)
-                host.from_table[t] = 0
+                d_ids.append(req.token_id_at(start))
+                d_table.append(0)
         else:
             pos = np.arange(start, end, dtype=np.int32)
             host.positions[t : t + n] = pos
@@ -120,22 +152,38 @@ def assemble(
             if n - k:
                 host.ids[t + k : t + n] = 0
                 host.from_table[t + k : t + n] = 1
-        host.token_row[t : t + n] = req.row
-        host.token_req[t : t + n] = r
+            host.token_row[t : t + n] = row
+            host.token_req[t : t + n] = row
         t += n
         if chunk.samples:
             p = req.params
-            host.sample_idx[s] = t - 1
-            host.sample_row[s] = req.row
-            host.sample_pos[s] = end
-            host.temperature[s] = p.temperature
-            host.top_k[s] = p.top_k if p.top_k > 0 else 0
-            host.top_p[s] = p.top_p
-            host.seed[s] = req.seed & 0x7FFFFFFF
+            s_idx.append(t - 1)
+            s_row.append(row)
+            s_pos.append(end)
+            s_temp.append(p.temperature)
+            s_topk.append(p.top_k if p.top_k > 0 else 0)
+            s_topp.append(p.top_p)
+            s_seed.append(req.seed & 0x7FFFFFFF)
             greedy_only &= p.temperature == 0
             samplers.append(req)
             sample_positions.append(end)
             s += 1
+    if d_t:
+        idx = np.asarray(d_t) if len(d_t) != t else slice(0, t)
+        host.positions[idx] = d_pos
+        host.slot_mapping[idx] = d_slot
+        host.ids[idx] = d_ids
+        host.from_table[idx] = d_table
+        host.token_row[idx] = d_row
+        host.token_req[idx] = d_row
+    if s:
+        host.sample_idx[:s] = s_idx
+        host.sample_row[:s] = s_row
+        host.sample_pos[:s] = s_pos
+        host.temperature[:s] = s_temp
+        host.top_k[:s] = s_topk
+        host.top_p[:s] = s_topp
+        host.seed[:s] = s_seed
     padded = 0
     if pad_to is not None and pad_to > t:
         padded = pad_to - t

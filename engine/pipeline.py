@@ -54,12 +54,6 @@ class Slot:
             host_out_np=host_out.numpy(),
         )
 
-    def poison(self) -> None:
-        """Fill the host buffers with garbage: a step that still reads them after the slot
-        was declared free produces wrong tokens (used by tests and debug mode)."""
-        self.host_buf.fill_(-7)
-        self.host_out.fill_(-7)
-
 
 @dataclass(slots=True)
 class InflightStep:
@@ -79,11 +73,9 @@ class Pipeline:
         streams: StreamSet,
         layout: BufferLayout,
         num_slots: int,
-        poison_on_release: bool = False,
     ) -> None:
         self.streams = streams
         self.layout = layout
-        self.poison_on_release = poison_on_release
         self.slots: list[Slot] = []
         self.resize(num_slots)
 
@@ -104,8 +96,6 @@ class Pipeline:
         state the CPU blocks on one event per step (d2h_done)."""
         if slot.h2d_done is not None and slot.inflight is not None:
             slot.h2d_done.synchronize()
-            if self.poison_on_release:
-                slot.host_buf.fill_(-7)
 
     def launch(
         self,
@@ -147,7 +137,4 @@ class Pipeline:
         step.slot.inflight = None
         if step.error is not None:
             raise step.error
-        tokens = step.slot.host_out_np[: step.meta.num_samples].copy()
-        if self.poison_on_release:
-            step.slot.host_out.fill_(-7)
-        return tokens
+        return step.slot.host_out_np[: step.meta.num_samples].copy()

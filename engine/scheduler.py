@@ -170,6 +170,8 @@ class Scheduler:
         self, req: Request, n: int, out: SchedulerOutput, scheduled: set[str]
     ) -> bool:
         need = blocks_needed(req.num_computed + n, self.block_size) - len(req.block_ids)
+        if need <= 0:
+            return True  # most decode steps: the current block still has room
         while not self.allocator.can_allocate(need):
             victim = self.running[-1]
             assert victim.request_id not in scheduled, "victims are newer than req"
