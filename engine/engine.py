@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -37,11 +37,18 @@ log = logging.getLogger("gapless.engine")
 PromptInput = str | list[int]
 
 
+DeltaCallback = Callable[[str, str], None]
+FinishCallback = Callable[[RequestOutput], None]
+
+
 class RequestHandle:
     """Returned by submit(). Iterate it for text deltas; result() waits for the end."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, on_delta: DeltaCallback | None = None,
+                 on_finish: FinishCallback | None = None) -> None:
         self.request_id = request_id
+        self.on_delta = on_delta
+        self.on_finish = on_finish
         self._deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()
         self._done = threading.Event()
         self._output: RequestOutput | None = None
@@ -76,6 +83,8 @@ class _Sink(RequestSink):
         h = self.handles.get(req.request_id)
         if h is not None:
             h._deltas.put(text)
+            if h.on_delta is not None:
+                _call(h.on_delta, req.request_id, text)
 
     def on_finish(self, req: Request) -> None:
         h = self.handles.pop(req.request_id, None)
@@ -84,6 +93,16 @@ class _Sink(RequestSink):
         h._output = output_of(req)
         h._deltas.put(None)
         h._done.set()
+        if h.on_finish is not None:
+            _call(h.on_finish, h._output)
+
+
+def _call(fn: Callable[..., None], *args: Any) -> None:
+    """Callbacks run on the engine's loop thread: one that raises is logged, never fatal."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("request callback %r raised", fn)
 
 
 def _stable_seed(engine_seed: int, request_id: str) -> int:
@@ -198,7 +217,10 @@ class Engine:
 
     # ------------------------------------------------------------------------ requests
     def submit(self, prompt: PromptInput, params: SamplingParams | dict | None = None,
-               request_id: str | None = None) -> RequestHandle:
+               request_id: str | None = None, on_delta: DeltaCallback | None = None,
+               on_finish: FinishCallback | None = None) -> RequestHandle:
+        """Queue a request; returns at once. on_delta(request_id, text) and
+        on_finish(output) are called on the engine's loop thread: keep them quick."""
         if self._stop:
             raise RuntimeError("the engine is shut down")
         params = SamplingParams.coerce(params)
@@ -209,7 +231,7 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}"
         seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, rid)
         req = Request(rid, ids, params, seed, time.perf_counter_ns())
-        handle = RequestHandle(rid)
+        handle = RequestHandle(rid, on_delta, on_finish)
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request id {rid!r} is already in use")

@@ -112,7 +112,6 @@ class EngineServer:
         self.load: Any = None  # engine.loadgen.LoadGenerator while one exists
         self.bench: threading.Thread | None = None
         self.bench_cancel = threading.Event()
-        self.forwarders: set[threading.Thread] = set()
         self.stopping = threading.Event()
         self.commands: dict[str, Callable[..., Any]] = {
             "submit": self.submit,
@@ -227,8 +226,6 @@ class EngineServer:
                 self.outbox.put(("nvml", dataclasses.asdict(reading), None))
 
     def _flush_and_close(self) -> None:
-        for t in list(self.forwarders):
-            t.join(2.0)  # the requests' last deltas and ends go out before the reply's EOF
         self.outbox.put(None)
         self._sender.join(10.0)
         self.conn.close()
@@ -240,21 +237,15 @@ class EngineServer:
 
     def submit(self, prompt: Any, params: Any = None, request_id: str | None = None) -> str:
         self._refuse_during_benchmark("submit requests")
-        handle = self.engine.submit(prompt, params, request_id=request_id)
-        t = threading.Thread(target=self._forward, args=(handle,), daemon=True,
-                             name=f"gapless-fwd-{handle.request_id}")
-        self.forwarders.add(t)
-        t.start()
+        # Callbacks run on the engine's loop thread and only queue a message: no thread per
+        # request competing for the GIL with the engine.
+        outbox = self.outbox
+        handle = self.engine.submit(
+            prompt, params, request_id=request_id,
+            on_delta=lambda rid, delta: outbox.put(("delta", rid, delta)),
+            on_finish=lambda out: outbox.put(("end", out.request_id, dataclasses.asdict(out))),
+        )
         return str(handle.request_id)
-
-    def _forward(self, handle: Any) -> None:
-        rid = handle.request_id
-        try:
-            for delta in handle:
-                self.outbox.put(("delta", rid, delta))
-            self.outbox.put(("end", rid, dataclasses.asdict(handle.result())))
-        finally:
-            self.forwarders.discard(threading.current_thread())
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

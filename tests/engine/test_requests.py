@@ -138,3 +138,13 @@ def test_eos_stops_and_the_late_token_is_discarded(tiny_model_dir):
             time.sleep(0.001)
         assert out.token_ids == probe.token_ids[:2]
         assert_all_blocks_free(eng)
+
+
+def test_callbacks_see_every_delta_and_the_end(engine):
+    seen: list[str] = []
+    ends = []
+    h = engine.submit("import os\n", SamplingParams(max_tokens=10, **GREEDY),
+                      on_delta=lambda rid, d: seen.append(d), on_finish=ends.append)
+    out = h.result(timeout=10)
+    assert "".join(seen) == out.text and len(ends) == 1
+    assert ends[0].request_id == h.request_id and ends[0].token_ids == out.token_ids
