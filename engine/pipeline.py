@@ -111,12 +111,14 @@ class Pipeline:
         ops: list[TimedOp] = []
         error: BaseException | None = None
         if slot.compute_done is not None:
-            s.h2d.wait(slot.compute_done)  # device input still read by the slot's last step
+            # device input still read by the slot's last step (ordering only)
+            s.h2d.wait(slot.compute_done, propagate=False)
         ops.append(s.h2d.timed("h2d", lambda: slot.dev.buf.copy_(slot.host_buf, non_blocking=True)))
         s.h2d.record(h2d_done)
         s.compute.wait(h2d_done)
         if slot.d2h_done is not None:
-            s.compute.wait(slot.d2h_done)  # device output still read by the slot's last D2H
+            # device output still read by the slot's last D2H (ordering only)
+            s.compute.wait(slot.d2h_done, propagate=False)
         try:
             ops.append(s.compute.timed("compute", compute_fn))
         except Exception as e:  # CUDA launches run here, in the calling thread
@@ -133,8 +135,10 @@ class Pipeline:
     def wait_results(self, step: InflightStep) -> np.ndarray:
         """Block until the step's tokens are on the host; returns a copy of them. Raises
         what the step's device work raised."""
-        step.d2h_done.synchronize()
-        step.slot.inflight = None
+        try:
+            step.d2h_done.synchronize()
+        finally:
+            step.slot.inflight = None  # read, or failed: either way the slot is free again
         if step.error is not None:
             raise step.error
         return step.slot.host_out_np[: step.meta.num_samples].copy()

@@ -38,7 +38,7 @@ class Stream(Protocol):
     def submit(self, fn: Callable[[], None]) -> None: ...
     def timed(self, lane: str, fn: Callable[[], None]) -> TimedOp: ...
     def record(self, event: Event) -> None: ...
-    def wait(self, event: Event) -> None: ...
+    def wait(self, event: Event, propagate: bool = True) -> None: ...
 
 
 class StreamError(RuntimeError):
@@ -141,13 +141,15 @@ class HostStream:
 
         self._queue.put(run)
 
-    def wait(self, event: Event) -> None:
+    def wait(self, event: Event, propagate: bool = True) -> None:
+        """propagate=False for ordering-only waits (a slot's buffers being free): an earlier
+        step's failure must not fail the next step that merely reuses its slot."""
         assert isinstance(event, HostEvent)
 
         def run() -> None:
             event._flag.wait()
-            if event.error is not None and self._error is None:
-                self._error = event.error  # propagate along the dependency
+            if propagate and event.error is not None and self._error is None:
+                self._error = event.error  # propagate along the data dependency
 
         self._queue.put(run)
 
@@ -212,7 +214,7 @@ class CudaStream:
         assert isinstance(event, torch.cuda.Event)
         event.record(self.stream)
 
-    def wait(self, event: Event) -> None:
+    def wait(self, event: Event, propagate: bool = True) -> None:
         assert isinstance(event, torch.cuda.Event)
         self.stream.wait_event(event)
 

@@ -151,3 +151,34 @@ def test_spans_of_a_step_are_on_their_lanes_in_causal_order(workload, async_batc
         assert r.num_requests >= 1 and r.prefill_tokens + r.decode_tokens >= 1
         assert r.graph_bucket is None and r.padded_tokens == 0
     eng.shutdown()
+
+
+@pytest.mark.parametrize("async_batching", [False, True])
+def test_a_failing_step_ends_its_requests_with_error_and_the_engine_keeps_serving(
+        workload, async_batching):
+    model_dir, prompts, expected = workload
+    eng = make_engine(model_dir, async_batching=async_batching, num_slots=2)
+    real = eng.runner.compute
+    calls = {"n": 0}
+
+    def flaky(view, t, s, greedy):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("injected device failure")
+        return real(view, t, s, greedy)
+
+    eng.runner.compute = flaky
+    hs = [eng.submit(p, SamplingParams(max_tokens=14, **GREEDY)) for p in prompts[:4]]
+    drive(eng)
+    outs = [h.result(1) for h in hs]
+    failed = [o for o in outs if o.finish_reason == "error"]
+    assert failed, "the injected failure should have ended the requests of its step"
+    assert all("injected device failure" in (o.error or "") for o in failed)
+    for o, e in zip(outs, expected, strict=False):
+        if o.finish_reason != "error":
+            assert o.token_ids == e
+    assert_all_blocks_free(eng)
+    again = eng.submit(prompts[0], SamplingParams(max_tokens=14, **GREEDY))
+    drive(eng)
+    assert again.result(1).token_ids == expected[0]
+    eng.shutdown()
