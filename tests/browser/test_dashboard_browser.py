@@ -35,6 +35,10 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    # Tabs other than the focused one must keep drawing: the two-tab test watches both.
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+    "--disable-backgrounding-occluded-windows",
 ]
 SHOT_DIRS = (REPO / "artifacts" / "screenshots", REPO / "docs" / "screenshots")
 SERVER_START_S = 60
@@ -216,16 +220,43 @@ def test_trace_download_is_a_chrome_trace_of_the_steps_on_screen(page: sync_api.
     page.get_by_role("button", name="Pause to download the Chrome trace").wait_for()
 
 
+STEP_MODES_JS = """() => {
+  for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+    const ticks = [...plot.querySelectorAll('.ytick text')].map(t => t.textContent);
+    if (!ticks.includes('compute')) continue;
+    const modes = new Set();
+    for (const trace of plot.data || [])
+      for (const text of trace.hovertext || []) {
+        const m = / · (sync|async) · /.exec(text);
+        if (m) modes.add(m[1]);
+      }
+    return [...modes];
+  }
+  return [];
+}"""
+
+
+def switch_async(page: sync_api.Page, to: str) -> float:
+    """Click the async toggle; seconds until the page reports ``mode <to>``."""
+    t0 = time.monotonic()
+    page.get_by_text("Async batching").first.click()
+    page.wait_for_function("m => document.body.innerText.includes(m)", arg=f"mode {to}")
+    return time.monotonic() - t0
+
+
 def test_switching_async_changes_the_reported_mode(page: sync_api.Page) -> None:
-    text = body_text(page)
-    before = "async" if "mode async" in text else "sync"
+    before = "async" if "mode async" in body_text(page) else "sync"
     after = "sync" if before == "async" else "async"
-    page.get_by_text("Async batching").first.click()
-    page.wait_for_function("m => document.body.innerText.includes(m)", arg=f"mode {after}")
-    # The timeline's hover facts come from the engine's step records: new steps carry the
-    # new mode. Switch back so the rest of the run sees the default.
-    page.get_by_text("Async batching").first.click()
-    page.wait_for_function("m => document.body.innerText.includes(m)", arg=f"mode {before}")
+    # With load running and the live timeline on, the page must still answer promptly.
+    took = switch_async(page, after)
+    print(f"mode switch to {after} shown after {took:.2f} s, with the live timeline on")
+    assert took < 5.0, f"the page took {took:.1f} s to answer the switch"
+    # New steps carry the new mode: the timeline's hover facts come to say so alone.
+    page.wait_for_function(
+        f"() => {{ const m = ({STEP_MODES_JS})(); return m.length === 1 && m[0] === '{after}'; }}",
+        timeout=30_000,
+    )
+    switch_async(page, before)  # back, so the rest of the run sees the default
     page.get_by_role("button", name="Stop load").click()
     page.get_by_role("button", name="Start load").wait_for()
 
@@ -260,6 +291,63 @@ def test_playground_prompt_streams_back_text(page: sync_api.Page) -> None:
     assert len(distinct) >= 2, f"the reply appeared at once, not streamed: lengths {distinct}"
     assert "def fibonacci(n):" in body_text(page)
     shoot(page, "playground")
+
+
+REPLY_TIMES_JS = """() => {
+  // Times (ms, shared clock of the browser) when the newest reply first shows text and
+  // when its figures line appears.
+  const replies = () => document.querySelectorAll('[data-testid="stChatMessage"] code').length;
+  const figures = () => document.body.innerText.split('TTFT').length - 1;
+  const before = {replies: replies(), figures: figures()};
+  window.__firstText = null; window.__done = null;
+  if (window.__replyObserver) window.__replyObserver.disconnect();
+  window.__replyObserver = new MutationObserver(() => {
+    if (window.__firstText === null && replies() > before.replies) {
+      const codes = document.querySelectorAll('[data-testid="stChatMessage"] code');
+      if (codes[codes.length - 1].textContent.length) window.__firstText = Date.now();
+    }
+    if (window.__done === null && figures() > before.figures) window.__done = Date.now();
+  });
+  window.__replyObserver.observe(document.body,
+    {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def ask(tab: sync_api.Page, prompt: str) -> None:
+    box = tab.locator('[data-testid="stChatInputTextArea"]')
+    box.fill(prompt)
+    box.press("Enter")
+
+
+def test_two_tabs_stream_at_the_same_time(page: sync_api.Page) -> None:
+    """Two browser tabs (two sessions), one prompt each: both replies stream together."""
+    browser = page.context.browser
+    assert browser is not None
+    tabs = [browser.new_page(viewport=VIEWPORT) for _ in range(2)]
+    try:
+        for tab in tabs:
+            tab.set_default_timeout(120_000)
+            tab.goto(page.url.split("/playground")[0].rstrip("/") + "/playground")
+            tab.locator('[data-testid="stChatInputTextArea"]').wait_for()
+            # A first reply loads the page's code-block component, so the timed replies
+            # below show their text as it streams.
+            tab.evaluate(REPLY_TIMES_JS)
+            ask(tab, "import sys")
+            tab.wait_for_function("() => window.__done !== null")
+        for tab in tabs:
+            tab.evaluate(REPLY_TIMES_JS)
+        for tab, prompt in zip(tabs, ("import os", "class Stack:"), strict=True):
+            ask(tab, prompt)
+        for tab in tabs:
+            tab.wait_for_function("() => window.__done !== null")
+        spans = [tab.evaluate("[window.__firstText, window.__done]") for tab in tabs]
+        (a0, a1), (b0, b1) = spans
+        assert a0 is not None and b0 is not None, spans
+        # Each tab saw its first text before the other tab's reply had finished.
+        assert a0 < b1 and b0 < a1, f"the replies did not overlap: {spans}"
+    finally:
+        for tab in tabs:
+            tab.close()
 
 
 def test_benchmark_page_completes_and_compares(page: sync_api.Page) -> None:
