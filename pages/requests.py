@@ -28,11 +28,11 @@ AUTO_KEY = "req.auto"
 
 
 def p50_p90(dist: Distribution) -> str:
-    """ "276 / 1,480 ms" (or seconds past 10 s): short enough for a metric tile."""
+    """Like "276 / 480 ms", or "3.02 / 5.61 s" past a second: short enough for a tile."""
     if dist.count == 0 or math.isnan(dist.p50):
         return "–"
-    if dist.p90 >= 10e9:
-        return f"{dist.p50 / 1e9:,.1f} / {dist.p90 / 1e9:,.1f} s"
+    if dist.p90 >= 1e9:
+        return f"{dist.p50 / 1e9:,.2f} / {dist.p90 / 1e9:,.2f} s"
     return f"{dist.p50 / 1e6:,.0f} / {dist.p90 / 1e6:,.0f} ms"
 
 
