@@ -10,6 +10,13 @@ alternate A B A B ... so drift and other load on the machine hit both. Prints on
 phase (with the CPU each process used) and the median throughput ratio.
 
     .venv/bin/python bench/bench_dashboard.py [--repeats 6] [--requests 16] [--max-tokens 128]
+        [--pin-engine 0]
+
+On a small VM the CPU engine's throughput depends on whether the other vCPUs are idle
+(waking an idle vCPU for each hand-off between the engine's threads is slow): any load on
+the other cores, the dashboard included, can make it faster. --pin-engine keeps the engine
+on its own CPUs and the dashboard on the rest, which removes that effect from the
+comparison.
 
 Needs /usr/bin/chromium (Debian's chromium package) and the playwright package.
 """
@@ -112,6 +119,24 @@ def cpu_usage(engine_pid: int) -> dict[str, float]:
     return {"engine": _proc_cpu_s(engine_pid), "server": _proc_cpu_s(me), "browser": browser}
 
 
+def parse_cpus(text: str) -> set[int]:
+    """ "0" or "0,2-3" -> {0} or {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Move every thread of ``pid`` onto ``cpus`` (threads made later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # a thread that just ended
+            pass
+
+
 def measure(client: Any, label: str, spec: Any) -> Phase:
     """Run the fixed workload once; its throughput, busy fraction and the CPU it took."""
     c0 = cpu_usage(client.pid)
@@ -141,6 +166,14 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
     wait_healthy(url)
     client = _shared_client()  # the cached client every page of this server uses
     print(f"engine: {client.settings()}", flush=True)
+    if args.pin_engine:
+        engine_cpus = parse_cpus(args.pin_engine)
+        rest = set(range(os.cpu_count() or 1)) - engine_cpus
+        if not rest:
+            raise SystemExit(f"--pin-engine {args.pin_engine} leaves no CPU for the dashboard")
+        pin(client.pid, engine_cpus)
+        pin(os.getpid(), rest)  # the server, and the browser it launches, run elsewhere
+        print(f"engine pinned to CPUs {sorted(engine_cpus)}, dashboard to {sorted(rest)}")
     # One mode: the engine's own live settings (an empty mode changes nothing).
     spec = BenchmarkSpec(
         num_requests=args.requests,
@@ -174,6 +207,7 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
         f"Engine throughput with and without the dashboard: {args.requests} requests x "
         f"({args.prompt_len} prompt + {args.max_tokens} output tokens), greedy, EOS ignored, "
         f"per phase; load average before: {args.load_before}"
+        + (f"; engine pinned to CPUs {args.pin_engine}" if args.pin_engine else "")
     )
     print(f"machine: {os.cpu_count()} CPUs; CPU columns are cores used (CPU s / wall s)")
     print(
@@ -205,6 +239,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16, help="requests per workload run")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument(
+        "--pin-engine",
+        default="",
+        metavar="CPUS",
+        help="run the engine on these CPUs (e.g. 0) and the dashboard on the others",
+    )
     args = ap.parse_args()
     args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     if not Path(CHROMIUM).exists():

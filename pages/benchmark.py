@@ -64,12 +64,14 @@ def results_table(results: list[Any]) -> list[dict[str, Any]]:
 
 def run(client: EngineClient, settings: dict[str, Any]) -> list[Any] | None:
     """Run the workload with a progress bar; the results, or None when it failed."""
+    from engine.workload import BenchmarkResult
+
     spec = benchmark_spec(settings)
     bar = st.progress(0.0, text="Starting the benchmark...")
     results: list[Any] = []
     with engine_errors(client, "The benchmark failed") as outcome:
         for item in client.run_benchmark(spec):
-            if hasattr(item, "records"):  # a BenchmarkResult: one mode finished
+            if isinstance(item, BenchmarkResult):  # one mode finished
                 results.append(item)
                 continue
             frac = item.done / item.total if item.total else 0.0

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.client import EngineDead
-from engine.workload import default_modes, mode_label
+from engine.workload import BenchmarkProgress, BenchmarkResult, default_modes, mode_label
 from telemetry.bus import TelemetryBus
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
@@ -36,24 +36,6 @@ class FakeOutput:
     text: str
     finish_reason: str | None
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class FakeProgress:
-    mode_label: str
-    done: int
-    total: int
-
-
-@dataclass(slots=True)
-class FakeResult:
-    mode_label: str
-    total_s: float
-    tokens_per_s: float
-    gpu_busy: float
-    idle_total_s: float
-    idle_gaps: int
-    records: list[StepRecord]
 
 
 def fake_steps(first_step: int, n: int, mode: str, t0_ns: int) -> list[StepRecord]:
@@ -234,15 +216,17 @@ class FakeEngineClient:
         return self._load
 
     # -- benchmark
-    def run_benchmark(self, spec: Any) -> Iterator[FakeProgress | FakeResult]:
+    def run_benchmark(self, spec: Any) -> Iterator[BenchmarkProgress | BenchmarkResult]:
         self._check()
         labels = [mode_label(m) for m in spec.modes or default_modes(self.graphs_available)]
         for j, label in enumerate(labels):
             for done in range(0, spec.num_requests + 1, max(1, spec.num_requests // 4)):
-                yield FakeProgress(label, done, spec.num_requests)
+                yield BenchmarkProgress(label, done, spec.num_requests)
             recs = fake_steps(0, 30, "async" if "async" in label else "sync", 0)
-            yield FakeResult(
+            yield BenchmarkResult(
                 label,
+                settings={},
+                num_steps=len(recs),
                 total_s=2.0 - 0.5 * j,
                 tokens_per_s=512.0 + 100 * j,
                 gpu_busy=0.6 + 0.2 * j,
