@@ -231,6 +231,13 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
             f"{statistics.median(live):.1f}: ratio {ratio:.4f} ({100 * (ratio - 1):+.2f}%); "
             f"per pair: {', '.join(f'{100 * (x - 1):+.2f}%' for x in pairs)}"
         )
+        if len(pairs) > 1:
+            mean = statistics.fmean(pairs)
+            sem = statistics.stdev(pairs) / len(pairs) ** 0.5
+            print(
+                f"mean per-pair change {100 * (mean - 1):+.2f}% +- {100 * sem:.2f}% "
+                f"(standard error over {len(pairs)} pairs)"
+            )
 
 
 def main() -> None:
