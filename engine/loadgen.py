@@ -19,10 +19,12 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import SamplingParams
-from engine.engine import Engine, RequestHandle
+
+if TYPE_CHECKING:  # the dashboard imports this module's specs; keep torch out of it
+    from engine.engine import Engine, RequestHandle
 
 # How often the generator looks for finished requests. Polling `done` flags costs a few
 # attribute reads; a blocking wait per request would need a thread per request.

@@ -20,13 +20,15 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import SamplingParams
-from engine.engine import Engine, RequestHandle
 from engine.loadgen import prompt_vocab, random_prompt
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of
 from telemetry.records import RequestEvent, StepRecord
+
+if TYPE_CHECKING:  # the dashboard imports this module's specs; keep torch out of it
+    from engine.engine import Engine, RequestHandle
 
 LIVE_KEYS = ("async_batching", "num_slots", "cuda_graphs")
 MODE_KEYS = (*LIVE_KEYS, "label")
