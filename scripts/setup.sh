@@ -11,7 +11,7 @@ dev=0
 if [[ $dev == 1 ]] && ! command -v chromium >/dev/null 2>&1; then
     if [[ $(id -u) == 0 ]]; then
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
     else
         echo "setup: chromium missing and not root; the browser test will be skipped" >&2
     fi
