@@ -148,3 +148,12 @@ def test_callbacks_see_every_delta_and_the_end(engine):
     out = h.result(timeout=10)
     assert "".join(seen) == out.text and len(ends) == 1
     assert ends[0].request_id == h.request_id and ends[0].token_ids == out.token_ids
+
+
+def test_a_request_stops_at_max_model_len(engine):
+    # max_model_len=96: a 90-token prompt may generate at most 6 tokens whatever max_tokens.
+    out = engine.submit([3] * 90, SamplingParams(max_tokens=50, **GREEDY)).result(timeout=10)
+    assert out.finish_reason == "length"
+    assert len(out.prompt_token_ids) + len(out.token_ids) == 96
+    wait_idle(engine)
+    assert_all_blocks_free(engine)
