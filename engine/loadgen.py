@@ -26,8 +26,8 @@ from engine.config import SamplingParams
 if TYPE_CHECKING:  # the dashboard imports this module's specs; keep torch out of it
     from engine.engine import Engine, RequestHandle
 
-# How often the generator looks for finished requests. Polling `done` flags costs a few
-# attribute reads; a blocking wait per request would need a thread per request.
+# Rate mode: how often the generator reaps finished requests while it waits for the next
+# arrival (concurrency mode is woken by each request's on_finish instead).
 POLL_S = 0.005
 # Upper bound of in-flight requests in rate mode, as a multiple of the engine's batch size.
 INFLIGHT_PER_SEQ = 4
@@ -123,6 +123,7 @@ class LoadGenerator:
         self._inflight: list[RequestHandle] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a request ended: the concurrency loop refills
         self._thread: threading.Thread | None = None
         self.submitted = 0
         self.finished = 0
@@ -141,6 +142,7 @@ class LoadGenerator:
     def stop(self, abort: bool = True, timeout: float = 5.0) -> None:
         """Stop submitting; with ``abort`` also abort the requests still in flight."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if abort:
@@ -208,17 +210,20 @@ class LoadGenerator:
         rid = f"{self._prefix}-{self._next_id}"
         self._next_id += 1
         prompt = random_prompt(self._rng, self.spec.prompt_len, self._vocab)
-        handle = self.engine.submit(prompt, self.params, request_id=rid)
+        wake = self._wake
+        handle = self.engine.submit(prompt, self.params, request_id=rid,
+                                    on_finish=lambda _out: wake.set())
         with self._lock:
             self._inflight.append(handle)
         self.submitted += 1
 
     def _run_concurrency(self, concurrency: int) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # before reaping: a finish after this wakes the wait below
             self._reap()
             while self.inflight < concurrency and not self._stop.is_set():
                 self._submit_one()
-            self._stop.wait(POLL_S)
+            self._wake.wait(0.1)  # set by a request's end (on_finish) or by stop()
 
     def _run_rate(self, rate: float) -> None:
         next_at = time.perf_counter()
