@@ -157,3 +157,16 @@ def test_a_request_stops_at_max_model_len(engine):
     assert len(out.prompt_token_ids) + len(out.token_ids) == 96
     wait_idle(engine)
     assert_all_blocks_free(engine)
+
+
+def test_a_seeded_sampled_request_is_reproducible_whatever_runs_beside_it(engine):
+    sp = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
+    alone = engine.submit([5, 6, 7], sp).result(timeout=10).token_ids
+    others = [engine.submit([9] * n, SamplingParams(max_tokens=12, temperature=1.0))
+              for n in (3, 11, 20)]
+    batched = engine.submit([5, 6, 7], sp).result(timeout=10).token_ids
+    [h.result(timeout=10) for h in others]
+    other_seed = engine.submit([5, 6, 7], SamplingParams(max_tokens=16, temperature=0.9,
+                                                         top_p=0.95, seed=99)).result(10)
+    assert alone == batched
+    assert other_seed.token_ids != alone
