@@ -1,9 +1,9 @@
-"""Paged attention: the torch reference against dense attention, the Triton kernel against
-the reference (Triton interpreter on CPU, real kernel on CUDA), and CUDA-graph replay.
+"""The Triton paged attention kernel against the torch reference (Triton interpreter on
+CPU, real kernel on CUDA), and CUDA-graph replay. The reference itself is checked against
+dense attention in test_paged_attention_ref.py; batch builders live in paged_batches.py.
 
-How the three groups run:
+How the groups run:
 
-- ``test_reference_*``: plain CPU tests, in the normal pytest process.
 - ``test_interp_*``: the Triton kernel under ``TRITON_INTERPRET=1``. Triton reads that
   variable when a kernel is defined (module import), so it must be set before
   ``engine.attention_triton`` is imported and must not leak into other test modules. The
@@ -25,24 +25,27 @@ to write fails the test. Errors are relative: ||out - ref|| / ||ref||.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
+from paged_batches import (
+    IN_INTERPRETER,
+    MIXED,
+    REPO_ROOT,
+    TOL,
+    assert_padding_zero,
+    make_batch,
+    rel_err,
+    run_ref,
+    run_triton,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root out
-    sys.path.insert(0, str(REPO_ROOT))
+from engine.attention_ref import paged_attention as ref_attention
 
-from engine.attention_ref import paged_attention as ref_attention  # noqa: E402
-
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 interp_only = pytest.mark.skipif(
     not IN_INTERPRETER,
     reason="runs in the TRITON_INTERPRET=1 child started by the subprocess test",
@@ -51,201 +54,6 @@ needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available() or IN_INTERPRETER,
     reason="needs a CUDA GPU (and a real, non-interpreted Triton)",
 )
-
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-
-
-@dataclass
-class Batch:
-    """One flat batch over a paged cache, plus the contiguous K/V it was scattered from."""
-
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_tables: torch.Tensor
-    token_req: torch.Tensor
-    token_pos: torch.Tensor
-    keys: list[torch.Tensor]  # per request [ctx, KVH, D], contiguous
-    values: list[torch.Tensor]
-    scale: float
-
-
-def make_batch(
-    specs: list[tuple[int, int]],
-    *,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    dtype: torch.dtype,
-    device: str = "cpu",
-    padding: int = 0,
-    shuffle_tokens: bool = False,
-    seed: int = 0,
-) -> Batch:
-    """specs[r] = (query tokens, context length): request r's queries are its last positions.
-
-    Blocks are shuffled; unused block-table entries point at other requests' blocks and every
-    cache slot outside a context is NaN, so reading anything not allowed poisons the result.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    n_blocks = [math.ceil(ctx / block_size) for _, ctx in specs]
-    max_blocks = max(n_blocks) + 1
-    total_blocks = sum(n_blocks) + 3
-    shape = (total_blocks, block_size, kv_heads, head_dim)
-    k_cache = torch.full(shape, float("nan"), dtype=dtype)
-    v_cache = torch.full(shape, float("nan"), dtype=dtype)
-    perm = torch.randperm(total_blocks, generator=gen)
-    block_tables = torch.empty((len(specs), max_blocks), dtype=torch.int32)
-    keys, values, reqs, poss = [], [], [], []
-    start = 0
-    for r, (n_q, ctx) in enumerate(specs):
-        assert 1 <= n_q <= ctx
-        own = perm[start : start + n_blocks[r]]
-        start += n_blocks[r]
-        filler = torch.randint(0, total_blocks, (max_blocks - n_blocks[r],), generator=gen)
-        block_tables[r] = torch.cat([own, filler]).int()
-        k = torch.randn((ctx, kv_heads, head_dim), generator=gen).to(dtype)
-        v = torch.randn((ctx, kv_heads, head_dim), generator=gen).to(dtype)
-        pos = torch.arange(ctx)
-        k_cache[own[pos // block_size], pos % block_size] = k
-        v_cache[own[pos // block_size], pos % block_size] = v
-        keys.append(k)
-        values.append(v)
-        reqs += [r] * n_q
-        poss += list(range(ctx - n_q, ctx))
-    if shuffle_tokens:
-        order = torch.randperm(len(reqs), generator=gen).tolist()
-        reqs = [reqs[i] for i in order]
-        poss = [poss[i] for i in order]
-    reqs += [-1] * padding
-    poss += [0] * padding
-    q = torch.randn((len(reqs), heads, head_dim), generator=gen).to(dtype)
-    return Batch(
-        q=q.to(device),
-        k_cache=k_cache.to(device),
-        v_cache=v_cache.to(device),
-        block_tables=block_tables.to(device),
-        token_req=torch.tensor(reqs, dtype=torch.int32, device=device),
-        token_pos=torch.tensor(poss, dtype=torch.int32, device=device),
-        keys=keys,
-        values=values,
-        scale=head_dim**-0.5,
-    )
-
-
-def dense_attention(b: Batch, sliding_window: int | None) -> torch.Tensor:
-    """Independent oracle: float64 SDPA per request over the contiguous K/V, GQA expanded."""
-    t, h, d = b.q.shape
-    kvh = b.keys[0].shape[1] if b.keys else 1
-    out = torch.zeros((t, h, d), dtype=torch.float64)
-    req, pos = b.token_req.cpu(), b.token_pos.cpu()
-    for r, (k, v) in enumerate(zip(b.keys, b.values, strict=True)):
-        rows = (req == r).nonzero().flatten()
-        key_pos = torch.arange(k.shape[0])
-        mask = key_pos[None, :] <= pos[rows][:, None]
-        if sliding_window is not None:
-            mask &= pos[rows][:, None] - key_pos[None, :] < sliding_window
-        qr = b.q.cpu()[rows].double().transpose(0, 1)[None]  # [1, H, n, D]
-        kr = k.double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)[None]
-        vr = v.double().repeat_interleave(h // kvh, dim=1).transpose(0, 1)[None]
-        o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=b.scale)
-        out[rows] = o[0].transpose(0, 1)
-    return out
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return ((out - ref).norm() / ref.norm()).item()
-
-
-def run_ref(b: Batch, sliding_window: int | None = None) -> torch.Tensor:
-    out = torch.full_like(b.q, float("nan"))
-    res = ref_attention(
-        b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
-        sliding_window=sliding_window, out=out,
-    )
-    assert res is out
-    return out
-
-
-def run_triton(
-    b: Batch,
-    sliding_window: int | None = None,
-    num_splits: int | None = None,
-    block_n: int | None = None,
-) -> torch.Tensor:
-    from engine.attention_triton import paged_attention_with_splits
-
-    out = torch.full_like(b.q, float("nan"))
-    res = paged_attention_with_splits(
-        b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
-        sliding_window=sliding_window, out=out, num_splits=num_splits, block_n=block_n,
-    )
-    assert res is out
-    return out
-
-
-def assert_padding_zero(b: Batch, out: torch.Tensor) -> None:
-    pad = b.token_req == -1
-    assert torch.equal(out[pad], torch.zeros_like(out[pad])), "padding tokens must output 0"
-
-
-# A mixed step: decodes at short and block-boundary contexts, a fresh prefill, prefill
-# chunks continuing a prompt, and a single-token context.
-MIXED = [(1, 1), (1, 37), (9, 9), (1, 16), (6, 50), (1, 33), (3, 20)]
-
-
-# --------------------------------------------------------------------------- (a) reference
-
-
-@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (6, 2), (8, 1)])
-@pytest.mark.parametrize("sliding_window", [None, 5])
-@pytest.mark.parametrize("block_size", [16, 32])
-def test_reference_matches_dense_attention(
-    heads: int, kv_heads: int, sliding_window: int | None, block_size: int
-) -> None:
-    b = make_batch(
-        MIXED, heads=heads, kv_heads=kv_heads, head_dim=32, block_size=block_size,
-        dtype=torch.float32, padding=3, seed=heads * 10 + kv_heads,
-    )
-    out = run_ref(b, sliding_window)
-    assert rel_err(out, dense_attention(b, sliding_window)) < TOL[torch.float32]
-    assert_padding_zero(b, out)
-
-
-def test_reference_handles_interleaved_tokens() -> None:
-    b = make_batch(
-        MIXED, heads=8, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32,
-        padding=2, shuffle_tokens=True, seed=3,
-    )
-    out = run_ref(b)
-    assert rel_err(out, dense_attention(b, None)) < TOL[torch.float32]
-    assert_padding_zero(b, out)
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_reference_low_precision(dtype: torch.dtype) -> None:
-    b = make_batch(MIXED, heads=8, kv_heads=2, head_dim=64, block_size=16, dtype=dtype, seed=4)
-    out = run_ref(b, None)
-    assert out.dtype == dtype
-    assert rel_err(out, dense_attention(b, None)) < TOL[dtype]
-
-
-def test_reference_window_one_is_own_value() -> None:
-    b = make_batch(MIXED, heads=4, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)
-    out = run_ref(b, sliding_window=1)
-    for i, (r, p) in enumerate(zip(b.token_req.tolist(), b.token_pos.tolist(), strict=True)):
-        own = b.values[r][p].repeat_interleave(2, dim=0)  # [H, D]
-        torch.testing.assert_close(out[i], own)
-
-
-def test_reference_rejects_mismatched_heads() -> None:
-    b = make_batch([(1, 4)], heads=6, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)
-    with pytest.raises(ValueError, match="multiple of kv heads"):
-        ref_attention(
-            b.q[:, :5], b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, 1.0
-        )
 
 
 def test_triton_rejects_non_power_of_two_head_dim() -> None:
