@@ -26,27 +26,19 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import sys
 import threading
 import time
 import traceback
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+sys.path.insert(0, str(REPO))
+
+from ui.headless import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy  # noqa: E402
 
 
 @dataclass(slots=True)
@@ -61,24 +53,6 @@ class Phase:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_healthy(url: str, limit_s: float = 60.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} not healthy after {limit_s} s")
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -163,7 +137,7 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
     from engine.workload import BenchmarkSpec
     from ui.client import _shared_client
 
-    wait_healthy(url)
+    wait_healthy(url, 60.0)
     client = _shared_client()  # the cached client every page of this server uses
     print(f"engine: {client.settings()}", flush=True)
     if args.pin_engine:
@@ -188,7 +162,8 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
             for r in range(args.repeats):
                 phases.append(measure(client, f"no browser #{r + 1}", spec))
                 print(phases[-1], flush=True)
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                browser = p.chromium.launch(executable_path=str(CHROMIUM),
+                                            args=list(CHROMIUM_ARGS))
                 page = browser.new_page(viewport={"width": 1500, "height": 1300})
                 page.goto(url)
                 page.wait_for_selector('[data-testid="stPlotlyChart"]', timeout=120_000)
@@ -254,10 +229,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    if not Path(CHROMIUM).exists():
+    if not CHROMIUM.exists():
         sys.exit(f"{CHROMIUM} is missing: apt-get install chromium")
     os.chdir(REPO)  # .streamlit/config.toml and config.yaml are read from here
-    sys.path.insert(0, str(REPO))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     phases: list[Phase] = []

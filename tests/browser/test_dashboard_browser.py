@@ -16,30 +16,18 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ui import headless
+
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    # Tabs other than the focused one must keep drawing: the two-tab test watches both.
-    "--disable-background-timer-throttling",
-    "--disable-renderer-backgrounding",
-    "--disable-backgrounding-occluded-windows",
-]
+CHROMIUM_ARGS = [*headless.CHROMIUM_ARGS, *headless.BACKGROUND_TAB_ARGS]  # two-tab test
 SHOT_DIRS = (REPO / "artifacts" / "screenshots", REPO / "docs" / "screenshots")
 SERVER_START_S = 60
 ENGINE_START_S = 240  # the first page waits for the engine process to load the model
@@ -47,39 +35,19 @@ VIEWPORT = {"width": 1500, "height": 2000}  # tall: Streamlit scrolls inside its
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
-if not CHROMIUM.exists():
+if not headless.CHROMIUM.exists():
     pytest.skip(
-        f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)",
+        f"{headless.CHROMIUM} is missing: install Debian's chromium package "
+        "(apt-get install chromium)",
         allow_module_level=True,
     )
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited with code {proc.returncode} before serving")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"streamlit did not answer {url}/_stcore/health within {limit_s} s")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`streamlit run app.py` on a free port; stopped (with its engine) afterwards."""
-    port = free_port()
+    port = headless.free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
     log = log_path.open("wb")
     proc = subprocess.Popen(
@@ -92,7 +60,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, SERVER_START_S)
+        headless.wait_healthy(url, SERVER_START_S, proc)
         yield url
     finally:
         if proc.poll() is None:
@@ -110,7 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def page(server: str) -> Iterator[sync_api.Page]:
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=str(headless.CHROMIUM), args=CHROMIUM_ARGS)
         try:
             pg = browser.new_page(viewport=VIEWPORT)
             pg.set_default_timeout(60_000)
