@@ -84,8 +84,9 @@ class GraphCache:
     def replay(self, index: int, bucket: int, greedy: bool) -> None:
         self._graphs[(index, bucket, greedy)].replay()
 
-    def has(self, index: int, bucket: int, greedy: bool) -> bool:
-        return (index, bucket, greedy) in self._graphs
-
-    def clear(self) -> None:
-        self._graphs.clear()
+    def drop_slots_from(self, index: int) -> None:
+        """Forget the graphs of slots >= index (those slots were removed). A graph holds raw
+        pointers to its slot's buffers: a later slot with the same index has new buffers
+        and must be captured afresh."""
+        for key in [k for k in self._graphs if k[0] >= index]:
+            del self._graphs[key]

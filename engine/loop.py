@@ -108,6 +108,8 @@ class StepLoop:
         if num_slots is not None and num_slots != len(self.pipeline.slots):
             self.pipeline.resize(num_slots)
             self.settings.num_slots = num_slots
+            if self.graphs is not None:
+                self.graphs.drop_slots_from(num_slots)
             if self.graphs_active:
                 self._enable_graphs()
         if cuda_graphs is not None:
