@@ -143,8 +143,9 @@ class Scheduler:
             return 0
         n = min(remaining, budget)
         if n == remaining and not self._may_sample(req):
-            # Its last token is already sampled by a step in flight; nothing more to do.
-            return 0 if remaining == 1 else n - 1
+            # Its last token is already sampled by a step in flight (max_tokens or
+            # max_model_len reached); nothing more to compute for it.
+            return 0
         return n
 
     def _may_sample(self, req: Request) -> bool:
