@@ -80,7 +80,7 @@ class StepLoop:
         self.block_size = block_size
         self.scratch_slot = scratch_slot
         self.scratch_row = scheduler.max_num_seqs
-        self.pipeline = Pipeline(streams, layout, settings.num_slots)
+        self.pipeline = Pipeline(streams, layout, settings.num_slots, timing=bus is not None)
         self.detok: dict[str, IncrementalDetokenizer] = {}
         self.inflight: InflightStep | None = None
         self.step_no = 0

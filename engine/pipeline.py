@@ -23,7 +23,7 @@ import torch
 from engine.batch import BufferLayout, HostView, StepMeta
 from engine.runner import DeviceView
 from engine.scheduler import SchedulerOutput
-from engine.streams import Event, StreamSet, TimedOp
+from engine.streams import Event, Stream, StreamSet, TimedOp
 from telemetry.records import StepRecord
 
 
@@ -73,9 +73,12 @@ class Pipeline:
         streams: StreamSet,
         layout: BufferLayout,
         num_slots: int,
+        timing: bool = True,
     ) -> None:
         self.streams = streams
         self.layout = layout
+        # With telemetry off, no timing events are recorded around the step's work.
+        self.timing = timing
         self.slots: list[Slot] = []
         self.resize(num_slots)
 
@@ -113,24 +116,33 @@ class Pipeline:
         if slot.compute_done is not None:
             # device input still read by the slot's last step (ordering only)
             s.h2d.wait(slot.compute_done, propagate=False)
-        ops.append(s.h2d.timed("h2d", lambda: slot.dev.buf.copy_(slot.host_buf, non_blocking=True)))
+        self._queue(s.h2d, "h2d", lambda: slot.dev.buf.copy_(slot.host_buf, non_blocking=True),
+                    ops)
         s.h2d.record(h2d_done)
         s.compute.wait(h2d_done)
         if slot.d2h_done is not None:
             # device output still read by the slot's last D2H (ordering only)
             s.compute.wait(slot.d2h_done, propagate=False)
         try:
-            ops.append(s.compute.timed("compute", compute_fn))
+            self._queue(s.compute, "compute", compute_fn, ops)
         except Exception as e:  # CUDA launches run here, in the calling thread
             error = e
         s.compute.record(compute_done)
         s.d2h.wait(compute_done)
-        ops.append(s.d2h.timed("d2h", lambda: slot.host_out.copy_(slot.dev.out, non_blocking=True)))
+        self._queue(s.d2h, "d2h", lambda: slot.host_out.copy_(slot.dev.out, non_blocking=True),
+                    ops)
         s.d2h.record(d2h_done)
         slot.h2d_done, slot.compute_done, slot.d2h_done = h2d_done, compute_done, d2h_done
         step = InflightStep(record.step, slot, sched, meta, record, d2h_done, ops, error)
         slot.inflight = step
         return step
+
+    def _queue(self, stream: Stream, lane: str, fn: Callable[[], None],
+               ops: list[TimedOp]) -> None:
+        if self.timing:
+            ops.append(stream.timed(lane, fn))
+        else:
+            stream.submit(fn)
 
     def wait_results(self, step: InflightStep) -> np.ndarray:
         """Block until the step's tokens are on the host; returns a copy of them. Raises

@@ -115,7 +115,12 @@ class HostStream:
         return run
 
     def submit(self, fn: Callable[[], None]) -> None:
-        self._queue.put(self._guard(fn))
+        def run() -> None:
+            if self.delay_s:
+                time.sleep(self.delay_s)
+            fn()
+
+        self._queue.put(self._guard(run))
 
     def timed(self, lane: str, fn: Callable[[], None]) -> HostTimedOp:
         op = HostTimedOp(lane)

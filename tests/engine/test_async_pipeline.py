@@ -182,3 +182,16 @@ def test_a_failing_step_ends_its_requests_with_error_and_the_engine_keeps_servin
     drive(eng)
     assert again.result(1).token_ids == expected[0]
     eng.shutdown()
+
+
+def test_with_telemetry_off_nothing_is_timed_and_tokens_are_unchanged(workload):
+    model_dir, prompts, expected = workload
+    eng = make_engine(model_dir, async_batching=True, num_slots=1, telemetry=False)
+    eng.streams.h2d.delay_s = 0.003  # untimed work still honours the slow-stream hook
+    reader = eng.bus.reader()
+    hs = [eng.submit(p, SamplingParams(max_tokens=14, **GREEDY)) for p in prompts]
+    drive(eng)
+    assert [h.result(1).token_ids for h in hs] == expected
+    assert reader.steps() == [] and eng.bus.stats().steps_published == 0
+    assert_all_blocks_free(eng)
+    eng.shutdown()
