@@ -27,7 +27,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.graphs import GraphCache, default_buckets
 from engine.loop import LiveSettings, RequestSink, StepLoop
 from engine.request import Request, RequestOutput
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, text_config
 from engine.scheduler import Scheduler
 from engine.streams import StreamSet
 from telemetry.bus import TelemetryBus
@@ -141,7 +141,7 @@ class Engine:
         else:
             model = loader.prepare_model(model, self.device, self.dtype)
         self.model, self.tokenizer = model, tokenizer
-        text_cfg = getattr(model.config, "text_config", None) or model.config
+        text_cfg = text_config(model.config)
         self.vocab_size = int(text_cfg.vocab_size)
         self.max_model_len = config.max_model_len or min(
             int(getattr(text_cfg, "max_position_embeddings", 4096) or 4096), 4096)
@@ -188,7 +188,6 @@ class Engine:
             queue.SimpleQueue())
         self._wake = threading.Event()
         self._stop = False
-        self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._run, name="gapless-engine", daemon=True)
@@ -389,10 +388,11 @@ class Engine:
                 worked = self.step()
             except Exception as e:  # keep serving: fail what was running, log, go on
                 log.exception("engine step failed")
-                self._error = e
                 for req in list(self.scheduler.running) + list(self.scheduler.waiting):
                     req.error = f"{type(e).__name__}: {e}"
                     self.loop.finish(req, "error")
+                # A launched step's slot still holds it: the next step on that slot reads it
+                # first (its requests are finished, so its tokens are discarded).
                 self.loop.inflight = None
                 worked = True
             if not worked:

@@ -10,6 +10,7 @@ graph can capture it. Never decides what to run (that is the scheduler's job).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -53,9 +54,14 @@ class DeviceView:
         return cls(buf=buf, out=out, **views)
 
 
+def text_config(hf_config: Any) -> Any:
+    """The language model's config (multimodal configs nest it as text_config)."""
+    return getattr(hf_config, "text_config", None) or hf_config
+
+
 def kv_cache_shape(hf_config: object) -> tuple[int, int, int]:
     """(num_layers, num_kv_heads, head_dim) of a transformers config."""
-    text = getattr(hf_config, "text_config", None) or hf_config
+    text = text_config(hf_config)
     heads = text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads

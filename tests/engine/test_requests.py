@@ -170,3 +170,27 @@ def test_a_seeded_sampled_request_is_reproducible_whatever_runs_beside_it(engine
                                                          top_p=0.95, seed=99)).result(10)
     assert alone == batched
     assert other_seed.token_ids != alone
+
+
+def test_an_unexpected_error_in_the_loop_fails_requests_and_serving_goes_on(tiny_model_dir):
+    cfg = EngineConfig(model=str(tiny_model_dir("llama")), device="cpu", max_num_seqs=4,
+                       max_num_batched_tokens=32, block_size=4, num_blocks=64,
+                       max_model_len=96, async_batching=True, num_slots=1)
+    with Engine(cfg) as eng:
+        real = eng.loop._on_token
+        calls = {"n": 0}
+
+        def flaky(req, token):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected bug in post")
+            return real(req, token)
+
+        eng.loop._on_token = flaky
+        bad = eng.submit([3, 4, 5], SamplingParams(max_tokens=8, **GREEDY)).result(timeout=10)
+        assert bad.finish_reason == "error" and "injected bug in post" in bad.error
+        eng.loop._on_token = real
+        ok = eng.submit([3, 4, 5], SamplingParams(max_tokens=8, **GREEDY)).result(timeout=10)
+        assert ok.finish_reason == "length" and len(ok.token_ids) == 8
+        wait_idle(eng)
+        assert_all_blocks_free(eng)
