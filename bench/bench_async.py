@@ -27,6 +27,7 @@ from model_shapes import build_model, weight_bytes  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of  # noqa: E402
+from telemetry.records import Span  # noqa: E402
 
 COPY_BW = 4.22e12  # bytes/s, device-to-device copy measured on the lent H200 (DESIGN.md §6)
 
@@ -80,21 +81,17 @@ def profiler_busy(eng: Engine, prompts: list[list[int]], new: int, trace_path: s
     prof.export_chrome_trace(trace_path)
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    ivs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                 if e.get("cat") == "kernel" and e.get("ph") == "X")
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in ivs:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    window = ivs[-1][1] - ivs[0][0] if ivs else 0.0
-    return {"ours_busy": ours.get("busy"), "profiler_busy": busy / window if window else None,
-            "kernels": len(ivs), "wall_s": ours["wall_s"]}
+    # Kernel intervals (microseconds) as compute-lane spans, so the same union maths as our
+    # own figure (telemetry.metrics) measures them.
+    kernels = [Span("compute", int(e["ts"] * 1000), int((e["ts"] + e["dur"]) * 1000))
+               for e in events if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    busy = None
+    if kernels:
+        start = min(k.start_ns for k in kernels)
+        end = max(k.end_ns for k in kernels)
+        busy = busy_fraction(kernels, start, end) if end > start else None
+    return {"ours_busy": ours.get("busy"), "profiler_busy": busy,
+            "kernels": len(kernels), "wall_s": ours["wall_s"]}
 
 
 def _agreement(a: list[list[int]], b: list[list[int]]) -> dict:
