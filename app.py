@@ -25,7 +25,7 @@ from ui.gauges import gauge_values, gauges_figure, live_window
 from ui.timeline import recent_window, timeline_figure
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
 GAUGE_PERIOD_S = 0.5  # 2 Hz
 TIMELINE_PERIOD_S = 1.0  # 1 Hz, the most DESIGN.md §7 allows

@@ -1,6 +1,6 @@
 """Benchmark of the Triton paged attention kernel against the KV-bandwidth floor.
 
-Owns the numbers behind any claim about `engine.attention_triton`: decode at batch 32 with
+Owns the numbers behind any claim about `engine.attention.triton_paged`: decode at batch 32 with
 contexts 1280 and 8448 (Llama-3.1-8B attention shape: H=32, KVH=8, D=128, bf16, block 16),
 over a sweep of split-K factors and key tile sizes, and a 2048-token prefill chunk (fresh,
 and at the end of an 8448-token context). Times are medians of triton.testing.do_bench
@@ -70,8 +70,8 @@ def time_ms(fn: Callable[[], object]) -> tuple[float, float]:
 
 
 def bench_decode(ctx: int, quick: bool) -> None:
-    from engine.attention_ref import paged_attention as ref_attention
-    from engine.attention_triton import default_num_splits, paged_attention_with_splits
+    from engine.attention.reference import paged_attention as ref_attention
+    from engine.attention.triton_paged import default_num_splits, paged_attention_with_splits
 
     args, kv_bytes = make_inputs([ctx] * 32, [1] * 32)
     out = torch.empty_like(args[0])
@@ -112,7 +112,7 @@ def triton_bench_once(fn: Callable[[], object]) -> float:
 
 
 def bench_prefill(ctx: int, n: int) -> None:
-    from engine.attention_triton import paged_attention
+    from engine.attention.triton_paged import paged_attention
 
     args, kv_bytes = make_inputs([ctx], [n])
     out = torch.empty_like(args[0])

@@ -134,7 +134,7 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
     """The benchmark proper, on its own thread while the server runs on the main one."""
     from playwright.sync_api import sync_playwright
 
-    from engine.workload import BenchmarkSpec
+    from engine.drivers.workload import BenchmarkSpec
     from ui.client import _shared_client
 
     wait_healthy(url, 60.0)

@@ -16,11 +16,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.batch import BufferLayout, HostView, assemble  # noqa: E402
-from engine.block_allocator import BlockAllocator, blocks_needed  # noqa: E402
 from engine.config import SamplingParams  # noqa: E402
-from engine.request import Request  # noqa: E402
-from engine.scheduler import Scheduler  # noqa: E402
+from engine.core.batch import BufferLayout, HostView, assemble  # noqa: E402
+from engine.core.block_allocator import BlockAllocator, blocks_needed  # noqa: E402
+from engine.core.request import Request  # noqa: E402
+from engine.core.scheduler import Scheduler  # noqa: E402
 
 
 def measure(num_requests: int, prompt_len: int, block_size: int, steps: int) -> dict[str, float]:

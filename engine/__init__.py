@@ -1,7 +1,7 @@
 """gapless engine: continuous batching over a paged KV cache, sync or async steps.
 
 engine/ never imports streamlit, plotly or anything under ui/ or pages/. The names below are
-loaded lazily, so `from engine.client import EngineClient` (the dashboard's only door into
+loaded lazily, so `from engine.process.client import EngineClient` (the dashboard's only door into
 the engine) does not import torch or transformers into the dashboard process.
 """
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig, SamplingParams
+    from engine.core.request import RequestOutput
     from engine.engine import Engine, RequestHandle
-    from engine.request import RequestOutput
 
 __all__ = ["Engine", "EngineConfig", "RequestHandle", "RequestOutput", "SamplingParams"]
 
@@ -21,7 +21,7 @@ _WHERE = {
     "RequestHandle": "engine.engine",
     "EngineConfig": "engine.config",
     "SamplingParams": "engine.config",
-    "RequestOutput": "engine.request",
+    "RequestOutput": "engine.core.request",
 }
 
 

@@ -19,17 +19,18 @@ from typing import Any
 
 import torch
 
-from engine import loader
-from engine.attention import resolve_backend
-from engine.batch import BufferLayout
-from engine.block_allocator import BlockAllocator, blocks_needed
+from engine.attention.interface import resolve_backend
 from engine.config import EngineConfig, SamplingParams
-from engine.graphs import GraphCache, default_buckets
-from engine.loop import LiveSettings, RequestSink, StepLoop
-from engine.request import Request, RequestOutput
-from engine.runner import ModelRunner, text_config
-from engine.scheduler import Scheduler
-from engine.streams import StreamSet
+from engine.core.batch import BufferLayout
+from engine.core.block_allocator import BlockAllocator, blocks_needed
+from engine.core.request import Request, RequestOutput
+from engine.core.scheduler import Scheduler
+from engine.model import loader
+from engine.model.hf_config import text_config
+from engine.step.graphs import GraphCache, default_buckets
+from engine.step.loop import LiveSettings, RequestSink, StepLoop
+from engine.step.runner import ModelRunner
+from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.engine")

@@ -19,7 +19,7 @@ from ui.client import engine_client, engine_errors, show_flashes
 from ui.timeline import timeline_figure
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
 RESULTS_KEY = "bench.results"
 # The fixed workload: small enough to finish in well under a minute on a CPU.
@@ -30,7 +30,7 @@ MAX_TOKENS = 64
 
 def benchmark_spec(settings: dict[str, Any]) -> Any:
     """The fixed workload, over every mode this machine can run."""
-    from engine.workload import BenchmarkSpec
+    from engine.drivers.workload import BenchmarkSpec
 
     graphs = bool(settings.get("cuda_graphs_available"))
     return BenchmarkSpec(
@@ -42,7 +42,7 @@ def benchmark_spec(settings: dict[str, Any]) -> Any:
 
 
 def benchmark_modes(graphs_available: bool) -> list[Any]:
-    from engine.workload import default_modes
+    from engine.drivers.workload import default_modes
 
     return default_modes(cuda_graphs=graphs_available)
 
@@ -64,7 +64,7 @@ def results_table(results: list[Any]) -> list[dict[str, Any]]:
 
 def run(client: EngineClient, settings: dict[str, Any]) -> list[Any] | None:
     """Run the workload with a progress bar; the results, or None when it failed."""
-    from engine.workload import BenchmarkResult
+    from engine.drivers.workload import BenchmarkResult
 
     spec = benchmark_spec(settings)
     bar = st.progress(0.0, text="Starting the benchmark...")

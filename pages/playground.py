@@ -21,7 +21,7 @@ from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import mode_summary
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
 HISTORY_KEY = "play.history"
 STREAM_REDRAW_S = 0.05  # redraw a streaming reply at most 20 times a second

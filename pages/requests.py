@@ -19,7 +19,7 @@ from ui.client import engine_client, engine_errors, show_flashes
 from ui.histograms import latency_histograms, request_rows
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
 EVENTS = 65536  # the newest request events read from the bus per refresh
 MAX_ROWS = 500

@@ -17,16 +17,17 @@ from transformers import PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.loader import load_model_and_tokenizer
-from engine.scoring import sequence_logits
+from engine.model.loader import load_model_and_tokenizer
+from engine.model.scoring import sequence_logits
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "models" / "gapless-tiny-python"
 # The first 2,991 bytes of asyncio/taskgroups.py of Python 3.12.3, a held-out file of the split
 # in training/corpus.py (the model never trained on it), behind a one-line provenance comment.
 SNIPPET = Path(__file__).parent / "data" / "heldout_snippet.py.txt"
-# Measured 2.3746 nats/token (CPU, fp32, torch 2.13, 2026-12-02; the same through engine.scoring
-# and our paged attention as through transformers sdpa); training reported 2.1349 over
+# Measured 2.3746 nats/token (CPU, fp32, torch 2.13, 2026-12-02; the same through
+# engine.model.scoring and our paged attention as through transformers sdpa); training
+# reported 2.1349 over
 # all held-out files. The margin covers kernel and version drift (about 1e-4), not damage: one
 # matrix replaced by noise of its own scale gave 2.54 (layer 3 down_proj) and 2.70 (o_proj), the
 # final norm halved 2.95, random weights about ln(8192) = 9.0.

@@ -1,6 +1,6 @@
 """The one engine client every page shares, and how engine failures reach the user.
 
-Owns the ``st.cache_resource`` singleton of engine.client.EngineClient (one engine process
+Owns the ``st.cache_resource`` singleton of engine.process.client.EngineClient (one engine process
 per Streamlit server, shut down when the cache entry is released) and the messages shown
 for a dead engine (with a restart button), an engine that would not start, and a rejected
 request. Pages get the client only through ``engine_client()``; nothing else in the
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, NoReturn
 
 import streamlit as st
 
-from engine.client import EngineDead
+from engine.process.client import EngineDead
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
 log = logging.getLogger("gapless.ui")
 
@@ -39,7 +39,7 @@ def config_path() -> str:
 
 def make_client() -> EngineClient:
     """Start an engine process (the seam tests replace with a fake)."""
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
     return EngineClient(config_path=config_path())
 

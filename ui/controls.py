@@ -18,7 +18,7 @@ import streamlit as st
 from ui.client import in_callback
 
 if TYPE_CHECKING:
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
 ASYNC_KEY = "ctl.async"
 SLOTS_KEY = "ctl.slots"
@@ -102,7 +102,7 @@ DEFAULT_LEN = 64
 
 def load_spec_from_state() -> Any:
     """The LoadSpec the load generator widgets describe."""
-    from engine.loadgen import LoadSpec
+    from engine.drivers.loadgen import LoadSpec
 
     state = st.session_state
     by_rate = state.get(LOAD_DRIVE_KEY) == "request rate"

@@ -9,7 +9,7 @@ import pytest
 from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.pipeline import Pipeline
+from engine.step.pipeline import Pipeline
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 TIGHT = dict(device="cpu", max_num_seqs=5, max_num_batched_tokens=16, block_size=4,

@@ -23,10 +23,16 @@ from pathlib import Path
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.client import EngineClient, EngineDead, EngineStartError, exit_reason, last_words
-from engine.loadgen import LoadSpec
-from engine.server import decode_events, decode_steps, encode_events, encode_steps
-from engine.workload import BenchmarkProgress, BenchmarkResult, BenchmarkSpec
+from engine.drivers.loadgen import LoadSpec
+from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, BenchmarkSpec
+from engine.process.client import (
+    EngineClient,
+    EngineDead,
+    EngineStartError,
+    exit_reason,
+    last_words,
+)
+from engine.process.server import decode_events, decode_steps, encode_events, encode_steps
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
 SMALL = dict(
@@ -231,7 +237,7 @@ def test_the_engine_exits_when_its_parent_dies(model_dir, tmp_path):
         textwrap.dedent(f"""
         import json, sys, time
         import streamlit  # under multiprocessing's spawn the engine would import it too
-        from engine.client import EngineClient
+        from engine.process.client import EngineClient
         c = EngineClient(None, model={str(model_dir)!r}, device="cpu", max_num_seqs=2,
                          max_num_batched_tokens=32, max_model_len=64)
         info = c.process_info()

@@ -9,8 +9,8 @@ import torch
 from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.batch import assemble
-from engine.graphs import GraphCache
+from engine.core.batch import assemble
+from engine.step.graphs import GraphCache
 
 pytestmark = pytest.mark.cuda
 

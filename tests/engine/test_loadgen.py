@@ -8,7 +8,7 @@ import time
 import pytest
 
 from engine import Engine, EngineConfig
-from engine.loadgen import LoadGenerator, LoadSpec
+from engine.drivers.loadgen import LoadGenerator, LoadSpec
 
 SMALL = dict(device="cpu", max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampler import sample
+from engine.step.sampler import sample
 
 
 def run(logits, temperature, top_k=None, top_p=None, seeds=None, pos=None, greedy_only=False):

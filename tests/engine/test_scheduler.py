@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import random
 
-from engine.block_allocator import BlockAllocator
 from engine.config import SamplingParams
-from engine.request import Request, RequestStatus
-from engine.scheduler import Scheduler
+from engine.core.block_allocator import BlockAllocator
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduler import Scheduler
 
 
 def req(rid: str, prompt_len: int, max_tokens: int = 4) -> Request:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.workload import (
+from engine.drivers.workload import (
     BenchmarkProgress,
     BenchmarkResult,
     BenchmarkSpec,

@@ -21,7 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # `pytest` (not `python -m pytest`) leaves the root out
     sys.path.insert(0, str(REPO_ROOT))
 
-from engine.attention_ref import paged_attention as ref_attention  # noqa: E402
+from engine.attention.reference import paged_attention as ref_attention  # noqa: E402
 
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -147,7 +147,7 @@ def run_triton(
     num_splits: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    from engine.attention_triton import paged_attention_with_splits
+    from engine.attention.triton_paged import paged_attention_with_splits
 
     out = torch.full_like(b.q, float("nan"))
     res = paged_attention_with_splits(

@@ -6,7 +6,7 @@ How the groups run:
 
 - ``test_interp_*``: the Triton kernel under ``TRITON_INTERPRET=1``. Triton reads that
   variable when a kernel is defined (module import), so it must be set before
-  ``engine.attention_triton`` is imported and must not leak into other test modules. The
+  ``engine.attention.triton_paged`` is imported and must not leak into other test modules. The
   parent-process test ``test_triton_kernel_matches_reference_in_interpreter_subprocess``
   (marked slow) therefore re-runs this file in a child ``python -m pytest -k test_interp_``
   with the variable set; outside such a child the ``test_interp_*`` tests skip. To run
@@ -44,7 +44,7 @@ from paged_batches import (
     run_triton,
 )
 
-from engine.attention_ref import paged_attention as ref_attention
+from engine.attention.reference import paged_attention as ref_attention
 
 interp_only = pytest.mark.skipif(
     not IN_INTERPRETER,
@@ -57,7 +57,7 @@ needs_cuda = pytest.mark.skipif(
 
 
 def test_triton_rejects_non_power_of_two_head_dim() -> None:
-    from engine.attention_triton import paged_attention
+    from engine.attention.triton_paged import paged_attention
 
     b = make_batch([(1, 4)], heads=4, kv_heads=2, head_dim=48, block_size=16, dtype=torch.float32)
     with pytest.raises(ValueError, match="power of two"):
@@ -138,7 +138,7 @@ def test_interp_key_tile_smaller_or_larger_than_cache_block(block_size: int, blo
 @interp_only
 def test_interp_strided_query_and_output() -> None:
     """q and out as views with non-unit strides (e.g. slices of a fused qkv projection)."""
-    from engine.attention_triton import paged_attention
+    from engine.attention.triton_paged import paged_attention
 
     b = make_batch(MIXED, heads=4, kv_heads=2, head_dim=32, block_size=16, dtype=torch.float16)
     qkv = torch.randn((b.q.shape[0], 8, 32)).half()
@@ -201,8 +201,8 @@ def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from engine.attention_triton import _paged_attention_kernel as kernel
-    from engine.attention_triton import _tile_shape
+    from engine.attention.triton_paged import _paged_attention_kernel as kernel
+    from engine.attention.triton_paged import _tile_shape
 
     dt, group, head_dim, block_size, splits, window, block_n = case
     g_pad, block_q, block_n = _tile_shape(group, head_dim, block_n)
@@ -291,7 +291,7 @@ def test_cuda_shapes_and_window(head_dim: int, block_size: int, sliding_window: 
 def test_cuda_graph_replay_after_in_place_input_changes(n_tokens: int) -> None:
     """Capture once, then change token_pos, token_req, block_tables and q in place: replay
     must follow the new values (nothing value-dependent was baked in at capture)."""
-    from engine.attention_triton import paged_attention
+    from engine.attention.triton_paged import paged_attention
 
     heads, kv_heads, d, bs, reqs, max_blocks = 32, 8, 128, 16, 32, 545  # up to 8720 keys
     dev, dtype = "cuda", torch.bfloat16

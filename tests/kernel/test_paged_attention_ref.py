@@ -15,7 +15,7 @@ from paged_batches import (
     run_ref,
 )
 
-from engine.attention_ref import paged_attention as ref_attention
+from engine.attention.reference import paged_attention as ref_attention
 
 # --------------------------------------------------------------------------- (a) reference
 

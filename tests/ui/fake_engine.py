@@ -1,4 +1,4 @@
-"""A stand-in for engine.client.EngineClient, for page tests that need a failing engine.
+"""A stand-in for engine.process.client.EngineClient, for page tests that need a failing engine.
 
 It follows docs/engine-client-api.md closely enough for the pages: settings and configure
 with the engine's validation, submit/stream/result, a telemetry bus fed with plausible step
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.client import EngineDead
-from engine.workload import BenchmarkProgress, BenchmarkResult, default_modes, mode_label
+from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, default_modes, mode_label
+from engine.process.client import EngineDead
 from telemetry.bus import TelemetryBus
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
@@ -25,7 +25,7 @@ REPLY = ["def", " add", "(a", ",", " b", "):", "\n", "    return", " a", " +", "
 
 
 class FakeEngineDead(EngineDead):
-    """What the fake raises once killed: an engine.client.EngineDead, as the real one."""
+    """What the fake raises once killed: an engine.process.client.EngineDead, as the real one."""
 
 
 @dataclass(slots=True)

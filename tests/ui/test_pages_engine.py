@@ -17,7 +17,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from engine.client import EngineClient
+from engine.process.client import EngineClient
 from ui.client import _shared_client
 
 REPO = Path(__file__).resolve().parents[2]

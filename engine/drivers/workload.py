@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.config import SamplingParams
-from engine.loadgen import prompt_vocab, random_prompt
+from engine.drivers.loadgen import prompt_vocab, random_prompt
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of
 from telemetry.records import RequestEvent, StepRecord
 

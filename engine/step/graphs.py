@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.runner import DeviceView
+from engine.step.runner import DeviceView
 
 log = logging.getLogger("gapless.graphs")
 

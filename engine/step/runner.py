@@ -10,13 +10,13 @@ graph can capture it. Never decides what to run (that is the scheduler's job).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from engine.attention import AttnContext, Backend
-from engine.batch import BufferLayout
-from engine.sampler import sample
+from engine.attention.interface import AttnContext, Backend
+from engine.core.batch import BufferLayout
+from engine.model.hf_config import kv_cache_shape
+from engine.step.sampler import sample
 
 
 @dataclass(slots=True)
@@ -52,20 +52,6 @@ class DeviceView:
             views[name] = v
         views["block_tables"] = views["block_tables"].view(layout.max_seqs, layout.max_blocks)
         return cls(buf=buf, out=out, **views)
-
-
-def text_config(hf_config: Any) -> Any:
-    """The language model's config (multimodal configs nest it as text_config)."""
-    return getattr(hf_config, "text_config", None) or hf_config
-
-
-def kv_cache_shape(hf_config: object) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) of a transformers config."""
-    text = text_config(hf_config)
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return text.num_hidden_layers, kv_heads, head_dim
 
 
 class ModelRunner:

@@ -1,7 +1,7 @@
 """The engine process: an Engine, an NVML sampler and a load generator behind one pipe.
 
 Owns the child side of the process boundary (DESIGN.md section 5) and the wire protocol.
-engine/client.py starts this module as a fresh interpreter (``python -c "from engine.server
+engine/client.py starts this module as a fresh interpreter (``python -c "from engine.process.server
 import main; main()" --fd N --parent PID``), hands it one end of a socket pair and sends the
 EngineConfig as a dict. The child builds the Engine, answers "ready" (or "failed" with a
 message a user can act on, e.g. a missing model) and then serves commands until told to
@@ -109,7 +109,7 @@ class EngineServer:
         self.engine = engine
         self.nvml = nvml
         self.outbox: queue.Queue[Message | None] = queue.Queue()
-        self.load: Any = None  # engine.loadgen.LoadGenerator while one exists
+        self.load: Any = None  # engine.drivers.loadgen.LoadGenerator while one exists
         self.bench: threading.Thread | None = None
         self.bench_cancel = threading.Event()
         self.stopping = threading.Event()
@@ -255,11 +255,11 @@ class EngineServer:
         return dict(self.engine.configure(**kwargs))
 
     def start_load(self, spec: Any) -> dict[str, Any]:
-        from engine.loadgen import LoadGenerator, LoadSpec
+        from engine.drivers.loadgen import LoadGenerator, LoadSpec
 
         self._refuse_during_benchmark("start the load generator")
         if not isinstance(spec, LoadSpec):
-            raise ValueError(f"start_load needs an engine.loadgen.LoadSpec, got {spec!r}")
+            raise ValueError(f"start_load needs an engine.drivers.loadgen.LoadSpec, got {spec!r}")
         gen = LoadGenerator(self.engine, spec)  # validates before the old one is stopped
         if self.load is not None:
             self.load.stop()
@@ -305,11 +305,11 @@ class EngineServer:
         self.bench.start()
 
     def _benchmark(self, call_id: int, spec: Any) -> None:
-        from engine.workload import BenchmarkSpec, run_benchmark
+        from engine.drivers.workload import BenchmarkSpec, run_benchmark
 
         try:
             if not isinstance(spec, BenchmarkSpec):
-                raise ValueError(f"run_benchmark needs an engine.workload.BenchmarkSpec, "
+                raise ValueError(f"run_benchmark needs an engine.drivers.workload.BenchmarkSpec, "
                                  f"got {spec!r}")
             for item in run_benchmark(self.engine, spec, cancel=self.bench_cancel):
                 self.outbox.put(("bench", call_id, item))
@@ -343,7 +343,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="gapless engine process (started by "
-                                     "engine.client.EngineClient)")
+                                     "engine.process.client.EngineClient)")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the client")
     parser.add_argument("--parent", type=int, required=True, help="pid of the client process")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -3,7 +3,7 @@
 Owns `paged_attention`, the CPU/eager implementation of the one attention op the engine
 uses (flat batch of query tokens against a paged K/V cache, causal, GQA, optional sliding
 window). It is the backend on CPU and the oracle the Triton kernel
-(`engine.attention_triton`) is tested against, so it favours being easy to check over being
+(`engine.attention.triton_paged`) is tested against, so it favours being easy to check over being
 fast: it loops over the distinct requests in Python and reads `token_req`/`token_pos` to the
 host.
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from engine import attention
+from engine.attention import interface as attention
 from engine.config import EngineConfig
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

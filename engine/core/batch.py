@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.request import Request
-from engine.scheduler import SchedulerOutput
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerOutput
 
 # Per-token fields, then per-request block tables, then per-sample fields.
 TOKEN_FIELDS = ("ids", "from_table", "token_row", "positions", "slot_mapping", "token_req")

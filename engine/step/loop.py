@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from engine.batch import BufferLayout, assemble
-from engine.detokenizer import IncrementalDetokenizer
-from engine.graphs import GraphCache
-from engine.pipeline import InflightStep, Pipeline, Slot
-from engine.request import Request
-from engine.runner import ModelRunner
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.streams import StreamSet
+from engine.core.batch import BufferLayout, assemble
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.step.graphs import GraphCache
+from engine.step.pipeline import InflightStep, Pipeline, Slot
+from engine.step.runner import ModelRunner
+from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 from telemetry.records import RequestEvent, Span, StepRecord
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.batch import BufferLayout, HostView, StepMeta
-from engine.runner import DeviceView
-from engine.scheduler import SchedulerOutput
-from engine.streams import Event, Stream, StreamSet, TimedOp
+from engine.core.batch import BufferLayout, HostView, StepMeta
+from engine.core.scheduler import SchedulerOutput
+from engine.step.runner import DeviceView
+from engine.step.streams import Event, Stream, StreamSet, TimedOp
 from telemetry.records import StepRecord
 
 

@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.request import RequestOutput
-from engine.server import decode_events, decode_steps
+from engine.core.request import RequestOutput
+from engine.process.server import decode_events, decode_steps
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.client")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300.0
 CALL_TIMEOUT_S = 60.0
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -169,7 +169,7 @@ class _Session:
             self.proc = subprocess.Popen(
                 # -P: never put the working directory first on sys.path, so `engine`
                 # is this repository's package whatever folder the parent runs in.
-                [sys.executable, "-P", "-c", "from engine.server import main; main()",
+                [sys.executable, "-P", "-c", "from engine.process.server import main; main()",
                  "--fd", str(fd), "--parent", str(os.getpid())],
                 pass_fds=(fd,), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
             )

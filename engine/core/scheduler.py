@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_allocator import BlockAllocator, blocks_needed
-from engine.request import Request, RequestStatus
+from engine.core.block_allocator import BlockAllocator, blocks_needed
+from engine.core.request import Request, RequestStatus
 
 
 @dataclass(slots=True)

@@ -86,10 +86,10 @@ def resolve_backend(name: str, device: torch.device) -> tuple[str, Backend]:
             raise ValueError(
                 "attention_backend 'triton' needs device 'cuda'; use 'torch' or 'auto'"
             )
-        from engine.attention_triton import paged_attention as triton_attention
+        from engine.attention.triton_paged import paged_attention as triton_attention
 
         return "triton", triton_attention
-    from engine.attention_ref import paged_attention as ref_attention
+    from engine.attention.reference import paged_attention as ref_attention
 
     return "torch", ref_attention
 

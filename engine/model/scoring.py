@@ -1,6 +1,6 @@
 """Scoring a token sequence (all next-token logits) through our paged attention.
 
-Owns a one-request, eager forward pass over a model loaded by engine.loader: a fresh paged
+Owns a one-request, eager forward pass over a model loaded by engine.model.loader: a fresh paged
 cache, a block table, and the reference attention backend. For perplexity checks and tests;
 serving never goes through here.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttnContext
-from engine.attention_ref import paged_attention as ref_attention
-from engine.runner import kv_cache_shape
+from engine.attention.interface import AttnContext
+from engine.attention.reference import paged_attention as ref_attention
+from engine.model.hf_config import kv_cache_shape
 
 
 @torch.inference_mode()

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, SamplingParams
-from engine.request import RequestOutput
-from engine.session import (  # noqa: F401  (re-exported: the errors belong to the API)
+from engine.core.request import RequestOutput
+from engine.process.session import (  # noqa: F401  (re-exported: the errors belong to the API)
     CALL_TIMEOUT_S,
     KEEP_FINISHED,
     SHUTDOWN_TIMEOUT_S,

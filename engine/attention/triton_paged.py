@@ -1,6 +1,6 @@
 """Triton paged attention: one launch serves a flat batch of prefill chunks and decodes.
 
-Owns `paged_attention` for CUDA, the same op and signature as `engine.attention_ref` (the
+Owns `paged_attention` for CUDA, the same op and signature as `engine.attention.reference` (the
 torch reference it is tested against), and the two kernels behind it:
 
 - `_paged_attention_kernel`: grid (T, KVH, num_splits). Program (t, kvh, s) is a *leader*
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention_ref import check_paged_attention_args
+from engine.attention.reference import check_paged_attention_args
 
 LOG2E = 1.4426950408889634
 
@@ -241,7 +241,7 @@ def paged_attention(
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal paged attention of a flat batch (see `engine.attention_ref.paged_attention`)."""
+    """Causal paged attention of a flat batch (see `engine.attention.reference.paged_attention`)."""
     return paged_attention_with_splits(
         q, k_cache, v_cache, block_tables, token_req, token_pos, scale,
         sliding_window=sliding_window, out=out, num_splits=None,
