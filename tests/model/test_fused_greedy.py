@@ -1,8 +1,8 @@
 """Our fused Llama-family forward (model_impl 'gapless') on CPU in fp32: greedy output equals
 transformers' model.generate token for token, with chunked prefill and preemption forced,
 for Llama, Mistral (with a sliding window shorter than the prompts), Qwen2 (qkv bias), Qwen3
-(q/k norm), tied embeddings and Llama-3.1 rope scaling; 'auto' picks it; 'gapless' refuses a
-model it cannot run, with a message naming the key."""
+(q/k norm), tied embeddings, and rope scaling (Llama-3.1, linear, YaRN); 'auto' picks it;
+'gapless' refuses a model it cannot run, with a message naming the key."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ VARIANTS = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "llama-linear-rope": ("llama", {"rope_parameters": {
         "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}}),
+    "qwen2-yarn-rope": ("qwen2", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 32}}),
 }
 
 
