@@ -174,3 +174,57 @@ def test_cuda_kernels_match_torch_in_bf16() -> None:
     for norm in (False, True):
         _check_rope(torch.bfloat16, "cuda", 32, 8, 128, norm)
     _check_silu(torch.bfloat16, "cuda", 32, 14336)
+
+
+def _ptxas_available() -> bool:
+    try:
+        from triton import knobs
+
+        return Path(knobs.nvidia.ptxas.path).exists()
+    except Exception:
+        return False
+
+
+SM90_CASES = [
+    # kernel, dtype, constexprs
+    ("_add_rms_norm_kernel", "bf16", dict(HAS_RESIDUAL=True, BLOCK=4096), 16),
+    ("_add_rms_norm_kernel", "bf16", dict(HAS_RESIDUAL=False, BLOCK=2048), 8),
+    ("_rope_and_cache_kernel", "bf16", dict(H=32, KVH=8, HALF=64, HALF_PAD=64, BLOCK_SIZE=16,
+                                            HAS_NORM=False), 1),
+    ("_rope_and_cache_kernel", "bf16", dict(H=16, KVH=8, HALF=64, HALF_PAD=64, BLOCK_SIZE=16,
+                                            HAS_NORM=True), 1),
+    ("_rope_and_cache_kernel", "fp16", dict(H=9, KVH=3, HALF=32, HALF_PAD=32, BLOCK_SIZE=16,
+                                            HAS_NORM=False), 1),
+    ("_silu_and_mul_kernel", "bf16", dict(BLOCK=1024), 4),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
+                    reason="on a GPU the cuda tests compile and run the kernels for real")
+@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+@pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}")
+def test_kernels_compile_for_sm90_without_a_gpu(case: tuple) -> None:
+    """Real compilation (not the interpreter) for an H100/H200 target catches what the
+    interpreter lets through: constexpr misuse, pointer arithmetic types, casts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.model import fused_ops
+
+    name, dt, const, warps = case
+    kernel = getattr(fused_ops, name)
+    sig = {}
+    for n in kernel.arg_names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = {"pos_ptr": "*i32", "slot_ptr": "*i64"}.get(n, f"*{dt}")
+        else:
+            sig[n] = "fp32" if n == "eps" else "i32"  # N and the strides
+    ptrs = [n for n in kernel.arg_names if n.endswith("_ptr")]
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
+    compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    assert compiled.asm["ptx"]
