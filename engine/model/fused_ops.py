@@ -38,11 +38,15 @@ except Exception:  # pragma: no cover - torch-only installs take the torch path
     tl = None
 
 
+# Triton reads TRITON_INTERPRET when a kernel is defined (this module's import), so read once.
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def use_triton(x: torch.Tensor) -> bool:
     """Triton on CUDA tensors, and on CPU tensors only under TRITON_INTERPRET=1 (tests)."""
     if triton is None:
         return False
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return x.is_cuda or _INTERPRET
 
 
 # ------------------------------------------------------------------------------ torch path
