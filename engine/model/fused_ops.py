@@ -127,10 +127,6 @@ if triton is not None:
                  mask=mask)
 
     @triton.jit
-    def _round(x, dtype: tl.constexpr):
-        return x.to(dtype).to(tl.float32)
-
-    @triton.jit
     def _rope_and_cache_kernel(
         qkv_ptr, cs_ptr, pos_ptr, slot_ptr, k_ptr, v_ptr, q_out_ptr, qkn_ptr,
         eps, stride_qkv, stride_cs, stride_qo,
@@ -140,7 +136,6 @@ if triton is not None:
     ):
         t = tl.program_id(0).to(tl.int64)
         j = tl.program_id(1)  # 0..H-1: q heads, H..H+KVH-1: k heads, then v heads
-        dt: tl.constexpr = q_out_ptr.dtype.element_ty
         offs = tl.arange(0, HALF_PAD)
         m = offs < HALF
         base = qkv_ptr + t * stride_qkv + j * (2 * HALF)
@@ -161,17 +156,25 @@ if triton is not None:
                 nw = qkn_ptr + (j >= H).to(tl.int32) * (2 * HALF)  # row 0: q, row 1: k
                 w1 = tl.load(nw + offs, mask=m, other=0.0).to(tl.float32)
                 w2 = tl.load(nw + HALF + offs, mask=m, other=0.0).to(tl.float32)
-                x1 = _round(_round(x1 * r, dt) * w1, dt)
-                x2 = _round(_round(x2 * r, dt) * w2, dt)
+                # weight * (x * r).to(dtype), as transformers' RMSNorm rounds
+                x1 = ((x1 * r).to(q_out_ptr.dtype.element_ty).to(tl.float32) * w1).to(
+                    q_out_ptr.dtype.element_ty).to(tl.float32)
+                x2 = ((x2 * r).to(q_out_ptr.dtype.element_ty).to(tl.float32) * w2).to(
+                    q_out_ptr.dtype.element_ty).to(tl.float32)
             pos = tl.load(pos_ptr + t).to(tl.int64)
             c = tl.load(cs_ptr + pos * stride_cs + offs, mask=m, other=0.0).to(tl.float32)
             s = tl.load(cs_ptr + pos * stride_cs + HALF + offs, mask=m, other=0.0).to(tl.float32)
-            o1 = _round(x1 * c, dt) - _round(x2 * s, dt)
-            o2 = _round(x2 * c, dt) + _round(x1 * s, dt)
+            # q * cos + rotate_half(q) * sin with every product rounded to the dtype first
+            x1c = (x1 * c).to(q_out_ptr.dtype.element_ty).to(tl.float32)
+            x2s = (x2 * s).to(q_out_ptr.dtype.element_ty).to(tl.float32)
+            x2c = (x2 * c).to(q_out_ptr.dtype.element_ty).to(tl.float32)
+            x1s = (x1 * s).to(q_out_ptr.dtype.element_ty).to(tl.float32)
+            o1 = x1c - x2s
+            o2 = x2c + x1s
             if j < H:
                 dst = q_out_ptr + t * stride_qo + j * (2 * HALF)
-                tl.store(dst + offs, o1.to(dt), mask=m)
-                tl.store(dst + HALF + offs, o2.to(dt), mask=m)
+                tl.store(dst + offs, o1.to(q_out_ptr.dtype.element_ty), mask=m)
+                tl.store(dst + HALF + offs, o2.to(q_out_ptr.dtype.element_ty), mask=m)
             else:
                 kv = j - H
                 dst = k_ptr + blk * stride_kb + off * stride_ks + kv * stride_kh
@@ -183,11 +186,11 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < N
-        dt: tl.constexpr = out_ptr.dtype.element_ty
         g = tl.load(gu_ptr + row * stride_gu + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(gu_ptr + row * stride_gu + N + offs, mask=mask, other=0.0).to(tl.float32)
-        act = _round(g / (1.0 + tl.exp(-g)), dt)
-        tl.store(out_ptr + row * stride_o + offs, (act * u).to(dt), mask=mask)
+        act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(out_ptr + row * stride_o + offs, (act * u).to(out_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 @functools.cache
