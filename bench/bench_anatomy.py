@@ -117,7 +117,7 @@ def run_impl(hf_model: torch.nn.Module, impl: str, args: argparse.Namespace) -> 
         max_num_seqs=args.batch, max_num_batched_tokens=max(2048, args.batch),
         max_model_len=args.context + args.warmup + args.steps + 32, block_size=16,
         async_batching=False, num_slots=2, cuda_graphs=args.device == "cuda",
-        telemetry=False, model_impl=impl,
+        telemetry=False, model_impl=impl, graph_buckets=[args.batch],  # decode only
     )
     eng = Engine(cfg, model=hf_model, tokenizer=None, start=False)
     g = torch.Generator().manual_seed(0)
