@@ -44,6 +44,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else None
     if rope_type not in ROPE_TYPES:
         return f"rope type {rope_type!r} is not one of {', '.join(ROPE_TYPES)}"
+    if float(rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0) != 1.0:
+        return "partial rotary embeddings are not supported by the fused path"
     for lt in getattr(cfg, "layer_types", None) or []:
         if lt not in LAYER_TYPES:
             return f"layer type {lt!r} is not one of {', '.join(LAYER_TYPES)}"
@@ -91,6 +93,10 @@ def rotary_table(model: nn.Module, max_positions: int, dtype: torch.dtype) -> to
     pos = torch.arange(max_positions, device=device)[None]
     cos, sin = rot(torch.zeros(1, dtype=torch.float32, device=device), pos)
     half = cos.shape[-1] // 2
+    head_dim = model.model.layers[0].self_attn.head_dim
+    if 2 * half != head_dim:
+        raise ValueError(f"rotary width {2 * half} != head_dim {head_dim}: partial rotary is "
+                         "not supported by the fused path")
     # transformers rotates with cat(freqs, freqs): both halves of cos/sin are the same.
     return torch.stack((cos[0, :, :half], sin[0, :, :half]), dim=1).to(dtype).contiguous()
 
