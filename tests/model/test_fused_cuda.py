@@ -12,6 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts  # noqa: E402
 
@@ -70,3 +71,39 @@ def test_fused_torch_ops_on_cuda_match_triton_ops(family, monkeypatch):
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
     got, _, _ = engine_outputs(model_dir, prompts, cuda_graphs=True, model_impl="gapless")
     assert got == expected
+
+
+def test_fused_forward_never_syncs_with_the_host():
+    """What a CUDA graph needs: the forward (Triton ops, Triton attention) queues work and
+    never waits on the device; torch's sync debug mode turns any sync into an error."""
+    from tiny_models import make_config
+    from transformers import AutoModelForCausalLM
+
+    from engine.attention.interface import AttnContext
+    from engine.attention.triton_paged import paged_attention
+    from engine.model.weights import build_fused_model
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(make_config("qwen3")).to("cuda", torch.bfloat16)
+    model = build_fused_model(hf.eval())
+    dev = "cuda"
+    pos = torch.tensor([0, 1, 2, 7, 0], dtype=torch.int32, device=dev)
+    req = torch.tensor([0, 0, 0, 1, -1], dtype=torch.int32, device=dev)
+    bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=dev)
+    slots = torch.tensor([0, 1, 2, 2 * 16 + 7, 4 * 16], dtype=torch.int64, device=dev)
+    kv = [(torch.zeros(5, 16, 2, 16, dtype=torch.bfloat16, device=dev),
+           torch.zeros(5, 16, 2, 16, dtype=torch.bfloat16, device=dev)) for _ in range(2)]
+    ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
+                      token_pos=pos, backend=paged_attention)
+    ids = torch.randint(1, 300, (1, 5), device=dev)
+    keep = torch.tensor([2, 3], device=dev)
+    with torch.inference_mode():
+        model(input_ids=ids, position_ids=pos[None], logits_to_keep=keep, gapless=ctx)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = model(input_ids=ids, position_ids=pos[None], logits_to_keep=keep, gapless=ctx)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert out.logits.shape == (1, 2, hf.config.vocab_size)
+    assert torch.isfinite(out.logits.float()).all()
