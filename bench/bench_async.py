@@ -7,6 +7,7 @@ with telemetry off) and --profile (busy measured independently by torch.profiler
 
     python bench/bench_async.py                         # on the GPU machine
     python bench/bench_async.py --preset tiny --device cpu --new 32   # smoke run on a CPU
+    python bench/bench_async.py --model-impls transformers,gapless --modes async-graphs
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_shapes import build_model, weight_bytes  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from engine.model.hf_config import kv_cache_shape  # noqa: E402
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of  # noqa: E402
 from telemetry.records import Span  # noqa: E402
 
@@ -35,9 +37,8 @@ COPY_BW = 4.22e12  # bytes/s, device-to-device copy measured on the lent H200 (D
 def floor_seconds(model: torch.nn.Module, n: int, prompt: int, new: int) -> float:
     """(weight bytes + KV bytes read) / bandwidth, summed over decode steps."""
     w = weight_bytes(model)
-    cfg = model.config
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (
-        cfg.hidden_size // cfg.num_attention_heads) * 2
+    layers, kv_heads, head_dim = kv_cache_shape(model.config)
+    kv_per_token = 2 * layers * kv_heads * head_dim * 2
     total = 0.0
     for i in range(new):
         total += (w + n * (prompt + i) * kv_per_token) / COPY_BW
@@ -105,13 +106,13 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> dict:
             "tokens_before_divergence": prefix / sum(len(x) for x in a)}
 
 
-def make_engine(model, args, telemetry: bool = True) -> Engine:
+def make_engine(model, args, telemetry: bool = True, model_impl: str = "auto") -> Engine:
     cfg = EngineConfig(
         model=f"random:{args.preset}", device=args.device, dtype=args.dtype,
         max_num_seqs=args.requests, max_num_batched_tokens=args.budget,
         max_model_len=args.prompt + args.new + 16, block_size=16,
         async_batching=True, num_slots=2, cuda_graphs=args.device == "cuda",
-        telemetry=telemetry,
+        telemetry=telemetry, model_impl=model_impl,
     )
     return Engine(cfg, model=model, tokenizer=None)
 
@@ -129,6 +130,9 @@ def main() -> None:
     ap.add_argument("--telemetry-cost", action="store_true")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--profile-new", type=int, default=128)
+    ap.add_argument("--model-impls", default="auto",
+                    help="comma-separated model_impl values to run in turn, e.g. "
+                         "transformers,gapless (mode names are then prefixed with the impl)")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "artifacts"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -142,25 +146,33 @@ def main() -> None:
     prompts = workload(args.requests, args.prompt, vocab)
     floor = floor_seconds(model, args.requests, args.prompt, args.new)
     results: dict[str, dict] = {}
-    t = time.perf_counter()
-    eng = make_engine(model, args)
-    print(f"engine ready in {time.perf_counter() - t:.1f} s: {eng.settings()}", flush=True)
-    run(eng, workload(args.requests, args.prompt, vocab, seed=1)[:4], 8)  # warm-up
     reference = None
     tokens: dict[str, list[list[int]]] = {}
-    for mode in args.modes.split(","):
-        sync_or_async, graphs = mode.split("-")
-        if graphs == "graphs" and not eng.settings()["cuda_graphs_available"]:
-            print(f"skip {mode}: {eng.settings()['cuda_graphs_reason']}")
-            continue
-        eng.configure(async_batching=sync_or_async == "async", cuda_graphs=graphs == "graphs")
-        r = run(eng, prompts, args.new)
-        outs = r.pop("outputs")
-        r["same_tokens_as_first_mode"] = reference is None or outs == reference
-        reference = reference or outs
-        tokens[mode] = outs
-        results[mode] = r
-        print(mode, json.dumps(r), flush=True)
+    impls = args.model_impls.split(",")
+    for impl in impls:
+        t = time.perf_counter()
+        eng = make_engine(model, args, model_impl=impl)
+        print(f"engine ready in {time.perf_counter() - t:.1f} s: {eng.settings()}", flush=True)
+        run(eng, workload(args.requests, args.prompt, vocab, seed=1)[:4], 8)  # warm-up
+        for mode in args.modes.split(","):
+            sync_or_async, graphs = mode.split("-")
+            name = f"{impl}:{mode}" if len(impls) > 1 else mode
+            if graphs == "graphs" and not eng.settings()["cuda_graphs_available"]:
+                print(f"skip {name}: {eng.settings()['cuda_graphs_reason']}")
+                continue
+            eng.configure(async_batching=sync_or_async == "async",
+                          cuda_graphs=graphs == "graphs")
+            r = run(eng, prompts, args.new)
+            outs = r.pop("outputs")
+            r["same_tokens_as_first_mode"] = reference is None or outs == reference
+            reference = reference or outs
+            tokens[name] = outs
+            results[name] = r
+            print(name, json.dumps(r), flush=True)
+        if impl != impls[-1]:
+            eng.shutdown()
+            del eng
+            torch.cuda.empty_cache() if device.type == "cuda" else None
     names = list(tokens)
     results["token_agreement"] = {
         f"{a} vs {b}": _agreement(tokens[a], tokens[b])
@@ -180,7 +192,7 @@ def main() -> None:
         graphs = device.type == "cuda"
         costs = {}
         for telemetry in (True, False, True, False):
-            e = make_engine(model, args, telemetry=telemetry)
+            e = make_engine(model, args, telemetry=telemetry, model_impl=impls[-1])
             e.configure(async_batching=True, cuda_graphs=graphs)
             run(e, prompts[:4], 8)
             r = run(e, prompts, args.new)
@@ -193,8 +205,9 @@ def main() -> None:
             "cost_pct": 100 * (1 - max(costs[True]) / max(costs[False])),
         }
     meta = {"preset": args.preset, "requests": args.requests, "prompt": args.prompt,
-            "new": args.new, "device": torch.cuda.get_device_name() if device.type == "cuda"
-            else "cpu", "torch": torch.__version__, "floor_s": floor,
+            "new": args.new, "model_impls": impls,
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "floor_s": floor,
             "date": time.strftime("%Y-%m-%d")}
     (out_dir / "bench_async.json").write_text(json.dumps({"meta": meta, "results": results},
                                                           indent=1))

@@ -16,6 +16,7 @@ import yaml
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+MODEL_IMPLS = ("auto", "gapless", "transformers")
 NUM_SLOTS = (1, 2, 3)
 
 
@@ -36,6 +37,7 @@ class EngineConfig:
     gpu_memory_fraction: float = 0.85
     seed: int = 0
     attention_backend: str = "auto"
+    model_impl: str = "auto"
     async_batching: bool = True
     num_slots: int = 2
     cuda_graphs: bool = True
@@ -86,6 +88,7 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("model_impl", self.model_impl, MODEL_IMPLS)
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_model_len is not None:

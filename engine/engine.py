@@ -136,16 +136,19 @@ class Engine:
         self.config = config
         self.device = loader.resolve_device(config.device)
         self.dtype = loader.resolve_dtype(config.dtype, self.device)
+        owned = model is None
         if model is None:
             model, tok = loader.load_model_and_tokenizer(config, self.device, self.dtype)
             tokenizer = tokenizer or tok
         else:
             model = loader.prepare_model(model, self.device, self.dtype)
-        self.model, self.tokenizer = model, tokenizer
         text_cfg = text_config(model.config)
         self.vocab_size = int(text_cfg.vocab_size)
         self.max_model_len = config.max_model_len or min(
             int(getattr(text_cfg, "max_position_embeddings", 4096) or 4096), 4096)
+        model, self.model_impl = loader.select_model_impl(model, config.model_impl,
+                                                          self.max_model_len, owned)
+        self.model, self.tokenizer = model, tokenizer
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
         num_blocks = self._num_blocks(model.config)
         # The last block is scratch: padding tokens of graph steps write their K/V there.
@@ -321,6 +324,7 @@ class Engine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "model": self.config.model,
             "attention_backend": self.backend_name,
+            "model_impl": self.model_impl,
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "max_model_len": self.max_model_len,

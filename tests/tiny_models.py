@@ -59,7 +59,7 @@ def make_config(family: str, vocab_size: int = 320, **overrides):
     if family == "qwen3":
         return Qwen3Config(head_dim=16, **common)
     if family == "mistral":
-        return MistralConfig(sliding_window=None, **common)
+        return MistralConfig(**{"sliding_window": None, **common})
     raise ValueError(family)
 
 

@@ -34,7 +34,7 @@ def mode_summary(settings: dict[str, Any]) -> str:
     return (
         f"mode **{mode}** · {slots} slot{'s' if slots != 1 else ''} · CUDA graphs {graphs} · "
         f"{settings.get('device', '?')} · `{settings.get('model', '?')}` "
-        f"({settings.get('dtype', '?')})"
+        f"({settings.get('dtype', '?')}) · forward {settings.get('model_impl', '?')}"
     )
 
 

@@ -4,8 +4,10 @@ Owns `paged_attention`, the CPU/eager implementation of the one attention op the
 uses (flat batch of query tokens against a paged K/V cache, causal, GQA, optional sliding
 window). It is the backend on CPU and the oracle the Triton kernel
 (`engine.attention.triton_paged`) is tested against, so it favours being easy to check over being
-fast: it loops over the distinct requests in Python and reads `token_req`/`token_pos` to the
-host.
+fast, but it is one batched computation (each token's context gathered through the block
+table, padded to the batch's longest context and masked), not a Python loop over requests, so
+the CPU engine's compute step is not dominated by Python. It reads the batch's longest
+position to the host once.
 
 It must never be captured in a CUDA graph (it syncs with the host), never write the cache,
 and never depend on Triton.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-# Upper bound on the fp32 score elements materialised at once (per query chunk), so a long
+# Upper bound on the fp32 elements (gathered K/V and scores) materialised at once, so a long
 # prefill chunk against a long context does not allocate gigabytes on CPU.
 _MAX_SCORE_ELEMENTS = 1 << 25
 
@@ -90,38 +92,41 @@ def paged_attention(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
     )
     t, h, d = q.shape
-    block_size, kvh = k_cache.shape[1], k_cache.shape[2]
+    num_blocks, block_size, kvh = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
     group = h // kvh
     if out is None:
         out = torch.empty_like(q)
-    out.zero_()
+    if t == 0:
+        return out
 
-    req_host = token_req.cpu()
-    pos_host = token_pos.cpu()
-    for r in torch.unique(req_host).tolist():
-        if r < 0:
-            continue  # padding tokens keep their zeros
-        rows = torch.nonzero(req_host == r).flatten()
-        pos = pos_host[rows]
-        ctx = int(pos.max()) + 1
-        key_pos = torch.arange(ctx)
-        blocks = block_tables[r, key_pos // block_size].long()
-        offsets = (key_pos % block_size).to(blocks.device)
-        k = k_cache[blocks, offsets].float()  # [ctx, KVH, D]
-        v = v_cache[blocks, offsets].float()
-        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [H, ctx, D]
-        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-
-        chunk = max(1, _MAX_SCORE_ELEMENTS // (h * ctx))
-        for start in range(0, rows.numel(), chunk):
-            sub = rows[start : start + chunk]
-            sub_pos = pos[start : start + chunk]
-            visible = key_pos[None, :] <= sub_pos[:, None]  # [n, ctx]
-            if sliding_window is not None:
-                visible &= key_pos[None, :] > sub_pos[:, None] - sliding_window
-            qs = q[sub.to(q.device)].float().transpose(0, 1)  # [H, n, D]
-            scores = torch.matmul(qs, k.transpose(1, 2)) * scale  # [H, n, ctx]
-            scores = scores.masked_fill(~visible.to(scores.device)[None], float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            out[sub.to(out.device)] = torch.matmul(probs, v).transpose(0, 1).to(out.dtype)
+    # One batched computation: every token gathers its request's keys 0..ctx-1 (ctx = the
+    # batch's longest context) through the block table; what it may not see is masked.
+    ctx = int(token_pos.max()) + 1  # the one host sync
+    key_pos = torch.arange(ctx, device=q.device)
+    valid = token_req >= 0
+    req = token_req.clamp(min=0).long()
+    pos = token_pos.long()
+    blk_col = (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)
+    k_flat = k_cache.view(num_blocks * block_size, kvh, d)
+    v_flat = v_cache.view(num_blocks * block_size, kvh, d)
+    per_token = ctx * (2 * kvh * d + 2 * h)
+    chunk = max(1, _MAX_SCORE_ELEMENTS // per_token)
+    for start in range(0, t, chunk):  # a few chunks bound the memory, not one per request
+        sl = slice(start, start + chunk)
+        blocks = block_tables[req[sl]][:, blk_col].long()  # [n, ctx]
+        slots = (blocks * block_size + key_pos % block_size).clamp(0, k_flat.shape[0] - 1)
+        visible = (key_pos[None, :] <= pos[sl, None]) & valid[sl, None]  # [n, ctx]
+        if sliding_window is not None:
+            visible &= key_pos[None, :] > pos[sl, None] - sliding_window
+        k = k_flat[slots].float()  # [n, ctx, KVH, D]
+        v = v_flat[slots].float()
+        qs = q[sl].float().view(-1, kvh, group, d)  # head h = kv head h // group
+        scores = torch.einsum("nkgd,nckd->nkgc", qs, k) * scale
+        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+        # Unread slots may hold NaN/inf: zero their values so 0 * garbage stays 0.
+        v = v.masked_fill(~visible[:, :, None, None], 0.0)
+        probs = torch.softmax(scores, dim=-1)  # a real token always sees itself
+        probs = probs.masked_fill(~valid[sl, None, None, None], 0.0)  # padding: all masked
+        res = torch.einsum("nkgc,nckd->nkgd", probs, v).reshape(-1, h, d)
+        out[sl] = res.to(out.dtype)
     return out

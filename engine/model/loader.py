@@ -73,3 +73,25 @@ def prepare_model(model: torch.nn.Module, device: torch.device, dtype: torch.dty
         if cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = attention.ATTN_IMPLEMENTATION
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def select_model_impl(model: torch.nn.Module, choice: str, max_positions: int,
+                      owned: bool) -> tuple[torch.nn.Module, str]:
+    """(model to run, 'gapless' | 'transformers') for config key `model_impl`.
+
+    'auto' runs our fused Llama-family forward where the model maps onto it and transformers'
+    modeling code otherwise; 'gapless' insists (ValueError naming the key if it cannot);
+    'transformers' keeps the loaded model. `owned`: the loader made the model, so the fused
+    build may release the originals it replaces.
+    """
+    if choice == "transformers":
+        return model, "transformers"
+    from engine.model.weights import build_fused_model, unsupported_reason
+
+    reason = unsupported_reason(model)
+    if reason is not None:
+        if choice == "gapless":
+            raise ValueError(f"model_impl 'gapless' cannot run this model: {reason}; "
+                             "use model_impl 'auto' or 'transformers'")
+        return model, "transformers"
+    return build_fused_model(model, max_positions, consume=owned), "gapless"

@@ -79,6 +79,7 @@ class FakeEngineClient:
             "device": "cuda" if graphs_available else "cpu",
             "model": "fake/model",
             "dtype": "float32",
+            "model_impl": "gapless",
             "max_num_seqs": 8,
         }
         self._dead: str | None = None

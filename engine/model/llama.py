@@ -1,0 +1,173 @@
+"""Our forward for the Llama family (Llama, Mistral, Qwen2, Qwen3): a few kernels per layer.
+
+Owns `FusedLlamaForCausalLM`, an nn.Module with the call signature and output of a
+transformers causal LM as the runner uses it (`input_ids`, `position_ids`, `logits_to_keep`,
+`gapless=AttnContext`, returns an object with `.logits [1, S, V]`), so the runner, scoring and
+CUDA-graph capture work unchanged. Per layer, on CUDA:
+
+    add_rms_norm (residual add + RMSNorm)   1 Triton kernel
+    qkv GEMM (+ bias)                        1 cuBLAS
+    rope_and_cache (q/k norm, rotary, K/V cache write, q out)   1 Triton kernel
+    paged attention                          1-2 Triton kernels (split-K reduce)
+    o GEMM                                   1 cuBLAS
+    add_rms_norm                             1 Triton kernel
+    gate_up GEMM                             1 cuBLAS
+    silu_and_mul                             1 Triton kernel
+    down GEMM                                1 cuBLAS
+
+then the final norm and the LM head for the sampled rows only. Weights are built (fused) from
+a loaded transformers model by `engine.model.weights.build_fused_model`.
+
+Never syncs with the host or branches on tensor values (CUDA-graph capture), and never holds
+a second copy of the checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.interface import AttnContext
+from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
+
+
+@dataclass(slots=True)
+class CausalLMOutput:
+    """What the runner reads off a forward: logits [1, S, V]."""
+
+    logits: torch.Tensor
+
+
+def _param(t: torch.Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t, requires_grad=False)
+
+
+class FusedDecoderLayer(nn.Module):
+    """One decoder layer's fused weights and its forward over a flat batch."""
+
+    def __init__(
+        self,
+        *,
+        input_norm: torch.Tensor,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        qk_norm: torch.Tensor | None,
+        o: torch.Tensor,
+        o_bias: torch.Tensor | None,
+        post_norm: torch.Tensor,
+        gate_up: torch.Tensor,
+        gate_up_bias: torch.Tensor | None,
+        down: torch.Tensor,
+        down_bias: torch.Tensor | None,
+        sliding_window: int | None,
+        scaling: float,
+    ) -> None:
+        super().__init__()
+        self.input_norm = _param(input_norm)
+        self.qkv = _param(qkv)
+        self.qkv_bias = _param(qkv_bias)
+        self.qk_norm = _param(qk_norm)
+        self.o = _param(o)
+        self.o_bias = _param(o_bias)
+        self.post_norm = _param(post_norm)
+        self.gate_up = _param(gate_up)
+        self.gate_up_bias = _param(gate_up_bias)
+        self.down = _param(down)
+        self.down_bias = _param(down_bias)
+        self.sliding_window = sliding_window
+        self.scaling = scaling
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        ctx: AttnContext,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        cos_sin: torch.Tensor,
+        num_heads: int,
+        eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        t = x.shape[0]
+        h, residual = add_rms_norm(x, residual, self.input_norm, eps)
+        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        k_cache, v_cache = kv
+        q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
+                           num_heads, self.qk_norm, eps)
+        attn = ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
+                           scale=self.scaling, sliding_window=self.sliding_window)
+        x = F.linear(attn.view(t, -1), self.o, self.o_bias)
+        h, residual = add_rms_norm(x, residual, self.post_norm, eps)
+        x = F.linear(silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias)), self.down,
+                     self.down_bias)
+        return x, residual
+
+
+class FusedLlamaForCausalLM(nn.Module):
+    """The Llama-family causal LM with fused weights; see the module docstring."""
+
+    impl_name = "gapless"
+
+    def __init__(
+        self,
+        *,
+        config: Any,
+        generation_config: Any,
+        embed: torch.Tensor,
+        layers: list[FusedDecoderLayer],
+        norm: torch.Tensor,
+        lm_head: torch.Tensor,
+        cos_sin: torch.Tensor,
+        num_heads: int,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.generation_config = generation_config
+        self.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        self.layers = nn.ModuleList(layers)
+        self.norm = _param(norm)
+        tied = lm_head is embed
+        self.lm_head = nn.Linear(lm_head.shape[1], lm_head.shape[0], bias=False,
+                                 device="meta")
+        self.lm_head.weight = self.embed_tokens.weight if tied else _param(lm_head)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)  # [max_pos, 2, D/2]
+        self.num_heads = num_heads
+        self.eps = eps
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: int | torch.Tensor = 0,
+        use_cache: bool = False,
+        gapless: AttnContext | None = None,
+        **_: object,
+    ) -> CausalLMOutput:
+        """input_ids, position_ids [1, T]; logits_to_keep: row indices [S] (long) of the
+        tokens whose next-token logits are wanted, or an int n (the last n; 0 = all)."""
+        if not isinstance(gapless, AttnContext):
+            raise RuntimeError("FusedLlamaForCausalLM runs only inside the gapless engine "
+                               "(pass gapless=AttnContext(...))")
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"the flat batch is [1, T]; got input_ids {tuple(input_ids.shape)}")
+        ids, positions = input_ids[0], position_ids[0]
+        x = self.embed_tokens(ids)
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, positions, gapless, gapless.kv_caches[i],
+                                self.cos_sin, self.num_heads, self.eps)
+        assert residual is not None
+        if isinstance(logits_to_keep, torch.Tensor):
+            x, residual = x[logits_to_keep], residual[logits_to_keep]
+        elif logits_to_keep:
+            x, residual = x[-logits_to_keep:], residual[-logits_to_keep:]
+        h, _ = add_rms_norm(x, residual, self.norm, self.eps)
+        return CausalLMOutput(logits=self.lm_head(h)[None])
