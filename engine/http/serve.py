@@ -1,0 +1,130 @@
+"""`python -m engine serve`: the engine in its own process, and an HTTP server in this one.
+
+Owns the command line and running uvicorn around engine/http/app.py for a client. ``serve()``
+takes the client object, so the server runs the same whether this process started the
+engine (``main``) or attached to one that runs already. Binds 127.0.0.1 unless told
+otherwise; the API key may come from GAPLESS_API_KEY so that it does not show in `ps`.
+It must never run the HTTP server in the engine process (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+import sys
+from typing import Any
+
+USAGE = """\
+python -m engine serve [--host 127.0.0.1] [--port 8000] [--config config.yaml] [--api-key KEY]
+
+OpenAI-compatible API: POST /v1/completions, POST /v1/chat/completions (stream or not),
+GET /v1/models; GET /health; GET /metrics (Prometheus text format)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m engine serve", usage=USAGE,
+                                 description="Serve the engine over an OpenAI-compatible "
+                                             "HTTP API, with Prometheus metrics.")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
+    ap.add_argument("--config", default="config.yaml")
+    ap.add_argument("--model", help="override config.yaml's model (folder or hub id)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* "
+                                      "(default: $GAPLESS_API_KEY, else no key)")
+    ap.add_argument("--served-model-name", help="the model name clients send (default: "
+                                                "config.yaml's model)")
+    ap.add_argument("--chat-template", help="a Jinja chat template (a file, or the template "
+                                            "itself) for a model without one")
+    ap.add_argument("--log-level", default="info",
+                    choices=["critical", "error", "warning", "info", "debug"])
+    return ap
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket; port 0 picks a free one (read it back with getsockname)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {port}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e}") from e
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
+          api_key: str | None = None, served_model_name: str | None = None,
+          chat_template: str | None = None, tokenizer_source: str | None = None,
+          log_level: str = "info") -> int:
+    """Serve ``client`` (an EngineClient, or any object with its methods) until Ctrl-C or
+    SIGTERM. The tokenizer is loaded here from ``tokenizer_source`` (default: the client's
+    config's tokenizer or model folder). ValueError for a bad tokenizer or address."""
+    import uvicorn
+
+    from engine.http.app import create_app
+    from engine.http.prompts import load_tokenizer
+
+    config = getattr(client, "config", None)
+    if tokenizer_source is None:
+        if config is None:
+            raise ValueError("give tokenizer_source: the client has no config to take it from")
+        tokenizer_source = config.tokenizer or config.model
+    trust = bool(getattr(config, "trust_remote_code", False))
+    tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=trust,
+                               chat_template=chat_template)
+    app = create_app(client, tokenizer=tokenizer, served_model_name=served_model_name,
+                     api_key=api_key)
+    sock = bind(host, port)
+    bound_port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    name = served_model_name or client.settings()["model"]
+    print(f"gapless: serving {name!r} at http://{shown}:{bound_port}/v1 "
+          f"(metrics: /metrics; auth: {'API key' if api_key else 'none'})", flush=True)
+    if not _is_loopback(host) and not api_key:
+        print(f"gapless: warning: listening on {host} without an API key: anyone who can "
+              "reach this machine can use the engine", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+    server.run(sockets=[sock])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    api_key = args.api_key or os.environ.get("GAPLESS_API_KEY") or None
+    overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
+    from engine.process.client import EngineClient, EngineStartError
+
+    try:
+        client = EngineClient(args.config, **overrides)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EngineStartError as e:
+        print(f"error: the engine could not start: {e.reason}", file=sys.stderr)
+        return 1
+    try:
+        return serve(client, host=args.host, port=args.port, api_key=api_key,
+                     served_model_name=args.served_model_name,
+                     chat_template=args.chat_template, log_level=args.log_level)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        client.shutdown()
