@@ -38,9 +38,20 @@ def load_tokenizer(source: str, *, trust_remote_code: bool = False,
     except (OSError, ValueError) as e:
         raise ValueError(f"could not load the tokenizer of {source!r}: {e}") from e
     if chat_template is not None:
-        path = Path(chat_template).expanduser()
-        tokenizer.chat_template = path.read_text() if path.is_file() else chat_template
+        tokenizer.chat_template = read_chat_template(chat_template)
     return tokenizer
+
+
+def read_chat_template(template: str) -> str:
+    """A template given inline (it holds Jinja's braces) or the file holding one; a name
+    that is neither is an error, not a template that would print the name."""
+    if "{" in template:
+        return template
+    path = Path(template).expanduser()
+    if not path.is_file():
+        raise ValueError(f"chat template file {template!r} does not exist (give a file, or "
+                         "the Jinja template itself)")
+    return path.read_text()
 
 
 class PromptBuilder:

@@ -57,7 +57,6 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {e}") from e
     sock.listen(2048)
-    sock.set_inheritable(True)
     return sock
 
 
@@ -68,29 +67,36 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def tokenizer_of(config: Any, chat_template: str | None = None) -> Any:
+    """The tokenizer of an EngineConfig's model (or its ``tokenizer`` override)."""
+    from engine.http.prompts import load_tokenizer
+
+    return load_tokenizer(config.tokenizer or config.model,
+                          trust_remote_code=config.trust_remote_code,
+                          chat_template=chat_template)
+
+
 def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
-          api_key: str | None = None, served_model_name: str | None = None,
-          chat_template: str | None = None, tokenizer_source: str | None = None,
-          log_level: str = "info") -> int:
+          sock: socket.socket | None = None, api_key: str | None = None,
+          served_model_name: str | None = None, chat_template: str | None = None,
+          tokenizer: Any = None, log_level: str = "info") -> int:
     """Serve ``client`` (an EngineClient, or any object with its methods) until Ctrl-C or
-    SIGTERM. The tokenizer is loaded here from ``tokenizer_source`` (default: the client's
-    config's tokenizer or model folder). ValueError for a bad tokenizer or address."""
+    SIGTERM, on ``sock`` when given (from bind()), else on host:port. ``tokenizer``
+    defaults to the one of the client's config (its tokenizer or model folder).
+    ValueError for a bad tokenizer, chat template or address."""
     import uvicorn
 
     from engine.http.app import create_app
-    from engine.http.prompts import load_tokenizer
 
-    config = getattr(client, "config", None)
-    if tokenizer_source is None:
+    if tokenizer is None:
+        config = getattr(client, "config", None)
         if config is None:
-            raise ValueError("give tokenizer_source: the client has no config to take it from")
-        tokenizer_source = config.tokenizer or config.model
-    trust = bool(getattr(config, "trust_remote_code", False))
-    tokenizer = load_tokenizer(tokenizer_source, trust_remote_code=trust,
-                               chat_template=chat_template)
+            raise ValueError("give a tokenizer: the client has no config to load it from")
+        tokenizer = tokenizer_of(config, chat_template)
     app = create_app(client, tokenizer=tokenizer, served_model_name=served_model_name,
                      api_key=api_key)
-    sock = bind(host, port)
+    if sock is None:
+        sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     name = served_model_name or client.settings()["model"]
@@ -109,20 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     api_key = args.api_key or os.environ.get("GAPLESS_API_KEY") or None
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
+    from engine.config import EngineConfig
     from engine.process.client import EngineClient, EngineStartError
 
-    try:
+    sock: socket.socket | None = None
+    try:  # what can be wrong is told before the model loads
+        config = EngineConfig.from_yaml(args.config, **overrides)
+        sock = bind(args.host, args.port)
+        tokenizer = tokenizer_of(config, args.chat_template)
         client = EngineClient(args.config, **overrides)
-    except ValueError as e:
+    except (ValueError, EngineStartError) as e:
+        if sock is not None:
+            sock.close()
+        if isinstance(e, EngineStartError):
+            print(f"error: the engine could not start: {e.reason}", file=sys.stderr)
+            return 1
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except EngineStartError as e:
-        print(f"error: the engine could not start: {e.reason}", file=sys.stderr)
-        return 1
     try:
-        return serve(client, host=args.host, port=args.port, api_key=api_key,
-                     served_model_name=args.served_model_name,
-                     chat_template=args.chat_template, log_level=args.log_level)
+        return serve(client, host=args.host, sock=sock, api_key=api_key,
+                     served_model_name=args.served_model_name, tokenizer=tokenizer,
+                     log_level=args.log_level)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

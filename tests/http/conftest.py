@@ -127,10 +127,13 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def metric(samples: dict, name: str, **labels: str) -> float:
-    """One sample's value; labels not given are summed over."""
+def metric(samples: dict, name: str, default: float | None = None, **labels: str) -> float:
+    """One sample's value; labels not given are summed over. A labelled counter has no
+    sample until its first count: ``default`` stands in then (None: that is an error)."""
     found = [v for (n, lab), v in samples.items()
              if n == name and all(dict(lab).get(k) == want for k, want in labels.items())]
+    if not found and default is not None:
+        return default
     assert found, f"{name} {labels} not in /metrics"
     return sum(found)
 
