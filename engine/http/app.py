@@ -129,6 +129,7 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(metrics.poll)  # the first scrape already has the gauges
         metrics.start()
         try:
             yield

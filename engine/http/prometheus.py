@@ -1,8 +1,10 @@
 """Prometheus metrics of one engine, read through its client: vLLM's names, and gapless:* ours.
 
-Owns what /metrics says and how it is gathered. A daemon thread in the HTTP process polls
-the client every ``period_s``: the telemetry mirror's new RequestEvents and StepRecords feed
-counters and histograms, and stats() / settings() are cached for the gauges. A scrape only
+Owns what /metrics says and how it is gathered. A daemon thread in the HTTP process reads
+the client's telemetry mirror every ``period_s`` (new RequestEvents and StepRecords feed
+counters and histograms) and asks the engine for stats() / settings() every
+``engine_period_s`` (cached for the gauges; each is a round-trip the engine process
+answers, so not more often than a scrape could use). A scrape only
 renders what is held, so it never waits on the engine and a wedged engine cannot hang
 Prometheus. It must never run in the engine process, never block the event loop and never
 raise into the poll loop because the engine died (engine_up goes to 0 instead).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,10 +56,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class EngineMetrics:
     """The registry behind /metrics for one client. start() / stop() the poll thread."""
 
-    def __init__(self, client: Any, model_name: str, period_s: float = 0.25) -> None:
+    def __init__(self, client: Any, model_name: str, period_s: float = 0.25,
+                 engine_period_s: float = 1.0) -> None:
         self.client = client
         self.model_name = model_name
-        self.period_s = period_s
+        self.period_s = period_s  # reading the local telemetry mirror: no engine call
+        self.engine_period_s = engine_period_s  # stats() + settings(): engine round-trips
         self.registry = CollectorRegistry()
         r, m = self.registry, ["model_name"]
         self._prompt = Counter("vllm:prompt_tokens", "Prompt tokens of requests queued "
@@ -113,14 +118,20 @@ class EngineMetrics:
             self._thread.join(5.0)
 
     def _run(self) -> None:
+        last_engine_poll = 0.0
         while not self._stop.wait(self.period_s):
+            now = time.monotonic()
+            with_engine = now - last_engine_poll >= self.engine_period_s
+            if with_engine:
+                last_engine_poll = now
             try:
-                self.poll()
+                self.poll(with_engine)
             except Exception:  # keep serving the last figures
                 log.exception("metrics poll failed")
 
-    def poll(self) -> None:
-        """Read what is new from the client (callable directly, e.g. in tests)."""
+    def poll(self, with_engine: bool = True) -> None:
+        """Read what is new on the telemetry mirror and, ``with_engine``, ask the engine
+        for stats() and settings() (callable directly, e.g. in tests)."""
         with self._lock:
             bus = self.client.telemetry()
             if bus is not self._bus:  # first poll, or the engine restarted
@@ -133,6 +144,8 @@ class EngineMetrics:
             self._on_steps(self._reader.steps())
             if self._reader.dropped > dropped:
                 self._dropped.inc(self._reader.dropped - dropped)
+        if not with_engine:
+            return
         alive = self.client.alive()
         try:
             stats = self.client.stats() if alive else None

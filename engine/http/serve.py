@@ -116,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     api_key = args.api_key or os.environ.get("GAPLESS_API_KEY") or None
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
     from engine.config import EngineConfig
+    from engine.http.prompts import read_chat_template
     from engine.process.client import EngineClient, EngineStartError
 
     sock: socket.socket | None = None
     try:  # what can be wrong is told before the model loads
         config = EngineConfig.from_yaml(args.config, **overrides)
+        template = None if args.chat_template is None else read_chat_template(
+            args.chat_template)
         sock = bind(args.host, args.port)
-        tokenizer = tokenizer_of(config, args.chat_template)
+        tokenizer = tokenizer_of(config, template)
         client = EngineClient(args.config, **overrides)
     except (ValueError, EngineStartError) as e:
         if sock is not None:

@@ -4,11 +4,9 @@ arithmetic behind them (latencies, busy and idle time) on hand-made telemetry.""
 
 from __future__ import annotations
 
-import time
-
 import httpx
-from conftest import MODEL, metric, scrape, wait_idle
 from prometheus_client.parser import text_string_to_metric_families
+from serving import MODEL, metric, scrape, wait_idle, wait_scrape
 
 from engine.http.prometheus import EngineMetrics
 from telemetry.bus import TelemetryBus
@@ -39,7 +37,7 @@ GAPLESS_TYPES = {
 
 
 def test_metrics_parse_with_vllm_names_and_types(server):
-    r = httpx.get(f"{server.url}/metrics")
+    r = httpx.get(f"{server.url}/metrics", timeout=30)
     assert r.status_code == 200
     types = {f.name: f.type for f in text_string_to_metric_families(r.text)}
     for name, kind in {**VLLM_TYPES, **GAPLESS_TYPES}.items():
@@ -56,18 +54,15 @@ def test_counters_move_by_what_a_request_used(server, oai):
     before = wait_idle(server.url)
     out = oai.completions.create(model=MODEL, prompt="import sys\n", max_tokens=9,
                                  temperature=0.0, extra_body={"ignore_eos": True})
-    deadline = time.monotonic() + 10
-    while True:  # the telemetry mirror and the poll thread run a little behind
-        after = scrape(server.url)
-        if (metric(after, "vllm:e2e_request_latency_seconds_count")
-                > metric(before, "vllm:e2e_request_latency_seconds_count")):
-            break
-        assert time.monotonic() < deadline, "the finished request never reached /metrics"
-        time.sleep(0.1)
 
-    def moved(name: str, **labels: str) -> float:
-        return metric(after, name, 0, **labels) - metric(before, name, 0, **labels)
+    def moved(name: str, samples: dict | None = None, **labels: str) -> float:
+        now = after if samples is None else samples
+        return metric(now, name, 0, **labels) - metric(before, name, 0, **labels)
 
+    after = wait_scrape(
+        server.url, lambda s: (moved("vllm:e2e_request_latency_seconds_count", s) == 1
+                               and moved("vllm:generation_tokens_total", s) == 9),
+        "the finished request")
     assert moved("vllm:prompt_tokens_total") == out.usage.prompt_tokens
     assert moved("vllm:generation_tokens_total") == out.usage.completion_tokens == 9
     assert moved("vllm:time_to_first_token_seconds_count") == 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from conftest import API_KEY, MODEL
+from serving import API_KEY, MODEL
 
 PROMPT = "def fibonacci(n):"
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True})
@@ -18,7 +18,7 @@ def test_models_and_health(server, oai):
     models = oai.models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert models.data[0].model_extra["max_model_len"] == 1024
-    r = httpx.get(f"{server.url}/health")
+    r = httpx.get(f"{server.url}/health", timeout=30)
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
@@ -217,17 +217,18 @@ def test_api_key_is_required_on_v1_only(server):
         assert r.status_code == 401, r.text
         assert "API key" in error_of(r)["message"]
         assert r.headers["www-authenticate"] == "Bearer"
-        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        assert httpx.get(f"{server.url}/v1/models", timeout=30).status_code == 401
     assert post(server, "/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
     # Health checks and scrapers need no key (as with vLLM).
-    assert httpx.get(f"{server.url}/health").status_code == 200
-    assert httpx.get(f"{server.url}/metrics").status_code == 200
+    assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+    assert httpx.get(f"{server.url}/metrics", timeout=30).status_code == 200
 
 
 def test_unknown_route_is_a_404_in_the_error_shape(server):
-    r = httpx.get(f"{server.url}/v1/nothing", headers={"Authorization": f"Bearer {API_KEY}"})
+    r = httpx.get(f"{server.url}/v1/nothing", headers={"Authorization": f"Bearer {API_KEY}"},
+                  timeout=30)
     assert r.status_code == 404 and error_of(r)["message"]
 
 

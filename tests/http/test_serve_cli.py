@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from conftest import ROOT
+from serving import ROOT
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:

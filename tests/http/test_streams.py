@@ -8,7 +8,8 @@ import asyncio
 import time
 
 import httpx
-from conftest import API_KEY, MODEL, metric, scrape, wait_idle
+import pytest
+from serving import API_KEY, MODEL, metric, scrape, wait_idle, wait_scrape
 
 CONCURRENT = 200
 MAX_TOKENS = 6
@@ -22,6 +23,7 @@ def prompts(n: int) -> list[str]:
             for i in range(n)]
 
 
+@pytest.mark.slow  # ~10 s for the 200 streams, ~35 s for the same prompts one by one
 def test_concurrent_streams_lose_and_duplicate_no_token(server):
     from openai import AsyncOpenAI, OpenAI
 
@@ -48,8 +50,7 @@ def test_concurrent_streams_lose_and_duplicate_no_token(server):
                                timeout=300) as client:
             return await asyncio.gather(*(one(client, p) for p in texts))
 
-    wait_idle(server.url)
-    before = scrape(server.url)
+    before = wait_idle(server.url)
     t0 = time.monotonic()
     results = asyncio.run(all_at_once())
     took = time.monotonic() - t0
@@ -63,9 +64,11 @@ def test_concurrent_streams_lose_and_duplicate_no_token(server):
     took_alone = time.monotonic() - t0
     mismatched = [i for i, (r, a) in enumerate(zip(results, alone, strict=True)) if r[0] != a]
     assert not mismatched, [(texts[i], results[i][0], alone[i]) for i in mismatched[:5]]
-    after = wait_idle(server.url)
-    assert (metric(after, "vllm:generation_tokens_total")
-            - metric(before, "vllm:generation_tokens_total")) == 2 * CONCURRENT * MAX_TOKENS
+    # The engine generated exactly what the clients received, for both rounds.
+    wait_scrape(server.url, lambda s: (metric(s, "vllm:generation_tokens_total")
+                                       - metric(before, "vllm:generation_tokens_total")
+                                       == 2 * CONCURRENT * MAX_TOKENS),
+                f"{2 * CONCURRENT * MAX_TOKENS} more generated tokens")
     # They ran batched: all at once took less time than one after another.
     print(f"{CONCURRENT} streams of {MAX_TOKENS} tokens: {took:.1f} s at once, "
           f"{took_alone:.1f} s one by one")
@@ -76,7 +79,7 @@ def _abort_count(url: str) -> float:
     return metric(scrape(url), "vllm:request_success_total", 0, finished_reason="abort")
 
 
-def _wait_for_aborts(url: str, want: float, timeout_s: float = 20.0) -> None:
+def _wait_for_aborts(url: str, want: float, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while _abort_count(url) < want:
         assert time.monotonic() < deadline, f"no abort seen in {timeout_s:g} s"
@@ -84,11 +87,11 @@ def _wait_for_aborts(url: str, want: float, timeout_s: float = 20.0) -> None:
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
-    wait_idle(server.url)
+    before = wait_idle(server.url)
     aborted = _abort_count(server.url)
     body = {"model": MODEL, "prompt": "def main():", "max_tokens": 1000, "temperature": 0.0,
             "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=60) as http:
         with http.stream("POST", f"{server.url}/v1/completions", json=body,
                          headers=AUTH) as r:
             assert r.status_code == 200
@@ -97,22 +100,21 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
                 got += line.startswith("data: {")
                 if got == 5:
                     break
-            deadline = time.monotonic() + 5
-            while metric(scrape(server.url), "gapless:kv_blocks_used") == 0:
-                assert time.monotonic() < deadline, "the running request holds no KV block?"
-                time.sleep(0.05)
+            wait_scrape(server.url, lambda s: metric(s, "gapless:kv_blocks_used") > 0,
+                        "the running request's KV blocks", timeout_s=60)
         # Leaving the `with` closed the connection after 5 chunks of 1000.
-        t_left = time.monotonic()
     _wait_for_aborts(server.url, aborted + 1)
-    idle = wait_idle(server.url, timeout_s=5)
-    # 1000 tokens at this model's ~100 tokens/s on this CPU would take ~10 s: it was stopped.
-    assert time.monotonic() - t_left < 5
+    idle = wait_idle(server.url)
     assert metric(idle, "gapless:kv_blocks_used") == 0
     assert metric(idle, "vllm:kv_cache_usage_perc") == 0
+    # It stopped early: far fewer than its 1000 tokens were generated.
+    generated = (metric(idle, "vllm:generation_tokens_total")
+                 - metric(before, "vllm:generation_tokens_total"))
+    assert 5 <= generated < 1000
 
 
 def test_disconnect_while_waiting_for_a_whole_answer_aborts_it(server):
-    wait_idle(server.url)
+    before = wait_idle(server.url)
     aborted = _abort_count(server.url)
     body = {"model": MODEL, "prompt": "class A:", "max_tokens": 1000, "temperature": 0.0,
             "ignore_eos": True}
@@ -122,4 +124,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts_it(server):
     except httpx.ReadTimeout:
         pass  # httpx closes the connection
     _wait_for_aborts(server.url, aborted + 1)
-    assert metric(wait_idle(server.url, timeout_s=5), "gapless:kv_blocks_used") == 0
+    idle = wait_idle(server.url)
+    assert metric(idle, "gapless:kv_blocks_used") == 0
+    assert (metric(idle, "vllm:generation_tokens_total")
+            - metric(before, "vllm:generation_tokens_total")) < 1000
