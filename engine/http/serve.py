@@ -2,7 +2,8 @@
 
 Owns the command line and running uvicorn around engine/http/app.py for a client. ``serve()``
 takes the client object, so the server runs the same whether this process started the
-engine (``main``) or attached to one that runs already. Binds 127.0.0.1 unless told
+engine (``main``) or attached to one that runs already; BackgroundServer runs the same
+app on a thread of a process busy with something else (the dashboard). Binds 127.0.0.1 unless told
 otherwise; the API key may come from GAPLESS_API_KEY so that it does not show in `ps`.
 It must never run the HTTP server in the engine process (DESIGN.md §5).
 """
@@ -14,6 +15,7 @@ import ipaddress
 import os
 import socket
 import sys
+import threading
 from typing import Any
 
 USAGE = """\
@@ -109,6 +111,40 @@ def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
                                            timeout_graceful_shutdown=5))
     server.run(sockets=[sock])
     return 0
+
+
+class BackgroundServer:
+    """The HTTP API for ``client`` on a daemon thread of this process: for a process that
+    holds a client for its own reasons (the dashboard) and serves HTTP beside it. The
+    engine process stays free of HTTP either way. ``url`` once constructed; stop() ends it.
+    """
+
+    def __init__(self, client: Any, *, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, served_model_name: str | None = None,
+                 tokenizer: Any = None, log_level: str = "warning") -> None:
+        import uvicorn
+
+        from engine.http.app import create_app
+
+        if tokenizer is None:
+            tokenizer = tokenizer_of(client.config)
+        app = create_app(client, tokenizer=tokenizer, served_model_name=served_model_name,
+                         api_key=api_key)
+        self._sock = bind(host, port)
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self._sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
+                                                    timeout_graceful_shutdown=2))
+        self._thread = threading.Thread(target=self.server.run,
+                                        kwargs={"sockets": [self._sock]}, daemon=True,
+                                        name="gapless-http-server")
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (idempotent); open streams get ``timeout_graceful_shutdown``."""
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
