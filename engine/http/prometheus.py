@@ -18,7 +18,8 @@ vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds. Ours: gapless
 seconds_total, gapless:device_idle_seconds_total{cause}, gapless:steps_total{mode,cuda_graph},
 gapless:padded_tokens_total, gapless:discarded_tokens_total, gapless:kv_blocks_used / _total,
 gapless:async_batching, gapless:num_slots, gapless:cuda_graphs(_available), gapless:engine_up,
-gapless:telemetry_dropped_records_total.
+gapless:telemetry_dropped_records_total, and with a GPU NVML's gapless:gpu_utilization_percent,
+gapless:gpu_memory_used_bytes / _total_bytes, gapless:gpu_sm_clock_mhz, gapless:gpu_power_watts.
 
 Figures from telemetry (prompt tokens, latencies, steps, busy, idle) count only while the
 engine's telemetry is on; generation tokens and the gauges come from stats() and always do.
@@ -49,6 +50,15 @@ ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15
                0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
                20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# NVML's latest reading (telemetry/nvml.py's field names) -> gauge.
+NVML_GAUGES = (
+    ("gpu_util_pct", "gapless:gpu_utilization_percent", "NVML GPU utilisation (counts any "
+     "sample period in which a kernel ran: reads higher than step busy)."),
+    ("memory_used_bytes", "gapless:gpu_memory_used_bytes", "GPU memory in use (NVML)."),
+    ("memory_total_bytes", "gapless:gpu_memory_total_bytes", "GPU memory in all (NVML)."),
+    ("sm_clock_mhz", "gapless:gpu_sm_clock_mhz", "SM clock (NVML)."),
+    ("power_w", "gapless:gpu_power_watts", "Board power draw (NVML)."),
+)
 MAX_TRACKED = 100_000  # requests whose events are being followed (their ends may be lost)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -104,6 +114,7 @@ class EngineMetrics:
         self._had_work = False
         self.stats: dict[str, Any] | None = None
         self.settings: dict[str, Any] | None = None
+        self.nvml: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------ polling
     def start(self) -> None:
@@ -153,6 +164,8 @@ class EngineMetrics:
         except Exception:  # EngineDead, TimeoutError: the gauges say the engine is down
             stats = settings = None
         self.stats, self.settings = stats, settings
+        nvml = getattr(self.client, "nvml", None)  # local: the mirror's latest reading
+        self.nvml = nvml() if nvml is not None and alive else None
 
     def _on_event(self, ev: RequestEvent) -> None:
         state = self._requests.get(ev.request_id)
@@ -263,3 +276,7 @@ class _LiveGauges(Collector):
                     bool(settings.get("cuda_graphs")), labelled=False)
         yield gauge("gapless:cuda_graphs_available", "1 when CUDA graphs can be turned on.",
                     bool(settings.get("cuda_graphs_available")), labelled=False)
+        for key, metric, doc in NVML_GAUGES:
+            value = (self.m.nvml or {}).get(key)
+            if value is not None:  # no GPU, or a field the device does not report
+                yield gauge(metric, doc, value, labelled=False)

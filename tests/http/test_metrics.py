@@ -97,6 +97,11 @@ class FakeClient:
         return {"async_batching": False, "num_slots": 1, "cuda_graphs": False,
                 "cuda_graphs_available": False}
 
+    def nvml(self) -> dict | None:
+        return self.reading
+
+    reading: dict | None = None
+
 
 MS = 1_000_000
 
@@ -181,3 +186,17 @@ def test_a_restarted_engine_is_read_from_its_new_bus():
     c.bus = TelemetryBus()  # EngineClient.restart() gives a new, empty bus
     c.bus.publish_event(RequestEvent("b", "queued", 0, prompt_tokens=3))
     assert metric(read(m), "vllm:prompt_tokens_total") == 8
+
+
+def test_nvml_readings_become_gauges_when_there_is_a_gpu():
+    c = FakeClient()
+    m = EngineMetrics(c, "m")
+    assert not [k for k in read(m) if k[0].startswith("gapless:gpu_")]  # no GPU: no gauge
+    c.reading = {"t_ns": 1, "gpu_util_pct": 97.0, "util_source": "samples",
+                 "memory_used_bytes": 2**30, "memory_total_bytes": 2**37,
+                 "sm_clock_mhz": 1980, "power_w": None}
+    s = read(m)
+    assert metric(s, "gapless:gpu_utilization_percent") == 97.0
+    assert metric(s, "gapless:gpu_memory_used_bytes") == 2**30
+    assert metric(s, "gapless:gpu_sm_clock_mhz") == 1980
+    assert not [k for k in s if k[0] == "gapless:gpu_power_watts"]  # not reported
