@@ -1,4 +1,5 @@
 """Command-line generation: `python -m engine "def fibonacci(n):" --max-tokens 48`.
+`python -m engine serve --help`: the OpenAI-compatible HTTP server (engine/http/serve.py).
 
 Owns argument parsing and printing only; everything else is the in-process Engine API.
 """
@@ -12,6 +13,11 @@ from engine.config import EngineConfig, SamplingParams
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from engine.http.serve import main as serve
+
+        return serve(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m engine", description=__doc__)
     ap.add_argument("prompts", nargs="+", help="prompts; several run batched together")
     ap.add_argument("--config", default="config.yaml")

@@ -1,0 +1,288 @@
+"""The OpenAI-compatible HTTP API around one engine client: routes, errors, auth, streaming.
+
+Owns the FastAPI app: POST /v1/completions and /v1/chat/completions (streamed as
+server-sent events ending in ``data: [DONE]``, or not), GET /v1/models, /health and
+/metrics. ``create_app`` takes any object with EngineClient's methods (submit, stream,
+result, abort, settings, stats, telemetry, alive, death_reason), so the same app serves an
+engine this process started or one it attached to.
+
+Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}: bad input 400,
+a wrong API key 401, an unknown model 404 (as OpenAI and vLLM answer), a dead engine 503.
+A client that goes away before its answer is complete gets its request aborted, so its KV
+blocks come back at once. It must never call the engine from the event loop thread
+(bridge.py runs those calls on threads) and never run in the engine process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from engine.core.request import RequestOutput
+from engine.http import schema
+from engine.http.bridge import EngineRequest
+from engine.http.prometheus import CONTENT_TYPE, EngineMetrics
+from engine.http.prompts import PromptBuilder
+from engine.http.schema import ApiError, ChatCompletionRequest, CompletionRequest
+from engine.process.client import EngineDead, EngineError
+
+DONE = "data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def engine_failure(e: BaseException) -> ApiError:
+    """The answer for an exception from an engine call."""
+    if isinstance(e, ValueError):  # the engine's own message about the input
+        return ApiError(400, str(e))
+    if isinstance(e, EngineDead):
+        return ApiError(503, f"the engine is not running: {e.reason}", type="server_error",
+                        code="engine_dead")
+    if isinstance(e, TimeoutError):
+        return ApiError(503, f"the engine did not answer in time: {e}", type="server_error",
+                        code="engine_timeout")
+    return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error")
+
+
+def output_failure(out: RequestOutput, client: Any) -> ApiError | None:
+    """An ApiError for a request that ended in error (engine death, a failed step)."""
+    if out.finish_reason != "error":
+        return None
+    if not client.alive():
+        return ApiError(503, f"the engine is not running: {client.death_reason()}",
+                        type="server_error", code="engine_dead")
+    return ApiError(500, f"the request failed in the engine: {out.error}", type="server_error")
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events that stop, and run ``on_close``, the moment the client leaves.
+
+    Starlette notices a disconnect only when a write fails on newer ASGI servers; a request
+    still queued behind others writes nothing, so the disconnect is listened for here.
+    """
+
+    def __init__(self, content: AsyncIterator[str],
+                 on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def write() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the client is gone
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(write)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            await self.on_close()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_done(request: Request, er: EngineRequest) -> RequestOutput | None:
+    """The request's output, or None (after aborting it) if the client left first."""
+    result = asyncio.ensure_future(er.result())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not result.done():
+            result.cancel()
+            await er.abort()
+    return result.result() if result.done() and not result.cancelled() else None
+
+
+def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = None,
+               api_key: str | None = None, metrics_period_s: float = 0.25) -> FastAPI:
+    """The app for one client. Reads client.settings() once, here (model name and
+    max_model_len); /metrics polls the client on a thread while the app runs."""
+    settings = client.settings()
+    model = served_model_name or settings["model"]
+    max_model_len = int(settings["max_model_len"])
+    prompts = PromptBuilder(tokenizer, max_model_len)
+    metrics = EngineMetrics(client, model, metrics_period_s)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(metrics.poll)  # the first scrape already has the gauges
+        metrics.start()
+        try:
+            yield
+        finally:
+            metrics.stop()
+
+    app = FastAPI(title="gapless", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.metrics = metrics
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(schema.error_body(str(e.detail)), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(schema.error_body(f"internal error: {type(e).__name__}: {e}",
+                                              "server_error"), status_code=500)
+
+    async def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+                token.strip().encode(), api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send the header "
+                                "'Authorization: Bearer <key>' with the key the server was "
+                                "started with", code="invalid_api_key")
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != model:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
+                                f"{model!r} (see GET /v1/models)", param="model",
+                           code="model_not_found")
+
+    async def submit(ids: list[int], req: Any, prefix: str) -> EngineRequest:
+        params = prompts.sampling(req, len(ids))
+        rid = f"{prefix}-{uuid.uuid4().hex[:24]}"
+        try:
+            return await EngineRequest.submit(client, ids, params, rid)
+        except (ValueError, EngineDead, TimeoutError, EngineError) as e:
+            raise engine_failure(e) from None
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @v1.get("/models")
+    async def list_models() -> dict[str, Any]:
+        return schema.models_body(model, max_model_len, schema.now_s())
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Response:
+        req = schema.parse_request(await request.body(), CompletionRequest)
+        check_model(req.model)
+        ids = await run_in_threadpool(prompts.completion_ids, req)
+        er = await submit(ids, req, "cmpl")
+        created = schema.now_s()
+        if req.stream:
+            return EventStream(_completion_events(er, model, created, req), er.abort)
+        out = await until_done(request, er)
+        if out is None:
+            return Response(status_code=499)  # nobody is listening
+        failure = output_failure(out, client)
+        if failure is not None:
+            raise failure
+        return JSONResponse(schema.completion_body(
+            er.request_id, model, created, out.text, out.finish_reason,
+            schema.usage(er.prompt_len, len(out.token_ids))))
+
+    async def _completion_events(er: EngineRequest, name: str, created: int,
+                                 req: CompletionRequest) -> AsyncIterator[str]:
+        with_usage = req.stream_options is not None and req.stream_options.include_usage
+
+        def chunk(text: str | None, finish: str | None, use: dict[str, int] | None = None
+                  ) -> str:
+            body = schema.completion_body(er.request_id, name, created, text, finish, use,
+                                          chunk=True)
+            if with_usage and use is None:
+                body["usage"] = None  # OpenAI: every chunk but the last carries usage: null
+            return sse(body)
+
+        async for text in er.deltas():
+            yield chunk(text, None)
+        out = er.output
+        assert out is not None
+        failure = output_failure(out, client)
+        if failure is not None:
+            yield sse(failure.body())
+        else:
+            yield chunk("", out.finish_reason)
+            if with_usage:
+                yield chunk(None, None, schema.usage(er.prompt_len, len(out.token_ids)))
+        yield DONE
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = schema.parse_request(await request.body(), ChatCompletionRequest)
+        check_model(req.model)
+        ids = await run_in_threadpool(prompts.chat_ids, req, model)
+        er = await submit(ids, req, "chatcmpl")
+        created = schema.now_s()
+        if req.stream:
+            return EventStream(_chat_events(er, model, created, req), er.abort)
+        out = await until_done(request, er)
+        if out is None:
+            return Response(status_code=499)
+        failure = output_failure(out, client)
+        if failure is not None:
+            raise failure
+        return JSONResponse(schema.chat_body(
+            er.request_id, model, created, out.text, out.finish_reason,
+            schema.usage(er.prompt_len, len(out.token_ids))))
+
+    async def _chat_events(er: EngineRequest, name: str, created: int,
+                           req: ChatCompletionRequest) -> AsyncIterator[str]:
+        with_usage = req.stream_options is not None and req.stream_options.include_usage
+        null = {"usage": None} if with_usage else {}
+
+        def chunk(delta: dict[str, Any] | None, finish: str | None = None,
+                  use: dict[str, int] | None = None) -> str:
+            body = schema.chat_chunk(er.request_id, name, created, delta, finish, use)
+            return sse({**body, **null} if use is None else body)
+
+        yield chunk({"role": "assistant", "content": ""})
+        async for text in er.deltas():
+            yield chunk({"content": text})
+        out = er.output
+        assert out is not None
+        failure = output_failure(out, client)
+        if failure is not None:
+            yield sse(failure.body())
+        else:
+            yield chunk({}, out.finish_reason)
+            if with_usage:
+                yield chunk(None, use=schema.usage(er.prompt_len, len(out.token_ids)))
+        yield DONE
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if client.alive():
+            return JSONResponse({"status": "ok"})
+        raise ApiError(503, f"the engine is not running: {client.death_reason()}",
+                       type="server_error", code="engine_dead")
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(await run_in_threadpool(metrics.render), media_type=CONTENT_TYPE)
+
+    return app

@@ -1,0 +1,282 @@
+"""Prometheus metrics of one engine, read through its client: vLLM's names, and gapless:* ours.
+
+Owns what /metrics says and how it is gathered. A daemon thread in the HTTP process reads
+the client's telemetry mirror every ``period_s`` (new RequestEvents and StepRecords feed
+counters and histograms) and asks the engine for stats() / settings() every
+``engine_period_s`` (cached for the gauges; each is a round-trip the engine process
+answers, so not more often than a scrape could use). A scrape only
+renders what is held, so it never waits on the engine and a wedged engine cannot hang
+Prometheus. It must never run in the engine process, never block the event loop and never
+raise into the poll loop because the engine died (engine_up goes to 0 instead).
+
+Names follow vLLM where the meaning is the same, with a ``model_name`` label, so existing
+dashboards work: vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc (and its
+older name vllm:gpu_cache_usage_perc; a fraction in [0, 1] as in vLLM), vllm:prompt_tokens_total,
+vllm:generation_tokens_total, vllm:num_preemptions_total, vllm:request_success_total,
+vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds. Ours: gapless:step_busy_
+seconds_total, gapless:device_idle_seconds_total{cause}, gapless:steps_total{mode,cuda_graph},
+gapless:padded_tokens_total, gapless:discarded_tokens_total, gapless:kv_blocks_used / _total,
+gapless:async_batching, gapless:num_slots, gapless:cuda_graphs(_available), gapless:engine_up,
+gapless:telemetry_dropped_records_total, and with a GPU NVML's gapless:gpu_utilization_percent,
+gapless:gpu_memory_used_bytes / _total_bytes, gapless:gpu_sm_clock_mhz, gapless:gpu_power_watts.
+
+Figures from telemetry (prompt tokens, latencies, steps, busy, idle) count only while the
+engine's telemetry is on; generation tokens and the gauges come from stats() and always do.
+Kernel busy (time inside kernels) needs a profiler recording and is not exported.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from telemetry.metrics import busy_intervals
+from telemetry.records import RequestEvent, StepRecord
+
+log = logging.getLogger("gapless.http")
+
+# vLLM's buckets, with finer steps at the low end: a small model decodes in well under 10 ms.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+               0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
+               20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# NVML's latest reading (telemetry/nvml.py's field names) -> gauge.
+NVML_GAUGES = (
+    ("gpu_util_pct", "gapless:gpu_utilization_percent", "NVML GPU utilisation (counts any "
+     "sample period in which a kernel ran: reads higher than step busy)."),
+    ("memory_used_bytes", "gapless:gpu_memory_used_bytes", "GPU memory in use (NVML)."),
+    ("memory_total_bytes", "gapless:gpu_memory_total_bytes", "GPU memory in all (NVML)."),
+    ("sm_clock_mhz", "gapless:gpu_sm_clock_mhz", "SM clock (NVML)."),
+    ("power_w", "gapless:gpu_power_watts", "Board power draw (NVML)."),
+)
+MAX_TRACKED = 100_000  # requests whose events are being followed (their ends may be lost)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class EngineMetrics:
+    """The registry behind /metrics for one client. start() / stop() the poll thread."""
+
+    def __init__(self, client: Any, model_name: str, period_s: float = 0.25,
+                 engine_period_s: float = 1.0) -> None:
+        self.client = client
+        self.model_name = model_name
+        self.period_s = period_s  # reading the local telemetry mirror: no engine call
+        self.engine_period_s = engine_period_s  # stats() + settings(): engine round-trips
+        self.registry = CollectorRegistry()
+        r, m = self.registry, ["model_name"]
+        self._prompt = Counter("vllm:prompt_tokens", "Prompt tokens of requests queued "
+                               "(from telemetry).", m, registry=r).labels(model_name)
+        self._success = Counter("vllm:request_success", "Requests finished, by reason "
+                                "(stop, length, abort, error).", m + ["finished_reason"],
+                                registry=r)
+        self._ttft = Histogram("vllm:time_to_first_token_seconds", "Queued to first token.",
+                               m, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
+        self._itl = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive "
+                              "output tokens of a request.", m, buckets=ITL_BUCKETS,
+                              registry=r).labels(model_name)
+        self._e2e = Histogram("vllm:e2e_request_latency_seconds", "Queued to finished.", m,
+                              buckets=E2E_BUCKETS, registry=r).labels(model_name)
+        self._queue = Histogram("vllm:request_queue_time_seconds", "Queued to first "
+                                "scheduled.", m, buckets=TTFT_BUCKETS,
+                                registry=r).labels(model_name)
+        self._busy = Counter("gapless:step_busy_seconds", "Time the compute lane was busy: "
+                             "each step's compute span (its first kernel to its last), "
+                             "overlaps counted once.", registry=r)
+        self._idle = Counter("gapless:device_idle_seconds", "Compute-lane gaps between steps. "
+                             "cause=host: requests were in flight, the device waited on the "
+                             "CPU; cause=no_requests: nothing to run. Counted when the next "
+                             "step starts.", ["cause"], registry=r)
+        self._steps = Counter("gapless:steps", "Engine steps by mode and whether a CUDA graph "
+                              "ran them.", ["mode", "cuda_graph"], registry=r)
+        self._padded = Counter("gapless:padded_tokens", "Tokens added to reach a CUDA graph's "
+                               "bucket.", registry=r)
+        self._dropped = Counter("gapless:telemetry_dropped_records", "Telemetry records this "
+                                "server read too late to see (metrics from telemetry miss "
+                                "them).", registry=r)
+        self.registry.register(_LiveGauges(self))
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bus: Any = None
+        self._reader: Any = None
+        self._requests: dict[str, list[Any]] = {}  # rid -> [queued_ns, scheduled, last_ns]
+        self._last_end: int | None = None
+        self._had_work = False
+        self.stats: dict[str, Any] | None = None
+        self.settings: dict[str, Any] | None = None
+        self.nvml: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------------ polling
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name="gapless-http-metrics")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def _run(self) -> None:
+        last_engine_poll = 0.0
+        while not self._stop.wait(self.period_s):
+            now = time.monotonic()
+            with_engine = now - last_engine_poll >= self.engine_period_s
+            if with_engine:
+                last_engine_poll = now
+            try:
+                self.poll(with_engine)
+            except Exception:  # keep serving the last figures
+                log.exception("metrics poll failed")
+
+    def poll(self, with_engine: bool = True) -> None:
+        """Read what is new on the telemetry mirror and, ``with_engine``, ask the engine
+        for stats() and settings() (callable directly, e.g. in tests)."""
+        with self._lock:
+            bus = self.client.telemetry()
+            if bus is not self._bus:  # first poll, or the engine restarted
+                self._bus, self._reader = bus, bus.reader()
+                self._requests.clear()
+                self._last_end = None
+            dropped = self._reader.dropped
+            for ev in self._reader.events():
+                self._on_event(ev)
+            self._on_steps(self._reader.steps())
+            if self._reader.dropped > dropped:
+                self._dropped.inc(self._reader.dropped - dropped)
+        if not with_engine:
+            return
+        alive = self.client.alive()
+        try:
+            stats = self.client.stats() if alive else None
+            settings = self.client.settings() if alive else None
+        except Exception:  # EngineDead, TimeoutError: the gauges say the engine is down
+            stats = settings = None
+        self.stats, self.settings = stats, settings
+        nvml = getattr(self.client, "nvml", None)  # local: the mirror's latest reading
+        self.nvml = nvml() if nvml is not None and alive else None
+
+    def _on_event(self, ev: RequestEvent) -> None:
+        state = self._requests.get(ev.request_id)
+        if ev.kind == "queued":
+            self._prompt.inc(ev.prompt_tokens)
+            if len(self._requests) >= MAX_TRACKED:
+                self._requests.pop(next(iter(self._requests)))
+            self._requests[ev.request_id] = [ev.t_ns, False, None]
+            return
+        if state is None:  # queued before this server started reading, or dropped
+            return
+        queued_ns, scheduled, last_ns = state
+        if ev.kind == "scheduled" and not scheduled:
+            state[1] = True
+            self._queue.observe((ev.t_ns - queued_ns) / 1e9)
+        elif ev.kind in ("first_token", "tokens") and ev.num_tokens > 0:
+            # As telemetry/latency.py counts: tokens that come with the first give no
+            # inter-token sample; k tokens in one event share the wait since the last.
+            if last_ns is None:
+                self._ttft.observe((ev.t_ns - queued_ns) / 1e9)
+            else:
+                gap = (ev.t_ns - last_ns) / 1e9 / ev.num_tokens
+                for _ in range(ev.num_tokens):
+                    self._itl.observe(gap)
+            state[2] = ev.t_ns
+        elif ev.kind == "finished":
+            self._e2e.observe((ev.t_ns - queued_ns) / 1e9)
+            self._success.labels(self.model_name, ev.reason or "unknown").inc()
+            del self._requests[ev.request_id]
+
+    def _on_steps(self, records: list[StepRecord]) -> None:
+        for rec in sorted(records, key=lambda r: r.step):
+            self._steps.labels(rec.mode, "true" if rec.graph_bucket is not None else "false").inc()
+            if rec.padded_tokens:
+                self._padded.inc(rec.padded_tokens)
+            compute = [s for s in rec.spans if s.lane == "compute"]
+            if not compute:
+                continue
+            start = min(s.start_ns for s in compute)
+            end = max(s.end_ns for s in compute)
+            lo = start if self._last_end is None else max(start, self._last_end)
+            if self._last_end is not None and start > self._last_end:
+                cause = "host" if self._had_work else "no_requests"
+                self._idle.labels(cause).inc((start - self._last_end) / 1e9)
+            if end > lo:
+                starts, ends = busy_intervals(compute, lo, end)
+                self._busy.inc(float((ends - starts).sum()) / 1e9)
+            self._last_end = end if self._last_end is None else max(self._last_end, end)
+            self._had_work = rec.running + rec.waiting > 0
+
+    # ------------------------------------------------------------------------ scrape
+    def render(self) -> bytes:
+        """The text exposition format (Prometheus 0.0.4) of everything held now."""
+        with self._lock:
+            return generate_latest(self.registry)
+
+
+class _LiveGauges(Collector):
+    """Gauges and engine-wide counters from the last cached stats() / settings()."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        stats, settings, name = self.m.stats, self.m.settings, self.m.model_name
+        up = GaugeMetricFamily("gapless:engine_up", "1 while the engine process answers.")
+        up.add_metric([], 1.0 if stats is not None else 0.0)
+        yield up
+        if stats is None or settings is None:
+            return
+
+        def gauge(metric: str, doc: str, value: float, labelled: bool = True) -> Metric:
+            g = GaugeMetricFamily(metric, doc, labels=["model_name"] if labelled else None)
+            g.add_metric([name] if labelled else [], float(value))
+            return g
+
+        def counter(metric: str, doc: str, value: float, labelled: bool = True) -> Metric:
+            c = CounterMetricFamily(metric, doc, labels=["model_name"] if labelled else None)
+            c.add_metric([name] if labelled else [], float(value))
+            return c
+
+        total = stats.get("kv_blocks_total") or 0
+        usage = stats.get("kv_blocks_used", 0) / total if total else 0.0
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.",
+                    stats["running"])
+        yield gauge("vllm:num_requests_waiting", "Requests queued, not yet running.",
+                    stats["waiting"])
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
+                    usage)
+        yield gauge("vllm:gpu_cache_usage_perc", "Older name of vllm:kv_cache_usage_perc.",
+                    usage)
+        yield counter("vllm:generation_tokens", "Output tokens generated (engine stats).",
+                      stats["generated_tokens"])
+        yield counter("vllm:num_preemptions", "Requests preempted (to be recomputed).",
+                      stats["preemptions"])
+        yield counter("gapless:discarded_tokens", "Tokens computed one step late for a "
+                      "request that had already finished, never emitted.",
+                      stats["discarded_tokens"], labelled=False)
+        yield gauge("gapless:kv_blocks_used", "KV-cache blocks in use.",
+                    stats["kv_blocks_used"], labelled=False)
+        yield gauge("gapless:kv_blocks_total", "KV-cache blocks in all.", total,
+                    labelled=False)
+        yield gauge("gapless:async_batching", "1 when steps run asynchronously.",
+                    bool(settings.get("async_batching")), labelled=False)
+        yield gauge("gapless:num_slots", "Sets of step buffers alternated.",
+                    settings.get("num_slots", 0), labelled=False)
+        yield gauge("gapless:cuda_graphs", "1 when steps replay CUDA graphs.",
+                    bool(settings.get("cuda_graphs")), labelled=False)
+        yield gauge("gapless:cuda_graphs_available", "1 when CUDA graphs can be turned on.",
+                    bool(settings.get("cuda_graphs_available")), labelled=False)
+        for key, metric, doc in NVML_GAUGES:
+            value = (self.m.nvml or {}).get(key)
+            if value is not None:  # no GPU, or a field the device does not report
+                yield gauge(metric, doc, value, labelled=False)

@@ -1,0 +1,182 @@
+"""`python -m engine serve`: the engine in its own process, and an HTTP server in this one.
+
+Owns the command line and running uvicorn around engine/http/app.py for a client. ``serve()``
+takes the client object, so the server runs the same whether this process started the
+engine (``main``) or attached to one that runs already; BackgroundServer runs the same
+app on a thread of a process busy with something else (the dashboard). Binds 127.0.0.1 unless told
+otherwise; the API key may come from GAPLESS_API_KEY so that it does not show in `ps`.
+It must never run the HTTP server in the engine process (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+USAGE = """\
+python -m engine serve [--host 127.0.0.1] [--port 8000] [--config config.yaml] [--api-key KEY]
+
+OpenAI-compatible API: POST /v1/completions, POST /v1/chat/completions (stream or not),
+GET /v1/models; GET /health; GET /metrics (Prometheus text format)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m engine serve", usage=USAGE,
+                                 description="Serve the engine over an OpenAI-compatible "
+                                             "HTTP API, with Prometheus metrics.")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="address to bind (default 127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
+    ap.add_argument("--config", default="config.yaml")
+    ap.add_argument("--model", help="override config.yaml's model (folder or hub id)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* "
+                                      "(default: $GAPLESS_API_KEY, else no key)")
+    ap.add_argument("--served-model-name", help="the model name clients send (default: "
+                                                "config.yaml's model)")
+    ap.add_argument("--chat-template", help="a Jinja chat template (a file, or the template "
+                                            "itself) for a model without one")
+    ap.add_argument("--log-level", default="info",
+                    choices=["critical", "error", "warning", "info", "debug"])
+    return ap
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket; port 0 picks a free one (read it back with getsockname)."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {port}")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e}") from e
+    sock.listen(2048)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def tokenizer_of(config: Any, chat_template: str | None = None) -> Any:
+    """The tokenizer of an EngineConfig's model (or its ``tokenizer`` override)."""
+    from engine.http.prompts import load_tokenizer
+
+    return load_tokenizer(config.tokenizer or config.model,
+                          trust_remote_code=config.trust_remote_code,
+                          chat_template=chat_template)
+
+
+def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
+          sock: socket.socket | None = None, api_key: str | None = None,
+          served_model_name: str | None = None, chat_template: str | None = None,
+          tokenizer: Any = None, log_level: str = "info") -> int:
+    """Serve ``client`` (an EngineClient, or any object with its methods) until Ctrl-C or
+    SIGTERM, on ``sock`` when given (from bind()), else on host:port. ``tokenizer``
+    defaults to the one of the client's config (its tokenizer or model folder).
+    ValueError for a bad tokenizer, chat template or address."""
+    import uvicorn
+
+    from engine.http.app import create_app
+
+    if tokenizer is None:
+        config = getattr(client, "config", None)
+        if config is None:
+            raise ValueError("give a tokenizer: the client has no config to load it from")
+        tokenizer = tokenizer_of(config, chat_template)
+    app = create_app(client, tokenizer=tokenizer, served_model_name=served_model_name,
+                     api_key=api_key)
+    if sock is None:
+        sock = bind(host, port)
+    bound_port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    name = served_model_name or client.settings()["model"]
+    print(f"gapless: serving {name!r} at http://{shown}:{bound_port}/v1 "
+          f"(metrics: /metrics; auth: {'API key' if api_key else 'none'})", flush=True)
+    if not _is_loopback(host) and not api_key:
+        print(f"gapless: warning: listening on {host} without an API key: anyone who can "
+              "reach this machine can use the engine", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
+                                           timeout_graceful_shutdown=5))
+    server.run(sockets=[sock])
+    return 0
+
+
+class BackgroundServer:
+    """The HTTP API for ``client`` on a daemon thread of this process: for a process that
+    holds a client for its own reasons (the dashboard) and serves HTTP beside it. The
+    engine process stays free of HTTP either way. ``url`` once constructed; stop() ends it.
+    """
+
+    def __init__(self, client: Any, *, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, served_model_name: str | None = None,
+                 tokenizer: Any = None, log_level: str = "warning") -> None:
+        import uvicorn
+
+        from engine.http.app import create_app
+
+        if tokenizer is None:
+            tokenizer = tokenizer_of(client.config)
+        app = create_app(client, tokenizer=tokenizer, served_model_name=served_model_name,
+                         api_key=api_key)
+        self._sock = bind(host, port)
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self._sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
+                                                    timeout_graceful_shutdown=2))
+        self._thread = threading.Thread(target=self.server.run,
+                                        kwargs={"sockets": [self._sock]}, daemon=True,
+                                        name="gapless-http-server")
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (idempotent); open streams get ``timeout_graceful_shutdown``."""
+        self.server.should_exit = True
+        self._thread.join(timeout)
+        self._sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    api_key = args.api_key or os.environ.get("GAPLESS_API_KEY") or None
+    overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
+    from engine.config import EngineConfig
+    from engine.http.prompts import read_chat_template
+    from engine.process.client import EngineClient, EngineStartError
+
+    sock: socket.socket | None = None
+    try:  # what can be wrong is told before the model loads
+        config = EngineConfig.from_yaml(args.config, **overrides)
+        template = None if args.chat_template is None else read_chat_template(
+            args.chat_template)
+        sock = bind(args.host, args.port)
+        tokenizer = tokenizer_of(config, template)
+        client = EngineClient(args.config, **overrides)
+    except (ValueError, EngineStartError) as e:
+        if sock is not None:
+            sock.close()
+        if isinstance(e, EngineStartError):
+            print(f"error: the engine could not start: {e.reason}", file=sys.stderr)
+            return 1
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return serve(client, host=args.host, sock=sock, api_key=api_key,
+                     served_model_name=args.served_model_name, tokenizer=tokenizer,
+                     log_level=args.log_level)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        client.shutdown()

@@ -1,0 +1,143 @@
+"""The HTTP app on a thread of a process that holds the client (BackgroundServer), on a
+stand-in client: it serves, maps each kind of engine failure to its status, streams what
+the engine streams, and stops, freeing its port. No model: the engine's side is faked, the
+real one is tested against `serve` in the other files."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from engine.core.request import RequestOutput
+from engine.http.serve import BackgroundServer
+from engine.process.client import EngineDead, EngineError
+from telemetry.bus import TelemetryBus
+
+
+class FakeTokenizer:
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(c) % 256 for c in text]}
+
+    def __len__(self) -> int:
+        return 256
+
+
+class FakeClient:
+    """Answers every prompt with "hello" in two deltas; ``fail`` makes submit raise."""
+
+    def __init__(self) -> None:
+        self.bus = TelemetryBus()
+        self.fail: BaseException | None = None
+        self.submitted: dict[str, list[int]] = {}
+
+    def settings(self) -> dict:
+        return {"model": "fake", "max_model_len": 64, "async_batching": True, "num_slots": 2,
+                "cuda_graphs": False, "cuda_graphs_available": False}
+
+    def stats(self) -> dict:
+        return {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 4,
+                "generated_tokens": 2 * len(self.submitted), "preemptions": 0,
+                "discarded_tokens": 0}
+
+    def telemetry(self) -> TelemetryBus:
+        return self.bus
+
+    def alive(self) -> bool:
+        return True
+
+    def death_reason(self) -> None:
+        return None
+
+    def submit(self, prompt: list[int], params: object, request_id: str) -> str:
+        if self.fail is not None:
+            raise self.fail
+        self.submitted[request_id] = prompt
+        return request_id
+
+    def stream(self, rid: str, timeout: float | None = None):
+        yield "he"
+        time.sleep(0.05)
+        yield "llo"
+
+    def result(self, rid: str, timeout: float | None = None) -> RequestOutput:
+        return RequestOutput(rid, self.submitted[rid], [1, 2], "hello", "stop")
+
+    def abort(self, rid: str) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def background():
+    client = FakeClient()
+    srv = BackgroundServer(client, port=0, tokenizer=FakeTokenizer())
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{srv.url}/health", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the background server never answered"
+            time.sleep(0.05)
+    yield srv, client
+    srv.stop()
+
+
+def test_it_answers_and_streams(background):
+    srv, _ = background
+    r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "abc"}, timeout=30)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["choices"][0]["text"] == "hello"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
+                      json={"prompt": "abc", "stream": True}) as r:
+        lines = [ln[len("data: "):] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(ln) for ln in lines[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "hello"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("failure,status,words", [
+    (ValueError("prompt token id 300 is outside the vocabulary"), 400, "outside the vocabulary"),
+    (EngineDead("engine process exited with code -9 (SIGKILL)"), 503, "SIGKILL"),
+    (TimeoutError("the engine did not answer submit within 60 s"), 503, "did not answer"),
+    (EngineError("RuntimeError: boom"), 500, "boom"),
+])
+def test_engine_failures_map_to_statuses(background, failure, status, words):
+    srv, client = background
+    client.fail = failure
+    try:
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "abc"}, timeout=30)
+    finally:
+        client.fail = None
+    assert r.status_code == status
+    assert words in r.json()["error"]["message"]
+
+
+def test_metrics_come_from_the_client(background):
+    srv, _ = background
+    text = httpx.get(f"{srv.url}/metrics", timeout=30).text
+    assert 'vllm:num_requests_running{model_name="fake"} 0.0' in text
+    assert "gapless:kv_blocks_total 4.0" in text
+
+
+def test_stop_frees_the_port():
+    srv = BackgroundServer(FakeClient(), port=0, tokenizer=FakeTokenizer())
+    url = srv.url
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{url}/health", timeout=5)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    srv.stop()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=5)
