@@ -1,5 +1,5 @@
 """Command-line generation: `python -m engine "def fibonacci(n):" --max-tokens 48`.
-`python -m engine serve --help`: the OpenAI-compatible HTTP server (engine/http/serve.py).
+`python -m engine serve --help`: the OpenAI-compatible HTTP server (engine/serving/serve.py).
 
 Owns argument parsing and printing only; everything else is the in-process Engine API.
 """
@@ -15,7 +15,7 @@ from engine.config import EngineConfig, SamplingParams
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
-        from engine.http.serve import main as serve
+        from engine.serving.serve import main as serve
 
         return serve(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m engine", description=__doc__)

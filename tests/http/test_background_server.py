@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from engine.core.request import RequestOutput
-from engine.http.serve import BackgroundServer
 from engine.process.client import EngineDead, EngineError
+from engine.serving.serve import BackgroundServer
 from telemetry.bus import TelemetryBus
 
 

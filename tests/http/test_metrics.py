@@ -8,7 +8,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from serving import MODEL, metric, scrape, wait_idle, wait_scrape
 
-from engine.http.prometheus import EngineMetrics
+from engine.serving.prometheus import EngineMetrics
 from telemetry.bus import TelemetryBus
 from telemetry.records import RequestEvent, Span, StepRecord
 

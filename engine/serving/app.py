@@ -31,12 +31,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from engine.core.request import RequestOutput
-from engine.http import schema
-from engine.http.bridge import EngineRequest
-from engine.http.prometheus import CONTENT_TYPE, EngineMetrics
-from engine.http.prompts import PromptBuilder
-from engine.http.schema import ApiError, ChatCompletionRequest, CompletionRequest
 from engine.process.client import EngineDead, EngineError
+from engine.serving import schema
+from engine.serving.bridge import EngineRequest
+from engine.serving.prometheus import CONTENT_TYPE, EngineMetrics
+from engine.serving.prompts import PromptBuilder
+from engine.serving.schema import ApiError, ChatCompletionRequest, CompletionRequest
 
 DONE = "data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

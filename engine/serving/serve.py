@@ -1,6 +1,6 @@
 """`python -m engine serve`: the engine in its own process, and an HTTP server in this one.
 
-Owns the command line and running uvicorn around engine/http/app.py for a client. ``serve()``
+Owns the command line and running uvicorn around engine/serving/app.py for a client. ``serve()``
 takes the client object, so the server runs the same whether this process started the
 engine (``main``) or attached to one that runs already; BackgroundServer runs the same
 app on a thread of a process busy with something else (the dashboard). Binds 127.0.0.1 unless told
@@ -71,7 +71,7 @@ def _is_loopback(host: str) -> bool:
 
 def tokenizer_of(config: Any, chat_template: str | None = None) -> Any:
     """The tokenizer of an EngineConfig's model (or its ``tokenizer`` override)."""
-    from engine.http.prompts import load_tokenizer
+    from engine.serving.prompts import load_tokenizer
 
     return load_tokenizer(config.tokenizer or config.model,
                           trust_remote_code=config.trust_remote_code,
@@ -88,7 +88,7 @@ def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
     ValueError for a bad tokenizer, chat template or address."""
     import uvicorn
 
-    from engine.http.app import create_app
+    from engine.serving.app import create_app
 
     if tokenizer is None:
         config = getattr(client, "config", None)
@@ -124,7 +124,7 @@ class BackgroundServer:
                  tokenizer: Any = None, log_level: str = "warning") -> None:
         import uvicorn
 
-        from engine.http.app import create_app
+        from engine.serving.app import create_app
 
         if tokenizer is None:
             tokenizer = tokenizer_of(client.config)
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     api_key = args.api_key or os.environ.get("GAPLESS_API_KEY") or None
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
     from engine.config import EngineConfig
-    from engine.http.prompts import read_chat_template
     from engine.process.client import EngineClient, EngineStartError
+    from engine.serving.prompts import read_chat_template
 
     sock: socket.socket | None = None
     try:  # what can be wrong is told before the model loads

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import SamplingParams
-from engine.http.schema import ApiError, ChatCompletionRequest, CompletionRequest
+from engine.serving.schema import ApiError, ChatCompletionRequest, CompletionRequest
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
