@@ -15,6 +15,7 @@ import os
 import socket
 import stat
 import struct
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 MAX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
@@ -107,6 +108,21 @@ def connect(path: str | os.PathLike[str], timeout: float) -> socket.socket:
         raise ValueError(f"no engine is listening on {p} ({e.strerror or e})") from e
     sock.setblocking(True)
     return sock
+
+
+def hang_up(conn: Connection) -> None:
+    """Shut a connection's socket down both ways: the peer sees EOF and a thread blocked
+    reading it here wakes up (a plain close() does neither while a read is in progress)."""
+    try:
+        sock = socket.socket(fileno=conn.fileno())
+    except OSError:  # already closed
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
 
 
 def peer_uid(sock: socket.socket) -> int:

@@ -15,6 +15,7 @@ import threading
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 
+from engine.process.endpoint import hang_up
 from engine.process.wire import End, Message, Reply, describe
 
 log = logging.getLogger("gapless.server")
@@ -60,6 +61,7 @@ class ClientLink:
         if self._sender.is_alive() and self._sender is not threading.current_thread():
             self._sender.join(flush_timeout)
         self.gone.set()
+        hang_up(self.conn)
         try:
             self.conn.close()
         except OSError:

@@ -114,7 +114,8 @@ class EngineServer(CommandsMixin):
         return link.start()
 
     def serve(self, owner: ClientLink) -> int:
-        """Runs the owner's commands on this thread until it shuts the engine down."""
+        """Runs the owner's commands on this thread until it shuts the engine down (0) or
+        its pipe closes (3): the exit code of the process."""
         self._pump.start()
         if self.listener is not None:
             threading.Thread(target=self._accept_loop, name="gapless-accept", daemon=True).start()
@@ -123,6 +124,7 @@ class EngineServer(CommandsMixin):
                 call = owner.conn.recv()
             except (EOFError, OSError):
                 self.abandon("the engine's owner closed its pipe without a shutdown")
+                return 3
             except Exception:
                 log.exception("unreadable frame from the owner")
                 continue
@@ -156,6 +158,8 @@ class EngineServer(CommandsMixin):
             except (EOFError, OSError):
                 break
             except Exception:
+                if link.conn.closed:
+                    break
                 log.exception("unreadable frame from %s", link.name)
                 continue
             if self.handle(link, call) is not None:
@@ -291,13 +295,13 @@ class EngineServer(CommandsMixin):
             link.close(2.0)
 
     def abandon(self, reason: str) -> None:
-        """The owner is gone: tell the attached clients why, then exit at once."""
+        """The owner is gone: tell the attached clients why (the caller then exits at once)."""
         log.warning("%s: exiting", reason)
+        self.stopping.set()
         self._close_listener()
         for link in self.attached():
             link.put(Closing(f"{reason}; the engine process exited"))
             link.close(0.5)
-        os._exit(3)
 
     def _close_listener(self) -> None:
         if self.listener is not None:

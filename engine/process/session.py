@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import socket
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +29,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from engine.core.request import RequestOutput
+from engine.process.endpoint import hang_up
 from engine.process.spawn import EngineProcess
 from engine.process.status import (
     EngineDead,
@@ -269,6 +269,8 @@ class Session:
             except (EOFError, OSError):
                 break
             except Exception:  # an unpicklable message must not kill the receiver
+                if self.conn.closed:  # closed here while reading
+                    break
                 log.exception("could not read a message from the engine")
                 continue
             self.last_heard = time.monotonic()
@@ -367,17 +369,6 @@ class Session:
         if self.proc is not None:
             self.proc.kill()
 
-    def _hang_up(self) -> None:
-        """Close our end; wakes the receiver (a plain close() would not on Linux)."""
-        try:
-            sock = socket.socket(fileno=self.conn.fileno())
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            finally:
-                sock.detach()
-        except OSError:
-            pass
-
     def shutdown(self, timeout: float, grace_s: float) -> None:
         """The owner stops the engine: politely while it answers, SIGKILL when it is hung
         (after ``grace_s``) or does not exit within ``timeout``."""
@@ -405,7 +396,7 @@ class Session:
                 self.call(Command.DETACH, timeout)
             except (EngineDead, TimeoutError, EngineError, ValueError):
                 pass
-            self._hang_up()
+            hang_up(self.conn)
             self._eof.wait(timeout)
         self.mark_dead(self.leaving or "this client detached from the engine")
         self.conn.close()
