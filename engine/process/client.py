@@ -196,9 +196,13 @@ class EngineClient:
         a new one with the same config. Attached: connect again to the same socket. The
         telemetry mirror starts empty (step numbers restart at 0)."""
         with self._lifecycle:
+            old = self._session
             self._stop(10.0)
             self._closed = False
             self._start()
+            if old is not None and self._session is not None:
+                # Requests of the old process (all ended by now) stay readable.
+                self._session.streams.update(old.streams)
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Owner: stop the engine process (idempotent); in-flight requests end "abort",
@@ -292,7 +296,7 @@ class EngineClient:
         stream = s.streams.get(rid) if s is not None else None
         if s is None or stream is None:
             raise ValueError(f"unknown request id {rid!r} (not submitted through this client, "
-                             "or from before a restart)")
+                             f"or one of the {KEEP_FINISHED} it keeps has ended since)")
         return s, stream
 
     def _waited(self, s: Session, t0: float, timeout: float | None, what: str) -> None:

@@ -1,0 +1,231 @@
+"""A hung engine process (SIGSTOP) is reported within ~3 s as "not responding", distinct from
+dead; no call or stream waits forever on it; restart() and shutdown() end it quickly; a submit
+that is not confirmed leaves no work running; a kill mid-stream keeps the tokens that
+streamed; and bad inputs through the client never touch good requests streaming beside them.
+
+One engine process (tiny llama, CPU) serves the module; tests that kill it restart it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from engine.drivers.workload import BenchmarkSpec
+from engine.process.client import EngineClient, EngineDead, EngineNotResponding
+
+SMALL = dict(
+    device="cpu", max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512, block_size=16
+)
+LONG = dict(max_tokens=400, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_model_dir):
+    c = EngineClient(None, model=str(tiny_model_dir("llama")), give_up_after_s=4.0, **SMALL)
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture
+def stopped(client):
+    """SIGSTOP the engine process for the test; SIGCONT after (if it still exists)."""
+    pid = client.pid
+    os.kill(pid, signal.SIGSTOP)
+    yield pid
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+def wait_for(predicate, timeout: float, step: float = 0.02) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"condition not met within {timeout} s")
+        time.sleep(step)
+    return time.monotonic() - t0
+
+
+def idle(client) -> bool:
+    s = client.stats()
+    return s["running"] == 0 and s["waiting"] == 0 and s["unfinished"] == 0
+
+
+def test_a_stopped_engine_is_not_responding_and_calls_fail_fast(client, stopped):
+    assert client.status().state == "alive"
+    took = wait_for(lambda: client.status().state == "not_responding", 4.0)
+    assert 1.5 < took < 3.0  # the default: 2 s without a heartbeat
+    status = client.status()
+    assert "has sent nothing for" in status.reason and "not even its heartbeat" in status.reason
+    assert client.alive() and not client.responding()
+    assert client.death_reason() is None
+    for call in (client.stats, client.settings, lambda: client.submit([1, 2], LONG)):
+        t0 = time.monotonic()
+        with pytest.raises(EngineNotResponding, match="restart\\(\\) kills it"):
+            call()
+        assert time.monotonic() - t0 < 0.5
+    with pytest.raises(TimeoutError):  # EngineNotResponding is a TimeoutError
+        list(client.run_benchmark(BenchmarkSpec(num_requests=1)))
+    os.kill(stopped, signal.SIGCONT)
+    wait_for(client.responding, 3.0)
+    assert client.status().state == "alive" and client.stats()["steps"] >= 0
+
+
+def test_stream_and_result_without_timeout_give_up_on_a_silent_engine(client):
+    rid = client.submit([3, 1, 4, 1, 5], LONG)
+    it = client.stream(rid)
+    got = [next(it)]
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(EngineNotResponding):
+            for delta in it:
+                got.append(delta)
+        assert time.monotonic() - t0 < 6.0  # give_up_after_s=4 plus what was queued
+        with pytest.raises(EngineNotResponding):
+            client.result(rid)
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+    out = client.result(rid, timeout=60)  # the engine resumed: the request finishes
+    assert out.finish_reason == "length" and len(out.token_ids) == 400
+    assert out.text.startswith("".join(got))
+
+
+def test_a_submit_that_is_not_confirmed_leaves_nothing_running(client):
+    wait_for(lambda: idle(client), 10.0)
+    bus = client.telemetry()
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(EngineNotResponding) as err:
+            client.submit([2, 7, 1, 8], LONG)  # sent before the silence is known
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+    rid = err.value.request_id
+    assert rid and f"request {rid} was aborted" in str(err.value)
+    out = client.result(rid, timeout=1)
+    assert out.finish_reason == "abort" and "was aborted" in out.error
+
+    def ended_by_abort() -> bool:
+        return any(e.request_id == rid and e.kind == "finished" and e.reason == "abort"
+                   for e in bus.snapshot_events(500))
+
+    wait_for(ended_by_abort, 10.0)  # the engine read the submit, then the abort after it
+    wait_for(lambda: idle(client), 5.0)
+    generated = sum(e.num_tokens for e in bus.snapshot_events(2000)
+                    if e.request_id == rid and e.kind in ("first_token", "tokens"))
+    assert generated < 400
+
+
+def test_abort_is_applied_in_order_and_never_waits(client):
+    rid = client.submit([9, 9, 9], LONG)
+    next(client.stream(rid, timeout=30))
+    os.kill(client.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        client.abort(rid)  # to a stopped engine: returns at once, applies when it resumes
+        assert time.monotonic() - t0 < 0.1
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+    out = client.result(rid, timeout=10)
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < 400
+    with pytest.raises(ValueError, match="request_id must be a string"):
+        client.abort(["x"])  # type: ignore[arg-type]
+    client.abort("never-submitted")  # ignored by the engine
+    assert client.generate([1, 2, 3], dict(max_tokens=4), timeout=30).finish_reason == "length"
+
+
+def test_kill_mid_stream_keeps_the_tokens_and_text_that_streamed(client):
+    solo = client.generate([5, 6, 7, 8], LONG, timeout=60)
+    rid = client.submit([5, 6, 7, 8], LONG)
+    streamed = []
+    for delta in client.stream(rid, timeout=30):
+        streamed.append(delta)
+        if len(streamed) == 20:
+            break
+    os.kill(client.pid, signal.SIGKILL)
+    out = client.result(rid, timeout=3)
+    assert out.finish_reason == "error" and "SIGKILL" in out.error
+    assert len(out.token_ids) >= 20
+    assert out.token_ids == solo.token_ids[:len(out.token_ids)]
+    assert out.text.startswith("".join(streamed))
+    assert solo.text.startswith(out.text)
+    client.restart()
+
+
+def test_restart_and_shutdown_of_a_stopped_engine_are_quick(client):
+    rid = client.submit([4, 4, 4], LONG)
+    next(client.stream(rid, timeout=30))
+    old = client.pid
+    os.kill(old, signal.SIGSTOP)
+    wait_for(lambda: client.status().state == "not_responding", 4.0)
+    t0 = time.monotonic()
+    client.restart()
+    assert client.pid != old and client.status().state == "alive"
+    assert client.result(rid, timeout=1).finish_reason == "error"
+    assert client.generate([1, 2, 3], dict(max_tokens=4), timeout=30).finish_reason == "length"
+    restart_s = time.monotonic() - t0
+    os.kill(client.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    client.shutdown()
+    assert time.monotonic() - t0 < 4.0  # not the 30 s of a polite shutdown
+    assert client.death_reason() == "the engine was shut down"
+    with pytest.raises(EngineDead):
+        client.stats()
+    client.restart()  # the module's client serves on
+    assert restart_s < 120
+
+
+def test_bad_inputs_through_the_client_never_touch_good_requests(client, tiny_model_dir):
+    rng = random.Random(7)
+    prompts = [[rng.randrange(1, 250) for _ in range(rng.randrange(2, 30))] for _ in range(12)]
+    params = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
+    solo = [client.generate(p, params, timeout=60).token_ids for p in prompts]
+    good = [client.submit(p, params) for p in prompts]
+    refused: list[str] = []
+
+    def bad_input(k: int) -> None:
+        kind = k % 8
+        try:
+            if kind == 0:
+                client.submit([1, 10**6], params)
+            elif kind == 1:
+                client.submit([1, 2], {"temperature": -1.0})
+            elif kind == 2:
+                client.submit([1, 2], {"no_such_param": 1})
+            elif kind == 3:
+                client.submit([], params)
+            elif kind == 4:
+                client.submit([1, 2], params, request_id=good[k % len(good)])  # in use
+            elif kind == 5:
+                client.abort(f"unknown-{k}")
+                refused.append("ignored")
+                return
+            elif kind == 6:
+                client.abort({"x": 1})  # type: ignore[arg-type]
+            else:
+                client.submit([1, 2], {"stop": [object()]})
+        except ValueError as e:
+            refused.append(str(e))
+            return
+        pytest.fail(f"bad input {kind} was accepted")
+
+    threads = [threading.Thread(target=bad_input, args=(k,)) for k in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(refused) == 40
+    for rid, expected in zip(good, solo, strict=True):
+        out = client.result(rid, timeout=60)
+        assert out.finish_reason == "length" and out.error is None
+        assert out.token_ids == expected
+    wait_for(lambda: idle(client), 5.0)
+    stats = client.stats()
+    assert stats["kv_blocks_used"] == 0
