@@ -143,11 +143,17 @@ class Session:
         deadline = time.monotonic() + timeout
         while not self._ready.is_set() and self.dead is None:
             if time.monotonic() > deadline:
-                self.kill()
-                self.mark_dead("the engine did not become ready in time")
-                raise EngineStartError(
-                    f"the engine did not become ready within {timeout:g} s "
-                    "(loading the model took too long?); it was stopped")
+                if self.proc is None:
+                    reason = (f"the engine did not answer within {timeout:g} s (still loading "
+                              "its model? attach with a larger connect_timeout_s)")
+                else:
+                    self.kill()
+                    reason = (f"the engine did not become ready within {timeout:g} s "
+                              "(loading the model took too long?); it was stopped")
+                self.leaving = reason
+                hang_up(self.conn)
+                self.mark_dead(reason)
+                raise EngineStartError(reason)
             self._ready.wait(0.05)
         if not self._ready.is_set():
             if self.proc is not None:

@@ -61,7 +61,7 @@ def idle(client) -> bool:
 def test_a_stopped_engine_is_not_responding_and_calls_fail_fast(client, stopped):
     assert client.status().state == "alive"
     took = wait_for(lambda: client.status().state == "not_responding", 4.0)
-    assert 1.5 < took < 3.0  # the default: 2 s without a heartbeat
+    assert 1.0 < took < 3.5  # the default: 2 s without a heartbeat (sent every 0.5 s)
     status = client.status()
     assert "has sent nothing for" in status.reason and "not even its heartbeat" in status.reason
     assert client.alive() and not client.responding()
@@ -174,7 +174,7 @@ def test_restart_and_shutdown_of_a_stopped_engine_are_quick(client):
     os.kill(client.pid, signal.SIGSTOP)
     t0 = time.monotonic()
     client.shutdown()
-    assert time.monotonic() - t0 < 4.0  # not the 30 s of a polite shutdown
+    assert time.monotonic() - t0 < 6.0  # ~2 s to notice, 1 s grace: not a polite 30 s
     assert client.death_reason() == "the engine was shut down"
     with pytest.raises(EngineDead):
         client.stats()
