@@ -21,7 +21,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from typing import Any
 from engine.config import EngineConfig, SamplingParams
 from engine.core.request import RequestOutput
 from engine.process import endpoint
-from engine.process.session import POLL_S, Session, _Stream
+from engine.process.session import Session
 from engine.process.spawn import EngineProcess, exit_reason, last_words  # noqa: F401
 from engine.process.status import (  # noqa: F401  (re-exported: they belong to the API)
     EngineDead,
@@ -38,6 +38,7 @@ from engine.process.status import (  # noqa: F401  (re-exported: they belong to 
     EngineStartError,
     EngineStatus,
 )
+from engine.process.streams import KEEP_FINISHED, POLL_S, RequestStream
 from engine.process.wire import Command
 from telemetry.bus import TelemetryBus
 
@@ -51,7 +52,6 @@ STALL_AFTER_S = 10.0
 GIVE_UP_AFTER_S = 30.0
 KILL_GRACE_S = 1.0  # how long shutdown() waits for a hung engine before SIGKILL
 CONNECT_TIMEOUT_S = 10.0
-KEEP_FINISHED = 1024  # finished requests whose result() can still be read
 
 _live: weakref.WeakSet[EngineClient] = weakref.WeakSet()
 
@@ -202,7 +202,7 @@ class EngineClient:
             self._start()
             if old is not None and self._session is not None:
                 # Requests of the old process (all ended by now) stay readable.
-                self._session.streams.update(old.streams)
+                self._session.streams.adopt(old.streams)
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Owner: stop the engine process (idempotent); in-flight requests end "abort",
@@ -244,20 +244,11 @@ class EngineClient:
         rid = request_id if request_id is not None else f"{self._rid_prefix}-{next(self._rids)}"
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"request_id must be a non-empty string, got {rid!r}")
-        stream = _Stream(rid)
-        with s.lock:
-            old = s.streams.get(rid)
-            if old is not None and not old.done.is_set():
-                raise ValueError(f"request id {rid!r} is already in use")
-            s.streams[rid] = stream
-            s.streams.move_to_end(rid)
-            self._prune(s)
+        stream = s.streams.open(rid)
         try:
             call = s.begin(Command.SUBMIT, prompt=prompt, params=params, request_id=rid)
         except BaseException:  # not sent
-            with s.lock:
-                if s.streams.get(rid) is stream:
-                    del s.streams[rid]
+            s.streams.forget(stream)
             raise
         try:
             s.finish_call(call, Command.SUBMIT, self.call_timeout_s)
@@ -273,56 +264,36 @@ class EngineClient:
             err.request_id = rid  # type: ignore[attr-defined]
             raise err from None
         except BaseException:
-            with s.lock:
-                if s.streams.get(rid) is stream:
-                    del s.streams[rid]
+            s.streams.forget(stream)
             raise
         if s.dead is not None:  # died between the reply and here: the stream ends too
             stream.end_here("error", s.dead)
         return rid
 
-    @staticmethod
-    def _prune(s: Session) -> None:
-        extra = len(s.streams) - KEEP_FINISHED
-        for rid in list(s.streams):
-            if extra <= 0:
-                break
-            if s.streams[rid].done.is_set():
-                del s.streams[rid]
-                extra -= 1
-
-    def _stream_of(self, rid: str) -> tuple[Session, _Stream]:
+    def _stream_of(self, rid: str) -> tuple[Session, RequestStream]:
         s = self._session
         stream = s.streams.get(rid) if s is not None else None
         if s is None or stream is None:
             raise ValueError(f"unknown request id {rid!r} (not submitted through this client, "
-                             f"or one of the {KEEP_FINISHED} it keeps has ended since)")
+                             f"or ended long ago: it keeps the last {KEEP_FINISHED})")
         return s, stream
 
-    def _waited(self, s: Session, t0: float, timeout: float | None, what: str) -> None:
-        """Raise when a wait must end: ``timeout`` passed, or the engine silent too long."""
-        if timeout is not None and time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"{what} within {timeout:g} s")
-        if s.dead is None:
-            s.check(self.give_up_after_s)
+    def _check(self, s: Session, timeout: float | None, what: str) -> Callable[[float], None]:
+        """A wait's check: TimeoutError after ``timeout``, EngineNotResponding once the
+        engine has been silent for give_up_after_s."""
+        def check(t0: float) -> None:
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"{what} within {timeout:g} s")
+            if s.dead is None:
+                s.check(self.give_up_after_s)
+        return check
 
     def stream(self, rid: str, timeout: float | None = None) -> Iterator[str]:
         """Text deltas until the request ends (for any reason, engine death included).
         ``timeout`` bounds the wait for each delta (TimeoutError); without it, the wait ends
         with EngineNotResponding once the engine has been silent for give_up_after_s."""
         s, stream = self._stream_of(rid)
-        while True:
-            t0 = time.monotonic()
-            while True:
-                try:
-                    delta = stream.deltas.get(timeout=POLL_S)
-                    break
-                except queue.Empty:
-                    self._waited(s, t0, timeout, f"request {rid} sent nothing")
-            if delta is None:
-                stream.deltas.put(None)  # a second stream() ends at once too
-                return
-            yield delta
+        return stream.iter_deltas(self._check(s, timeout, f"request {rid} sent nothing"))
 
     def result(self, rid: str, timeout: float | None = None) -> RequestOutput:
         """The request's output once it has ended; finish_reason "error" (and error set,
@@ -330,11 +301,7 @@ class EngineClient:
         TimeoutError when ``timeout`` passes first; EngineNotResponding when the engine has
         been silent for give_up_after_s (the request may still finish later)."""
         s, stream = self._stream_of(rid)
-        t0 = time.monotonic()
-        while not stream.done.wait(POLL_S):
-            self._waited(s, t0, timeout, f"request {rid} did not finish")
-        assert stream.output is not None
-        return stream.output
+        return stream.wait(self._check(s, timeout, f"request {rid} did not finish"))
 
     def generate(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
                  timeout: float | None = None) -> RequestOutput:
@@ -416,13 +383,14 @@ class EngineClient:
         try:
             assert pending.items is not None
             while True:
+                check = self._check(s, None, "the benchmark")
                 t0 = time.monotonic()
                 while True:
                     try:
                         item = pending.items.get(timeout=POLL_S)
                         break
                     except queue.Empty:
-                        self._waited(s, t0, None, "the benchmark")
+                        check(t0)
                 if item is None:
                     break
                 yield item

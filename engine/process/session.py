@@ -23,7 +23,6 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -38,6 +37,7 @@ from engine.process.status import (
     EngineStartError,
     EngineStatus,
 )
+from engine.process.streams import POLL_S, StreamBook
 from engine.process.wire import (
     NO_REPLY,
     BenchItem,
@@ -60,37 +60,10 @@ from telemetry.bus import TelemetryBus
 log = logging.getLogger("gapless.client")
 
 EXIT_GRACE_S = 1.5  # after the pipe closes, how long to wait for the exit code
-POLL_S = 0.1  # how often a waiting caller looks at the engine's liveness
 
 
 def _pickle(obj: Any) -> bytes:
     return bytes(ForkingPickler.dumps(obj))
-
-
-class _Stream:
-    """One request's deltas and end, as the receiver thread delivers them."""
-
-    __slots__ = ("request_id", "deltas", "done", "output", "text", "token_ids")
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self.done = threading.Event()
-        self.output: RequestOutput | None = None
-        self.text = ""
-        self.token_ids: list[int] = []
-
-    def finish(self, output: RequestOutput) -> None:
-        if self.done.is_set():
-            return
-        self.output = output
-        self.done.set()
-        self.deltas.put(None)
-
-    def end_here(self, reason: str, error: str) -> None:
-        """End it on this side, keeping what arrived (the engine is gone or gave no answer)."""
-        self.finish(RequestOutput(self.request_id, [], list(self.token_ids), self.text,
-                                  reason, error))
 
 
 class _Call:
@@ -122,7 +95,7 @@ class Session:
         self.nvml_reason: str | None = "NVML not read yet"
         self.last_heard = time.monotonic()
         self.beat = Heartbeat(-1, 0, 0.0)
-        self.streams: OrderedDict[str, _Stream] = OrderedDict()
+        self.streams = StreamBook()
         self.lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
@@ -168,7 +141,16 @@ class Session:
 
     # ---------------------------------------------------------------------- liveness
     def silent_s(self) -> float:
-        return time.monotonic() - self.last_heard
+        silent = time.monotonic() - self.last_heard
+        if silent > 1.0 and self.dead is None:
+            # Frames waiting unread mean the engine spoke and this process was too busy to
+            # read: not the engine's silence.
+            try:
+                if self.conn.poll(0):
+                    return 0.0
+            except (OSError, ValueError):
+                pass
+        return silent
 
     def status(self) -> EngineStatus:
         silent, beat = self.silent_s(), self.beat
@@ -312,9 +294,7 @@ class Session:
             case Delta(rid, text, token_ids):
                 s = self.streams.get(rid)
                 if s is not None:
-                    s.text += text
-                    s.token_ids += token_ids
-                    s.deltas.put(text)
+                    s.add(text, token_ids)
             case End(rid, out):
                 s = self.streams.get(rid)
                 if s is not None:
@@ -362,8 +342,7 @@ class Session:
         self._out.put(None)
         if self.leaving is None:
             log.error("engine process %s: %s", self.pid, reason)
-        for s in list(self.streams.values()):
-            s.end_here("error", reason)
+        self.streams.end_all(reason)
         for pending in calls:
             pending.ok, pending.value = False, EngineDead(reason)
             pending.event.set()
