@@ -87,8 +87,9 @@ class EngineServer(CommandsMixin):
     (configure, load generator, benchmark) are serialised across clients by ``lock``."""
 
     def __init__(self, engine: Any, nvml: Any, listener: socket.socket | None = None,
-                 listen_path: Path | None = None) -> None:
+                 listen_path: Path | None = None, owner_pid: int | None = None) -> None:
         super().__init__(engine)
+        self.owner_pid = os.getppid() if owner_pid is None else owner_pid
         self.nvml = nvml
         self.listener = listener
         self.listen_path = listen_path
@@ -123,7 +124,8 @@ class EngineServer(CommandsMixin):
             try:
                 call = owner.conn.recv()
             except (EOFError, OSError):
-                self.abandon("the engine's owner closed its pipe without a shutdown")
+                self.abandon(f"the engine's owner (pid {self.owner_pid}) closed its pipe "
+                             "without a shutdown")
                 return 3
             except Exception:
                 log.exception("unreadable frame from the owner")
@@ -372,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             conn.close()
         sys.exit(1)
-    server.append(EngineServer(engine, nvml, listener, listen_path))
+    server.append(EngineServer(engine, nvml, listener, listen_path, owner_pid=args.parent))
     code = server[0].serve(server[0].add_link(conn, owner=True))
     sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: torch's can take seconds, nothing is left

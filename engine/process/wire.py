@@ -13,7 +13,7 @@ Framing: ``multiprocessing.connection.Connection`` frames, each one a pickle.
 - client -> engine: one ``Call`` per frame. Its arguments are pickled apart from the
   envelope, so the engine can always read the call id and answer, even when it cannot
   rebuild an argument (a class it cannot import). ``call_id`` 0 means "no reply wanted"
-  (a notification: ABORT, DETACH).
+  (a notification: ABORT, CANCEL_BENCHMARK, and the owner's first frame, START).
 - engine -> client: a frame is a list of messages (everything queued since the last send:
   one syscall per batch, not per token) or a single message pre-encoded once and sent to
   every client as is (TELEMETRY, HEARTBEAT). Every call with a call id gets exactly one

@@ -9,8 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +25,7 @@ SMALL = dict(
 )
 GREEDY = dict(max_tokens=16, temperature=0.0, ignore_eos=True)
 LONG = dict(max_tokens=400, temperature=0.0, ignore_eos=True)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for(predicate, timeout: float, step: float = 0.02) -> float:
@@ -147,3 +152,36 @@ def test_the_owners_shutdown_tells_attached_clients(tiny_model_dir, tmp_path):
         other.stats()
     assert not path.exists()  # the socket is removed with the engine
     other.shutdown()  # detaching from a gone engine is quiet
+
+
+def test_attached_clients_are_told_when_the_owner_process_dies(tiny_model_dir, tmp_path):
+    path = tmp_path / "run" / "engine.sock"
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from engine.process.client import EngineClient
+        c = EngineClient(None, model={str(tiny_model_dir("llama"))!r}, listen={str(path)!r},
+                         device="cpu", max_num_seqs=2, max_num_batched_tokens=32,
+                         max_model_len=64)
+        print(c.pid, flush=True)
+        time.sleep(120)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(parent.stdout.readline()))
+        reader.start()
+        reader.join(90)
+        assert line and line[0].strip(), "the owner never reported its engine"
+        other = EngineClient.attach(path)
+        assert other.pid == int(line[0])
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(5)
+        wait_for(lambda: not other.alive(), 5.0)
+        assert other.death_reason().startswith(f"the engine's owner (pid {parent.pid})")
+        assert other.death_reason().endswith("the engine process exited")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(5)
