@@ -254,35 +254,42 @@ class EngineServer(CommandsMixin):
     # -------------------------------------------------------------------------- pump
     def _pump_loop(self) -> None:
         """Telemetry every TELEMETRY_PERIOD_S, NVML readings, and the heartbeat, each
-        pickled once for all clients. Runs beside the step loop, never on it."""
+        pickled once for all clients. Runs beside the step loop, never on it. A failure
+        is logged and the pump goes on: its silence would read as a hung engine."""
         reader = self.engine.bus.reader()
         watch = LoopWatch()
-        last_nvml: Any = None
-        next_beat = 0.0
+        state: dict[str, Any] = {"nvml": None, "next_beat": 0.0}
         while not self.stopping.is_set():
             time.sleep(TELEMETRY_PERIOD_S)
-            with self.links_lock:
-                links = list(self.links)
-            steps, events = reader.steps(), reader.events()
-            if steps or events:
-                frame = pickle_frame(Telemetry(encode_steps(steps), encode_events(events)))
-                for link in links:
-                    if link.backlog() <= MAX_BACKLOG:
-                        link.put(frame)
-            reading = self.nvml.latest()
-            if reading is not None and reading is not last_nvml:
-                last_nvml = reading
-                frame = pickle_frame(Nvml(dataclasses.asdict(reading), None))
-                for link in links:
+            try:
+                self._pump_once(reader, watch, state)
+            except Exception:
+                log.exception("the telemetry pump failed; going on")
+                time.sleep(HEARTBEAT_PERIOD_S)
+
+    def _pump_once(self, reader: Any, watch: LoopWatch, state: dict[str, Any]) -> None:
+        with self.links_lock:
+            links = list(self.links)
+        steps, events = reader.steps(), reader.events()
+        if steps or events:
+            frame = pickle_frame(Telemetry(encode_steps(steps), encode_events(events)))
+            for link in links:
+                if link.backlog() <= MAX_BACKLOG:
                     link.put(frame)
-            if time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + HEARTBEAT_PERIOD_S
-                step, unfinished = self.engine.loop.step_no, self.engine.stats()["unfinished"]
-                beat = Heartbeat(step, unfinished,
-                                 watch.observe(step, unfinished, time.perf_counter_ns()))
-                frame = pickle_frame(beat)
-                for link in links:
-                    link.put(frame)
+        reading = self.nvml.latest()
+        if reading is not None and reading is not state["nvml"]:
+            state["nvml"] = reading
+            frame = pickle_frame(Nvml(dataclasses.asdict(reading), None))
+            for link in links:
+                link.put(frame)
+        if time.monotonic() >= state["next_beat"]:
+            state["next_beat"] = time.monotonic() + HEARTBEAT_PERIOD_S
+            step, unfinished = self.engine.loop.step_no, self.engine.stats()["unfinished"]
+            beat = Heartbeat(step, unfinished,
+                             watch.observe(step, unfinished, time.perf_counter_ns()))
+            frame = pickle_frame(beat)
+            for link in links:
+                link.put(frame)
 
     # ---------------------------------------------------------------------- stopping
     def shutdown(self) -> None:

@@ -182,50 +182,80 @@ def test_restart_and_shutdown_of_a_stopped_engine_are_quick(client):
     assert restart_s < 120
 
 
-def test_bad_inputs_through_the_client_never_touch_good_requests(client, tiny_model_dir):
+def test_bad_inputs_through_the_client_never_touch_good_requests(client):
+    """The client half of the randomised fault test: while good requests stream and the
+    settings switch live, threads send every kind of bad input; each is refused alone and
+    every good request's tokens equal its run alone."""
     rng = random.Random(7)
     prompts = [[rng.randrange(1, 250) for _ in range(rng.randrange(2, 30))] for _ in range(12)]
-    params = dict(max_tokens=24, temperature=0.0, ignore_eos=True)
+    params = dict(max_tokens=48, temperature=0.0, ignore_eos=True)
+    before = client.settings()
     solo = [client.generate(p, params, timeout=60).token_ids for p in prompts]
+    busy = client.submit([6, 6, 6], LONG)  # certainly running while the bad inputs come
+    next(client.stream(busy, timeout=30))
     good = [client.submit(p, params) for p in prompts]
+    bad_inputs = [
+        lambda: client.submit([1, 10**6], params),  # token id outside the vocabulary
+        lambda: client.submit([1, 2], {"temperature": -1.0}),
+        lambda: client.submit([1, 2], {"no_such_param": 1}),
+        lambda: client.submit([1, 2], {"top_k": "many"}),
+        lambda: client.submit([], params),
+        lambda: client.submit(None, params),  # type: ignore[arg-type]
+        lambda: client.submit([1, 2], params, request_id=busy),  # in use
+        lambda: client.submit([1, 2], params, request_id=""),
+        lambda: client.submit([1, 2], params, request_id=5),  # type: ignore[arg-type]
+        lambda: client.abort({"x": 1}),  # type: ignore[arg-type]
+        lambda: client.abort(["x"]),  # type: ignore[arg-type]
+        lambda: client.submit([1, 2], {"stop": [object()]}),  # cannot be pickled
+    ]
     refused: list[str] = []
+    accepted: list[int] = []
+    failures: list[BaseException] = []
 
-    def bad_input(k: int) -> None:
-        kind = k % 8
-        try:
-            if kind == 0:
-                client.submit([1, 10**6], params)
-            elif kind == 1:
-                client.submit([1, 2], {"temperature": -1.0})
-            elif kind == 2:
-                client.submit([1, 2], {"no_such_param": 1})
-            elif kind == 3:
-                client.submit([], params)
-            elif kind == 4:
-                client.submit([1, 2], params, request_id=good[k % len(good)])  # in use
-            elif kind == 5:
-                client.abort(f"unknown-{k}")
-                refused.append("ignored")
-                return
-            elif kind == 6:
-                client.abort({"x": 1})  # type: ignore[arg-type]
+    def inject(order: list[int]) -> None:
+        for k in order:
+            if rng.random() < 0.3:
+                client.abort(f"unknown-{k}")  # ignored by the engine
+            try:
+                bad_inputs[k]()
+            except ValueError as e:
+                refused.append(str(e))
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failures.append(e)
             else:
-                client.submit([1, 2], {"stop": [object()]})
-        except ValueError as e:
-            refused.append(str(e))
-            return
-        pytest.fail(f"bad input {kind} was accepted")
+                accepted.append(k)
 
-    threads = [threading.Thread(target=bad_input, args=(k,)) for k in range(40)]
+    def switch(stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                client.configure(async_batching=rng.random() < 0.5,
+                                 num_slots=rng.choice([1, 2, 3]))
+            except BaseException as e:  # noqa: BLE001
+                failures.append(e)
+            time.sleep(0.05)
+
+    orders = [rng.sample(range(len(bad_inputs)), len(bad_inputs)) for _ in range(4)]
+    stop = threading.Event()
+    switcher = threading.Thread(target=switch, args=(stop,))
+    switcher.start()
+    threads = [threading.Thread(target=inject, args=(o,)) for o in orders]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
-    assert len(refused) == 40
-    for rid, expected in zip(good, solo, strict=True):
-        out = client.result(rid, timeout=60)
-        assert out.finish_reason == "length" and out.error is None
-        assert out.token_ids == expected
+        t.join(60)
+    try:
+        for rid, expected in zip(good, solo, strict=True):
+            out = client.result(rid, timeout=60)
+            assert out.finish_reason == "length" and out.error is None
+            assert out.token_ids == expected
+    finally:
+        stop.set()
+        switcher.join(10)
+        client.abort(busy)
+        client.configure(async_batching=before["async_batching"],
+                         num_slots=before["num_slots"])
+    assert not failures and not accepted
+    assert len(refused) == 4 * len(bad_inputs)
+    assert client.result(busy, timeout=10).finish_reason == "abort"
     wait_for(lambda: idle(client), 5.0)
-    stats = client.stats()
-    assert stats["kv_blocks_used"] == 0
+    assert client.stats()["kv_blocks_used"] == 0
