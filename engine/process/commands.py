@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.process.links import ClientLink
-from engine.process.wire import BenchItem, Command, Delta, End, Reply, describe
+from engine.process.wire import BenchItem, Command, Reply, delta_raw, describe, end_raw
 
 log = logging.getLogger("gapless.server")
 
@@ -86,8 +86,8 @@ class CommandsMixin:
         try:
             handle = self.engine.submit(
                 prompt, params, request_id=request_id,
-                on_delta=lambda rid, text: outbox.put(Delta(rid, text, tokens.take(rid))),
-                on_finish=lambda out: outbox.put(End(out.request_id, dataclasses.asdict(out))),
+                on_delta=lambda rid, text: outbox.put(delta_raw(rid, text, tokens.take(rid))),
+                on_finish=lambda out: outbox.put(end_raw(out.request_id, dataclasses.asdict(out))),
             )
         except BaseException:
             if request_id is not None:

@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 
 from engine.process.endpoint import hang_up
-from engine.process.wire import End, Message, Reply, describe
+from engine.process.wire import End, Message, Raw, Reply, describe, encode
 
 log = logging.getLogger("gapless.server")
 
@@ -26,7 +26,7 @@ MAX_BATCH = 512
 MAX_BACKLOG = 2000
 
 
-def pickle_frame(message: Message | list[Message]) -> bytes:
+def pickle_frame(message: Raw | list[Raw]) -> bytes:
     return bytes(ForkingPickler.dumps(message))
 
 
@@ -38,8 +38,9 @@ class ClientLink:
         self.conn = conn
         self.name = name
         self.owner = owner
-        # Messages, or bytes: a frame pickled once and sent to every client as is.
-        self.outbox: queue.SimpleQueue[Message | bytes | None] = queue.SimpleQueue()
+        # Encoded messages (wire.encode), or bytes: a frame pickled once and sent to every
+        # client as is. The step loop's callbacks put into it directly.
+        self.outbox: queue.SimpleQueue[Raw | bytes | None] = queue.SimpleQueue()
         self.open: set[str] = set()  # submitted here and not ended; the sender updates it
         self.gone = threading.Event()  # the connection failed or was closed
         self._sender = threading.Thread(target=self._send_loop, name=f"gapless-send-{name}",
@@ -49,8 +50,11 @@ class ClientLink:
         self._sender.start()
         return self
 
-    def put(self, msg: Message | bytes) -> None:
-        self.outbox.put(msg)
+    def put(self, msg: Message) -> None:
+        self.outbox.put(encode(msg))
+
+    def put_frame(self, frame: bytes) -> None:
+        self.outbox.put(frame)
 
     def backlog(self) -> int:
         return self.outbox.qsize()
@@ -72,7 +76,7 @@ class ClientLink:
             first = self.outbox.get()
             if first is None:
                 return
-            batch: list[Message | bytes] = [first]
+            batch: list[Raw | bytes] = [first]
             while len(batch) < MAX_BATCH:
                 try:
                     msg = self.outbox.get_nowait()
@@ -88,8 +92,8 @@ class ClientLink:
                 self.gone.set()
                 return
 
-    def _send(self, batch: list[Message | bytes]) -> None:
-        messages: list[Message] = []
+    def _send(self, batch: list[Raw | bytes]) -> None:
+        messages: list[Raw] = []
         for item in batch:
             if isinstance(item, bytes):  # keep the order: what came before goes first
                 if messages:
@@ -97,26 +101,26 @@ class ClientLink:
                     messages = []
                 self.conn.send_bytes(item)
             else:
-                if isinstance(item, End):
-                    self.open.discard(item.request_id)
+                if item[0] == End.TAG:
+                    self.open.discard(item[1])
                 messages.append(item)
         if messages:
             self.conn.send_bytes(self._pickle_batch(messages))
 
     @staticmethod
-    def _pickle_batch(batch: list[Message]) -> bytes:
+    def _pickle_batch(batch: list[Raw]) -> bytes:
         try:
             return pickle_frame(batch)
         except Exception:  # one bad value must not silence the pipe: find it, answer instead
-            good: list[Message] = []
+            good: list[Raw] = []
             for msg in batch:
                 try:
                     pickle_frame(msg)
                 except Exception as e:
-                    log.exception("cannot send a %s message", type(msg).__name__)
-                    if isinstance(msg, Reply):
-                        msg = Reply(msg.call_id, False, (
-                            "EngineError", f"the engine's answer could not be sent: {describe(e)}"))
+                    log.exception("cannot send a message tagged %r", msg[0])
+                    if msg[0] == Reply.TAG:
+                        why = f"the engine's answer could not be sent: {describe(e)}"
+                        msg = encode(Reply(msg[1], False, ("EngineError", why)))
                     else:
                         continue
                 good.append(msg)

@@ -56,6 +56,7 @@ from engine.process.wire import (
     Reply,
     Telemetry,
     describe,
+    encode,
     encode_events,
     encode_steps,
 )
@@ -272,24 +273,24 @@ class EngineServer(CommandsMixin):
             links = list(self.links)
         steps, events = reader.steps(), reader.events()
         if steps or events:
-            frame = pickle_frame(Telemetry(encode_steps(steps), encode_events(events)))
+            frame = pickle_frame(encode(Telemetry(encode_steps(steps), encode_events(events))))
             for link in links:
                 if link.backlog() <= MAX_BACKLOG:
-                    link.put(frame)
+                    link.put_frame(frame)
         reading = self.nvml.latest()
         if reading is not None and reading is not state["nvml"]:
             state["nvml"] = reading
-            frame = pickle_frame(Nvml(dataclasses.asdict(reading), None))
+            frame = pickle_frame(encode(Nvml(dataclasses.asdict(reading), None)))
             for link in links:
-                link.put(frame)
+                link.put_frame(frame)
         if time.monotonic() >= state["next_beat"]:
             state["next_beat"] = time.monotonic() + HEARTBEAT_PERIOD_S
             step, unfinished = self.engine.loop.step_no, self.engine.stats()["unfinished"]
             beat = Heartbeat(step, unfinished,
                              watch.observe(step, unfinished, time.perf_counter_ns()))
-            frame = pickle_frame(beat)
+            frame = pickle_frame(encode(beat))
             for link in links:
-                link.put(frame)
+                link.put_frame(frame)
 
     # ---------------------------------------------------------------------- stopping
     def shutdown(self) -> None:
@@ -377,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
         if listen_path is not None:
             listen_path.unlink(missing_ok=True)
         try:
-            conn.send([Failed(describe(e))])
+            conn.send([encode(Failed(describe(e)))])
         finally:
             conn.close()
         sys.exit(1)

@@ -52,6 +52,7 @@ from engine.process.wire import (
     Ready,
     Reply,
     Telemetry,
+    decode,
     decode_events,
     decode_steps,
 )
@@ -262,11 +263,11 @@ class Session:
                 log.exception("could not read a message from the engine")
                 continue
             self.last_heard = time.monotonic()
-            for msg in frame if isinstance(frame, list) else [frame]:
+            for raw in frame if isinstance(frame, list) else [frame]:
                 try:
-                    self._dispatch(msg)
+                    self._dispatch(decode(raw))
                 except Exception:
-                    log.exception("bad message from the engine: %r", type(msg))
+                    log.exception("bad message from the engine: %r", raw[:1])
         self._eof.set()
         self.mark_dead(self._reason_at_eof())
 

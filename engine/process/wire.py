@@ -15,9 +15,11 @@ Framing: ``multiprocessing.connection.Connection`` frames, each one a pickle.
   rebuild an argument (a class it cannot import). ``call_id`` 0 means "no reply wanted"
   (a notification: ABORT, CANCEL_BENCHMARK, and the owner's first frame, START).
 - engine -> client: a frame is a list of messages (everything queued since the last send:
-  one syscall per batch, not per token) or a single message pre-encoded once and sent to
-  every client as is (TELEMETRY, HEARTBEAT). Every call with a call id gets exactly one
-  ``Reply``; when ``ok`` is False, ``value`` is ``(exception type name, message)``.
+  one syscall per batch, not per token) or a single message pickled once and sent to every
+  client as is (Telemetry, Nvml, Heartbeat). A message travels as a plain tuple
+  ``(TAG, *fields)`` (``encode`` / ``decode``; see below why). Every call with a call id
+  gets exactly one ``Reply``; when ``ok`` is False, ``value`` is ``(exception type name,
+  message)``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Reply(NamedTuple):
     call_id: int
     ok: bool
     value: Any  # the result, or (exception type name, message) when not ok
+    TAG = 1
 
 
 class Delta(NamedTuple):
@@ -73,38 +76,45 @@ class Delta(NamedTuple):
     request_id: str
     text: str
     token_ids: list[int]
+    TAG = 2
 
 
 class End(NamedTuple):
     request_id: str
     output: dict[str, Any]  # RequestOutput as a dict
+    TAG = 3
 
 
 class Telemetry(NamedTuple):
     steps: list[tuple[Any, ...]]   # encode_steps
     events: list[tuple[Any, ...]]  # encode_events
+    TAG = 4
 
 
 class Nvml(NamedTuple):
     reading: dict[str, Any] | None  # NvmlReading as a dict
     reason: str | None
+    TAG = 5
 
 
 class BenchItem(NamedTuple):
     call_id: int
     item: Any  # BenchmarkProgress | BenchmarkResult
+    TAG = 6
 
 
 class Ready(NamedTuple):
     """Sent once to every client when it is connected and the engine serves."""
 
     info: dict[str, Any]  # pid, settings, nvml_available, nvml_reason, owner, listen
+    TAG = 7
 
 
 class Failed(NamedTuple):
     """Sent instead of Ready when the engine cannot start (a message a user can act on)."""
 
     message: str
+    TAG = 8
 
 
 class Heartbeat(NamedTuple):
@@ -115,17 +125,48 @@ class Heartbeat(NamedTuple):
     step: int
     unfinished: int
     loop_stalled_s: float
+    TAG = 9
 
 
 class Closing(NamedTuple):
     """The engine is about to close this connection; ``reason`` is what the client reports."""
 
     reason: str
+    TAG = 10
 
 
 Message = Reply | Delta | End | Telemetry | Nvml | BenchItem | Ready | Failed | Heartbeat | Closing
+Raw = tuple[Any, ...]  # a message as it travels: (TAG, *fields)
 
 HEARTBEAT_PERIOD_S = 0.5
+
+_BY_TAG: dict[int, type] = {cls.TAG: cls for cls in (
+    Reply, Delta, End, Telemetry, Nvml, BenchItem, Ready, Failed, Heartbeat, Closing)}
+
+
+# Messages travel as plain tuples tagged with their kind's TAG: pickling a NamedTuple runs
+# its reduce in Python, ~10x the cost of a plain tuple, and the engine process pays it on the
+# GIL its step loop needs. The client rebuilds the named form (decode), in its own process.
+def encode(msg: Message) -> Raw:
+    return (msg.TAG, *msg)
+
+
+def decode(raw: Raw) -> Message:
+    """The named message; ValueError for a tag this side does not know."""
+    cls = _BY_TAG.get(raw[0]) if raw else None
+    if cls is None:
+        raise ValueError(f"unknown message tag {raw[:1]!r}")
+    return cls(*raw[1:])
+
+
+def delta_raw(request_id: str, text: str, token_ids: list[int]) -> Raw:
+    """encode(Delta(...)) without building the NamedTuple: it runs on the step loop."""
+    return (Delta.TAG, request_id, text, token_ids)
+
+
+def end_raw(request_id: str, output: dict[str, Any]) -> Raw:
+    """encode(End(...)) without building the NamedTuple: it runs on the step loop."""
+    return (End.TAG, request_id, output)
 
 
 # ------------------------------------------------------------------------- telemetry

@@ -191,3 +191,32 @@ def test_an_engine_that_leaves_without_a_word_is_dead_with_a_reason(served):
     assert "closed without a word" in session.dead
     with pytest.raises(EngineDead, match="closed without a word"):
         session.call(Command.STATS, 5.0)
+
+
+def test_every_message_kind_round_trips_as_a_tagged_tuple():
+    from engine.process import wire
+
+    kinds = [wire.Reply(3, True, {"a": 1}), wire.Delta("r", "hi", [1, 2]),
+             wire.End("r", {"text": "hi"}), wire.Telemetry([], []), wire.Nvml(None, "no GPU"),
+             wire.BenchItem(4, "item"), wire.Ready({"pid": 1}), wire.Failed("bad model"),
+             wire.Heartbeat(7, 2, 0.0), wire.Closing("bye")]
+    assert len({type(m).TAG for m in kinds}) == len(kinds)
+    for msg in kinds:
+        raw = pickle.loads(pickle.dumps(wire.encode(msg)))
+        assert type(raw) is tuple
+        assert wire.decode(raw) == msg and type(wire.decode(raw)) is type(msg)
+    assert wire.delta_raw("r", "hi", [1]) == wire.encode(wire.Delta("r", "hi", [1]))
+    assert wire.end_raw("r", {}) == wire.encode(wire.End("r", {}))
+    with pytest.raises(ValueError, match="unknown message tag"):
+        wire.decode((99, "x"))
+
+
+def test_an_answer_that_cannot_be_pickled_becomes_an_error_reply():
+    from engine.process import wire
+    from engine.process.links import ClientLink
+
+    batch = [wire.encode(wire.Reply(5, True, lambda: 0)), wire.delta_raw("r", "ok", [1])]
+    sent = [wire.decode(raw) for raw in pickle.loads(ClientLink._pickle_batch(batch))]
+    assert sent[0].call_id == 5 and sent[0].ok is False
+    assert "the engine's answer could not be sent" in sent[0].value[1]
+    assert sent[1] == wire.Delta("r", "ok", [1])
