@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import faulthandler
 import logging
 import os
@@ -66,6 +67,14 @@ log = logging.getLogger("gapless.server")
 TELEMETRY_PERIOD_S = 0.05
 WATCHDOG_PERIOD_S = 0.5
 ACCEPT_POLL_S = 0.5
+
+
+class After(enum.Enum):
+    """What a client's reader does after a call."""
+
+    GO_ON = enum.auto()
+    STOP = enum.auto()  # the owner shut the engine down
+    LEAVE = enum.auto()  # an attached client detached
 
 
 class LoopWatch:
@@ -131,7 +140,7 @@ class EngineServer(CommandsMixin):
             except Exception:
                 log.exception("unreadable frame from the owner")
                 continue
-            if self.handle(owner, call) == "stop":
+            if self.handle(owner, call) is After.STOP:
                 return 0
 
     def _accept_loop(self) -> None:
@@ -165,7 +174,7 @@ class EngineServer(CommandsMixin):
                     break
                 log.exception("unreadable frame from %s", link.name)
                 continue
-            if self.handle(link, call) is not None:
+            if self.handle(link, call) is not After.GO_ON:
                 break
         self.detach(link)
 
@@ -186,38 +195,37 @@ class EngineServer(CommandsMixin):
             return [link for link in self.links if not link.owner]
 
     # ----------------------------------------------------------------------- commands
-    def handle(self, link: ClientLink, call: Any) -> str | None:
-        """Run one call; returns "stop" (the owner shut the engine down), "detach" (an
-        attached client leaves) or None (go on)."""
+    def handle(self, link: ClientLink, call: Any) -> After:
+        """Run one call; say what the client's reader does next."""
         try:
             call_id, command, payload = call
         except (TypeError, ValueError):
             log.error("%s sent a frame that is not a Call: %r", link.name, type(call))
-            return None
+            return After.GO_ON
         try:
             command = Command(command)
         except ValueError:
             self.answer(link, call_id, False, ("ValueError", f"unknown engine command "
                         f"{command!r}; known: {', '.join(c.value for c in Command)}"))
-            return None
+            return After.GO_ON
         try:
             kwargs = pickle.loads(payload)
         except Exception as e:  # e.g. a class this process cannot import
             self.answer(link, call_id, False, ("ValueError", f"the engine process cannot read "
                         f"the arguments of {command}: {describe(e)}"))
-            return None
+            return After.GO_ON
         if command is Command.SHUTDOWN and link.owner:
             self.shutdown()
             self.answer(link, call_id, True, None)
             link.close(10.0)
-            return "stop"
+            return After.STOP
         if command in (Command.SHUTDOWN, Command.DETACH):
             self.answer(link, call_id, not link.owner, None if not link.owner else (
                 "ValueError", "the owner cannot detach; shut the engine down instead"))
-            return None if link.owner else "detach"
+            return After.GO_ON if link.owner else After.LEAVE
         if command is Command.RUN_BENCHMARK:
             self.start_benchmark(link, call_id, **kwargs)
-            return None
+            return After.GO_ON
         fn = self.commands.get(command)
         try:
             if fn is None:
@@ -229,7 +237,7 @@ class EngineServer(CommandsMixin):
             self.answer(link, call_id, False, (type(e).__name__, describe(e)))
         else:
             self.answer(link, call_id, True, value)
-        return None
+        return After.GO_ON
 
     def answer(self, link: ClientLink, call_id: int, ok: bool, value: Any) -> None:
         if call_id == NO_REPLY:  # a notification: nobody waits; failures only get logged
@@ -259,7 +267,7 @@ class EngineServer(CommandsMixin):
         is logged and the pump goes on: its silence would read as a hung engine."""
         reader = self.engine.bus.reader()
         watch = LoopWatch()
-        state: dict[str, Any] = {"nvml": None, "next_beat": 0.0}
+        state: dict[str, Any] = {"last_reading": None, "next_beat": 0.0}
         while not self.stopping.is_set():
             time.sleep(TELEMETRY_PERIOD_S)
             try:
@@ -278,8 +286,8 @@ class EngineServer(CommandsMixin):
                 if link.backlog() <= MAX_BACKLOG:
                     link.put_frame(frame)
         reading = self.nvml.latest()
-        if reading is not None and reading is not state["nvml"]:
-            state["nvml"] = reading
+        if reading is not None and reading is not state["last_reading"]:
+            state["last_reading"] = reading
             frame = pickle_frame(encode(Nvml(dataclasses.asdict(reading), None)))
             for link in links:
                 link.put_frame(frame)

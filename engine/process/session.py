@@ -125,8 +125,8 @@ class Session:
                     reason = (f"the engine did not become ready within {timeout:g} s "
                               "(loading the model took too long?); it was stopped")
                 self.leaving = reason
-                hang_up(self.conn)
                 self.mark_dead(reason)
+                self.close()
                 raise EngineStartError(reason)
             self._ready.wait(0.05)
         if not self._ready.is_set():
@@ -372,7 +372,7 @@ class Session:
         self.kill()
         self.proc.wait(5.0)
         self.mark_dead(self.leaving or "the engine was shut down")
-        self.conn.close()
+        self.close()
 
     def detach(self, timeout: float) -> None:
         """An attached client leaves; the engine serves on (and aborts what it had open)."""
@@ -382,7 +382,13 @@ class Session:
                 self.call(Command.DETACH, timeout)
             except (EngineDead, TimeoutError, EngineError, ValueError):
                 pass
-            hang_up(self.conn)
-            self._eof.wait(timeout)
         self.mark_dead(self.leaving or "this client detached from the engine")
+        self.close()
+
+    def close(self) -> None:
+        """Hang up, let the receiver finish, then free the descriptor: closing it under a
+        receiver that is between two reads of one frame could hand it the next connection's
+        bytes once the number is reused."""
+        hang_up(self.conn)
+        self._eof.wait(2.0)
         self.conn.close()

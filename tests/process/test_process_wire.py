@@ -73,7 +73,7 @@ def served():
     yield server, session, engine
     server.stopping.set()
     session.leaving = "test over"
-    session.conn.close()
+    session.close()
 
 
 def test_calls_answer_and_bad_commands_say_what_is_known(served):
@@ -220,3 +220,38 @@ def test_an_answer_that_cannot_be_pickled_becomes_an_error_reply():
     assert sent[0].call_id == 5 and sent[0].ok is False
     assert "the engine's answer could not be sent" in sent[0].value[1]
     assert sent[1] == wire.Delta("r", "ok", [1])
+
+
+def test_no_process_module_matches_protocol_names_as_bare_strings():
+    """The commands and message kinds are wire.py's named types: no other module of
+    engine/process compares, matches or tags with one of their names as a string."""
+    import ast
+    from pathlib import Path
+
+    from engine.process import wire
+
+    names = {c.value for c in wire.Command} | {
+        cls.__name__.lower() for cls in (wire.Reply, wire.Delta, wire.End, wire.Telemetry,
+                                         wire.Nvml, wire.BenchItem, wire.Ready, wire.Failed,
+                                         wire.Heartbeat, wire.Closing)} | {"bench"}
+    names -= {"abort"}  # also a finish_reason of RequestOutput, which is not the wire's
+
+    def strings(node: ast.AST) -> set[str]:
+        return {n.value for n in ast.walk(node)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+    folder = Path(wire.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        if path.name == "wire.py":
+            continue
+        used: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Compare, ast.MatchValue)):
+                used |= strings(node)
+            elif isinstance(node, ast.Tuple) and node.elts:  # a message's tag
+                used |= strings(node.elts[0])
+            elif isinstance(node, ast.Return) and node.value is not None:
+                used |= {n.value for n in [node.value]
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        bare = used & names
+        assert not bare, f"{path.name} matches protocol names as strings: {sorted(bare)}"
