@@ -5,7 +5,9 @@ Owns the rules for the Unix socket path of ``EngineClient(listen=...)`` and
 so when it does not exist), the socket is created with mode 0600, a path on which an engine
 already listens is refused, a stale socket file left by a dead engine is replaced, and a
 connecting peer must run as the same user (SO_PEERCRED). It must never open a socket that
-another user of the machine can reach, and never follow a symlink into someone else's file.
+another user of the machine can reach, and never follow a symlink into someone else's file:
+a client's calls are pickles the engine process loads, so whoever can connect can run code
+as the engine's user.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 MAX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+def default_socket_path() -> Path:
+    """Where an engine listens unless told otherwise: $XDG_RUNTIME_DIR/gapless/engine.sock
+    (a per-user folder the system keeps private), else /tmp/gapless-<uid>/engine.sock."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    folder = Path(runtime) / "gapless" if runtime else Path(f"/tmp/gapless-{os.getuid()}")
+    return folder / "engine.sock"
 
 
 def _is_live(path: Path, timeout: float = 1.0) -> bool:

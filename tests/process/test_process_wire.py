@@ -255,3 +255,10 @@ def test_no_process_module_matches_protocol_names_as_bare_strings():
                          if isinstance(n, ast.Constant) and isinstance(n.value, str)}
         bare = used & names
         assert not bare, f"{path.name} matches protocol names as strings: {sorted(bare)}"
+
+
+def test_the_default_socket_path_is_per_user(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert endpoint.default_socket_path() == tmp_path / "gapless" / "engine.sock"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert endpoint.default_socket_path().parent.name == f"gapless-{os.getuid()}"
