@@ -60,8 +60,22 @@ def idle(client) -> bool:
 
 def test_a_stopped_engine_is_not_responding_and_calls_fail_fast(client, stopped):
     assert client.status().state == "alive"
+    waiting: list[BaseException | float] = []
+
+    def call_in_flight() -> None:  # sent before the silence is known, answered never
+        t0 = time.monotonic()
+        try:
+            client.settings()
+        except BaseException as e:  # noqa: BLE001 - checked below
+            waiting.append(e)
+        waiting.append(time.monotonic() - t0)
+
+    caller = threading.Thread(target=call_in_flight)
+    caller.start()
     took = wait_for(lambda: client.status().state == "not_responding", 4.0)
     assert 1.0 < took < 3.5  # the default: 2 s without a heartbeat (sent every 0.5 s)
+    caller.join(2.0)
+    assert isinstance(waiting[0], EngineNotResponding) and waiting[1] < 3.5
     status = client.status()
     assert "has sent nothing for" in status.reason and "not even its heartbeat" in status.reason
     assert client.alive() and not client.responding()
