@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import streamlit as st
 
-from engine.process.client import EngineDead
+from engine.process.client import EngineDead, EngineNotResponding
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -57,14 +57,18 @@ def _shared_client() -> EngineClient:
     return make_client()
 
 
-def show_dead_engine(client: EngineClient) -> NoReturn:
-    """Say that the engine died and why, offer a restart, and stop the page here."""
+def show_dead_engine(client: EngineClient, not_responding: str | None = None) -> NoReturn:
+    """Say that the engine died (or, with ``not_responding``, hangs) and why, offer a
+    restart (which kills a hung engine), and stop the page here."""
     reason = None
     try:
         reason = client.death_reason()
     except Exception:  # a client too broken to say why still gets the banner
         log.exception("death_reason() failed")
-    st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
+    if not_responding is not None and reason is None:
+        st.error(f"The engine is not responding: {not_responding}.")
+    else:
+        st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
 
     def restart() -> None:
         try:
@@ -119,6 +123,8 @@ def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
         st.error(f"{what}: {exc}")
     except EngineDead:
         show_dead_engine(client)
+    except EngineNotResponding as exc:
+        show_dead_engine(client, str(exc))
 
 
 FLASH_KEY = "ui.flash"
@@ -145,7 +151,7 @@ def in_callback(what: str, action: Callable[[], object]) -> None:
         action()
     except ValueError as exc:
         flash(f"{what}: {exc}")
-    except EngineDead:
+    except (EngineDead, EngineNotResponding):
         pass
     except Exception as exc:  # never a traceback in the browser
         log.exception("%s failed", what)

@@ -1,9 +1,14 @@
 """EngineClient: the engine in its own process, seen from the dashboard (or any script).
 
-Owns the public API of docs/engine-client-api.md over a _Session (engine/session.py: the
-process, the pipe, streams, the telemetry mirror, death detection). It must never import
-streamlit or ui/, and never leave an engine process behind: shutdown() is idempotent and
-also runs at interpreter exit, and the engine exits when this process dies.
+Owns the public API of docs/engine-client-api.md over a Session (session.py: the
+connection, streams, the telemetry mirror, liveness and death). A client either owns the
+engine process (it started it; shutdown() ends it) or is attached to one another client
+started with ``listen=`` (``EngineClient.attach(path)``; shutdown() only detaches).
+
+It must never import streamlit or ui/, never leave an engine process behind (shutdown() is
+idempotent and also runs at interpreter exit, and the engine exits when its owner dies), and
+never wait forever: calls fail fast once the engine is known not to respond, and streams give
+up after ``give_up_after_s`` of silence.
 """
 
 from __future__ import annotations
@@ -12,30 +17,41 @@ import atexit
 import itertools
 import logging
 import queue
+import secrets
 import threading
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, SamplingParams
 from engine.core.request import RequestOutput
-from engine.process.session import (  # noqa: F401  (re-exported: the errors belong to the API)
-    CALL_TIMEOUT_S,
-    KEEP_FINISHED,
-    SHUTDOWN_TIMEOUT_S,
-    START_TIMEOUT_S,
+from engine.process import endpoint
+from engine.process.session import Session
+from engine.process.spawn import EngineProcess, exit_reason, last_words  # noqa: F401
+from engine.process.status import (  # noqa: F401  (re-exported: they belong to the API)
     EngineDead,
     EngineError,
+    EngineNotResponding,
     EngineStartError,
-    _Session,
-    _Stream,
-    exit_reason,
-    last_words,
+    EngineStatus,
 )
+from engine.process.streams import KEEP_FINISHED, POLL_S, RequestStream
+from engine.process.wire import Command
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.client")
+
+START_TIMEOUT_S = 300.0
+CALL_TIMEOUT_S = 60.0
+SHUTDOWN_TIMEOUT_S = 30.0
+NOT_RESPONDING_AFTER_S = 2.0
+STALL_AFTER_S = 10.0
+GIVE_UP_AFTER_S = 30.0
+KILL_GRACE_S = 1.0  # how long shutdown() waits for a hung engine before SIGKILL
+CONNECT_TIMEOUT_S = 10.0
 
 _live: weakref.WeakSet[EngineClient] = weakref.WeakSet()
 
@@ -53,42 +69,96 @@ class EngineClient:
     """The engine in a child process. See docs/engine-client-api.md for the contract.
 
     ``config_path`` None means EngineConfig defaults; ``overrides`` are EngineConfig keys.
-    The config is validated here (ValueError) before any process starts.
+    The config (and ``listen``) is validated here (ValueError) before any process starts.
     """
 
     def __init__(self, config_path: str | Path | None = "config.yaml", *,
+                 listen: str | Path | None = None,
                  start_timeout_s: float = START_TIMEOUT_S,
-                 call_timeout_s: float = CALL_TIMEOUT_S, **overrides: Any) -> None:
+                 call_timeout_s: float = CALL_TIMEOUT_S,
+                 not_responding_after_s: float = NOT_RESPONDING_AFTER_S,
+                 stall_after_s: float = STALL_AFTER_S,
+                 give_up_after_s: float = GIVE_UP_AFTER_S, **overrides: Any) -> None:
         if config_path is None:
-            self.config = EngineConfig.from_dict({}, **overrides)
+            self.config: EngineConfig | None = EngineConfig.from_dict({}, **overrides)
         else:
             self.config = EngineConfig.from_yaml(config_path, **overrides)
+        self.listen_path = None if listen is None else endpoint.check_listen_path(listen)
+        self._setup(call_timeout_s, not_responding_after_s, stall_after_s, give_up_after_s)
         self.start_timeout_s = start_timeout_s
-        self.call_timeout_s = call_timeout_s
-        self._bus = TelemetryBus()
-        self._rids = itertools.count()
-        self._lifecycle = threading.Lock()
-        self._closed = False
-        self._session: _Session | None = None
-        self._dead_reason: str | None = None
         self._start()
         _live.add(self)
 
+    @classmethod
+    def attach(cls, path: str | Path, *, call_timeout_s: float = CALL_TIMEOUT_S,
+               not_responding_after_s: float = NOT_RESPONDING_AFTER_S,
+               stall_after_s: float = STALL_AFTER_S, give_up_after_s: float = GIVE_UP_AFTER_S,
+               connect_timeout_s: float = CONNECT_TIMEOUT_S) -> EngineClient:
+        """A client of the engine another EngineClient started with ``listen=path``. Same
+        API; it sees its own requests' deltas and all telemetry; shutdown() detaches.
+        ValueError when nothing listens there; EngineStartError when the engine refuses."""
+        self = cls.__new__(cls)
+        self.config = None
+        self.listen_path = Path(path).expanduser().absolute()
+        self._setup(call_timeout_s, not_responding_after_s, stall_after_s, give_up_after_s)
+        self.start_timeout_s = connect_timeout_s
+        self._start()
+        _live.add(self)
+        return self
+
+    def _setup(self, call_timeout_s: float, not_responding_after_s: float,
+               stall_after_s: float, give_up_after_s: float) -> None:
+        for name, value in (("call_timeout_s", call_timeout_s),
+                            ("not_responding_after_s", not_responding_after_s),
+                            ("stall_after_s", stall_after_s),
+                            ("give_up_after_s", give_up_after_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        self.call_timeout_s = float(call_timeout_s)
+        self.not_responding_after_s = float(not_responding_after_s)
+        self.stall_after_s = float(stall_after_s)
+        self.give_up_after_s = float(give_up_after_s)
+        self._bus = TelemetryBus()
+        # Ids this client picks are its own: a random tag keeps two clients of one engine
+        # (and the engine's own "req-N") apart.
+        self._rid_prefix = f"req-{secrets.token_hex(3)}"
+        self._rids = itertools.count()
+        self._lifecycle = threading.Lock()
+        self._closed = False
+        self._session: Session | None = None
+        self._dead_reason: str | None = None
+
+    @property
+    def attached(self) -> bool:
+        """True for a client made by attach() (it does not own the engine process)."""
+        return self.config is None
+
     def _start(self) -> None:
         self._bus = TelemetryBus()
+        liveness = dict(not_responding_after_s=self.not_responding_after_s,
+                        stall_after_s=self.stall_after_s)
         try:
-            self._session = _Session(self.config, self._bus, self.start_timeout_s)
+            if self.attached:
+                assert self.listen_path is not None
+                sock = endpoint.connect(self.listen_path, self.start_timeout_s)
+                session = Session(Connection(sock.detach()), self._bus, proc=None, **liveness)
+            else:
+                assert self.config is not None
+                proc = EngineProcess(self.listen_path)
+                session = Session(proc.conn, self._bus, proc=proc, **liveness)
+                session.notify(Command.START, config=self.config.to_dict())
+            session.wait_ready(self.start_timeout_s)
         except EngineStartError as e:
             self._session = None
             self._dead_reason = e.reason
             raise
+        self._session = session
 
-    def _live_session(self) -> _Session:
+    def _live_session(self) -> Session:
         s = self._session
         if s is None:
             raise EngineDead(self._dead_reason or "the engine is not running")
-        if s.dead is not None:
-            raise EngineDead(s.dead)
+        s.check()
         return s
 
     # ---------------------------------------------------------------------- lifecycle
@@ -98,8 +168,21 @@ class EngineClient:
         return self._session.pid if self._session is not None else None
 
     def alive(self) -> bool:
+        """Not dead (a hung engine is alive but not responding(): see status())."""
         s = self._session
         return s is not None and s.dead is None
+
+    def responding(self) -> bool:
+        """Alive and heard from within ``not_responding_after_s`` (its heartbeat: 0.5 s)."""
+        return self.status().state in ("alive", "stalled")
+
+    def status(self) -> EngineStatus:
+        """state "alive" | "stalled" | "not_responding" | "dead", with a reason."""
+        s = self._session
+        if s is None:
+            return EngineStatus("dead", self._dead_reason or "the engine is not running",
+                                0.0, -1, 0.0)
+        return s.status()
 
     def death_reason(self) -> str | None:
         """None while alive; otherwise why the engine is not running."""
@@ -109,23 +192,37 @@ class EngineClient:
         return s.dead
 
     def restart(self) -> None:
-        """Stop the current engine process (if any) and start a new one with the same
-        config. The telemetry mirror starts empty (step numbers restart at 0)."""
+        """Owner: stop the engine process (SIGKILL at once if it is not responding) and start
+        a new one with the same config. Attached: connect again to the same socket. The
+        telemetry mirror starts empty (step numbers restart at 0)."""
         with self._lifecycle:
-            if self._session is not None:
-                self._session.shutdown(timeout=10.0)
+            old = self._session
+            self._stop(10.0)
             self._closed = False
             self._start()
+            if old is not None and self._session is not None:
+                # Requests of the old process (all ended by now) stay readable.
+                self._session.streams.adopt(old.streams)
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
-        """Stop the engine process (idempotent). In-flight requests end with "abort"."""
+        """Owner: stop the engine process (idempotent); in-flight requests end "abort",
+        attached clients are told. A hung engine is killed after about a second. Attached:
+        detach; the engine serves on and aborts this client's requests still open."""
         with self._lifecycle:
             if self._closed:
                 return
             self._closed = True
-            if self._session is not None:
-                self._session.shutdown(timeout)
-                self._dead_reason = self._session.dead
+            self._stop(timeout)
+
+    def _stop(self, timeout: float) -> None:
+        s = self._session
+        if s is None:
+            return
+        if self.attached:
+            s.detach(min(timeout, 5.0))
+        else:
+            s.shutdown(timeout, KILL_GRACE_S)
+        self._dead_reason = s.dead
 
     def __enter__(self) -> EngineClient:
         return self
@@ -133,77 +230,78 @@ class EngineClient:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _call(self, command: str, timeout: float | None = None, **kwargs: Any) -> Any:
+    def _call(self, command: Command, timeout: float | None = None, **kwargs: Any) -> Any:
         return self._live_session().call(
             command, self.call_timeout_s if timeout is None else timeout, **kwargs)
 
     # ----------------------------------------------------------------------- requests
     def submit(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
                request_id: str | None = None) -> str:
-        """Queue a request; returns its id. ValueError carries the engine's message."""
+        """Queue a request; returns its id. ValueError carries the engine's message.
+        When the engine does not confirm in time (TimeoutError / EngineNotResponding, with
+        ``.request_id``), the request is aborted: nothing of it runs unseen."""
         s = self._live_session()
-        rid = request_id if request_id is not None else f"req-{next(self._rids)}"
+        rid = request_id if request_id is not None else f"{self._rid_prefix}-{next(self._rids)}"
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"request_id must be a non-empty string, got {rid!r}")
-        stream = _Stream(rid)
-        with s._lock:
-            old = s.streams.get(rid)
-            if old is not None and not old.done.is_set():
-                raise ValueError(f"request id {rid!r} is already in use")
-            s.streams[rid] = stream
-            s.streams.move_to_end(rid)
-            self._prune(s)
+        stream = s.streams.open(rid)
         try:
-            s.call("submit", self.call_timeout_s, prompt=prompt, params=params, request_id=rid)
+            call = s.begin(Command.SUBMIT, prompt=prompt, params=params, request_id=rid)
+        except BaseException:  # not sent
+            s.streams.forget(stream)
+            raise
+        try:
+            s.finish_call(call, Command.SUBMIT, self.call_timeout_s)
+        except TimeoutError as e:  # sent, unconfirmed: the abort follows it in order
+            message = f"{e}; request {rid} was aborted"
+            try:
+                s.notify(Command.ABORT, request_id=rid)
+            except EngineDead:
+                pass
+            stream.end_here("abort", message)
+            err = (EngineNotResponding(message, e.silent_s, rid)
+                   if isinstance(e, EngineNotResponding) else TimeoutError(message))
+            err.request_id = rid  # type: ignore[attr-defined]
+            raise err from None
         except BaseException:
-            with s._lock:
-                if s.streams.get(rid) is stream:
-                    del s.streams[rid]
+            s.streams.forget(stream)
             raise
         if s.dead is not None:  # died between the reply and here: the stream ends too
-            stream.finish(RequestOutput(rid, [], [], stream.text, "error", s.dead))
+            stream.end_here("error", s.dead)
         return rid
 
-    @staticmethod
-    def _prune(s: _Session) -> None:
-        extra = len(s.streams) - KEEP_FINISHED
-        for rid in list(s.streams):
-            if extra <= 0:
-                break
-            if s.streams[rid].done.is_set():
-                del s.streams[rid]
-                extra -= 1
-
-    def _stream_of(self, rid: str) -> _Stream:
+    def _stream_of(self, rid: str) -> tuple[Session, RequestStream]:
         s = self._session
         stream = s.streams.get(rid) if s is not None else None
-        if stream is None:
+        if s is None or stream is None:
             raise ValueError(f"unknown request id {rid!r} (not submitted through this client, "
-                             "or from before a restart)")
-        return stream
+                             f"or ended long ago: it keeps the last {KEEP_FINISHED})")
+        return s, stream
+
+    def _check(self, s: Session, timeout: float | None, what: str) -> Callable[[float], None]:
+        """A wait's check: TimeoutError after ``timeout``, EngineNotResponding once the
+        engine has been silent for give_up_after_s."""
+        def check(t0: float) -> None:
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"{what} within {timeout:g} s")
+            if s.dead is None:
+                s.check(self.give_up_after_s)
+        return check
 
     def stream(self, rid: str, timeout: float | None = None) -> Iterator[str]:
         """Text deltas until the request ends (for any reason, engine death included).
-        ``timeout`` bounds the wait for each delta (TimeoutError)."""
-        stream = self._stream_of(rid)
-        while True:
-            try:
-                delta = stream.deltas.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"request {rid} sent nothing for {timeout:g} s") from None
-            if delta is None:
-                stream.deltas.put(None)  # a second stream() ends at once too
-                return
-            yield delta
+        ``timeout`` bounds the wait for each delta (TimeoutError); without it, the wait ends
+        with EngineNotResponding once the engine has been silent for give_up_after_s."""
+        s, stream = self._stream_of(rid)
+        return stream.iter_deltas(self._check(s, timeout, f"request {rid} sent nothing"))
 
     def result(self, rid: str, timeout: float | None = None) -> RequestOutput:
-        """The request's output once it has ended; finish_reason "error" (and error set)
-        when the engine died first. TimeoutError when ``timeout`` passes first."""
-        stream = self._stream_of(rid)
-        if not stream.done.wait(timeout):
-            raise TimeoutError(f"request {rid} did not finish within {timeout:g} s")
-        assert stream.output is not None
-        return stream.output
+        """The request's output once it has ended; finish_reason "error" (and error set,
+        text and token_ids as far as they arrived) when the engine died first.
+        TimeoutError when ``timeout`` passes first; EngineNotResponding when the engine has
+        been silent for give_up_after_s (the request may still finish later)."""
+        s, stream = self._stream_of(rid)
+        return stream.wait(self._check(s, timeout, f"request {rid} did not finish"))
 
     def generate(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
                  timeout: float | None = None) -> RequestOutput:
@@ -211,23 +309,34 @@ class EngineClient:
         return self.result(self.submit(prompt, params), timeout)
 
     def abort(self, rid: str) -> None:
-        self._call("abort", request_id=rid)
+        """Ask the engine to end ``rid`` with "abort". Returns at once: it is a message that
+        applies in order, after everything this client sent before and before anything it
+        sends after, at the engine's next step boundary (a request that ended first keeps
+        its own end). It never times out; sent to a hung engine, it applies when the engine
+        resumes. Unknown ids are ignored by the engine."""
+        if not isinstance(rid, str):
+            raise ValueError(f"request_id must be a string, got {rid!r}")
+        s = self._session
+        if s is None:
+            raise EngineDead(self._dead_reason or "the engine is not running")
+        s.notify(Command.ABORT, request_id=rid)
 
     # ------------------------------------------------------------------- live control
     def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
                   cuda_graphs: bool | None = None) -> dict[str, Any]:
-        return dict(self._call("configure", async_batching=async_batching,
+        return dict(self._call(Command.CONFIGURE, async_batching=async_batching,
                                num_slots=num_slots, cuda_graphs=cuda_graphs))
 
     def settings(self) -> dict[str, Any]:
-        return dict(self._call("settings"))
+        return dict(self._call(Command.SETTINGS))
 
     def stats(self) -> dict[str, int]:
-        return dict(self._call("stats"))
+        return dict(self._call(Command.STATS))
 
     def process_info(self) -> dict[str, Any]:
-        """pid, parent pid, and whether streamlit / ui were imported in the engine process."""
-        return dict(self._call("process_info"))
+        """pid, parent pid, whether streamlit / ui were imported in the engine process,
+        listen (the socket path or None), clients (connected now), owner (this client)."""
+        return dict(self._call(Command.PROCESS_INFO))
 
     # ---------------------------------------------------------------------- telemetry
     def telemetry(self) -> TelemetryBus:
@@ -249,31 +358,39 @@ class EngineClient:
     # ---------------------------------------------------------------- load generator
     def start_load(self, spec: Any) -> dict[str, Any]:
         """Start (or replace) the load generator in the engine process; returns its stats."""
-        return dict(self._call("start_load", spec=spec))
+        return dict(self._call(Command.START_LOAD, spec=spec))
 
     def stop_load(self) -> dict[str, Any]:
         """Stop the load generator and abort its requests still in flight."""
-        return dict(self._call("stop_load"))
+        return dict(self._call(Command.STOP_LOAD))
 
     def load_running(self) -> bool:
-        return bool(self._call("load_running"))
+        return bool(self._call(Command.LOAD_RUNNING))
 
     def load_stats(self) -> dict[str, Any]:
         """running, submitted, finished, inflight, dropped, errors, stopped_reason, spec."""
-        return dict(self._call("load_stats"))
+        return dict(self._call(Command.LOAD_STATS))
 
     # --------------------------------------------------------------------- benchmark
     def run_benchmark(self, spec: Any) -> Iterator[Any]:
         """Yields BenchmarkProgress and one BenchmarkResult per mode (engine/workload.py).
-        ValueError when the engine is busy or the spec is bad; EngineDead if it dies.
-        Stopping the iteration early cancels the run in the engine process."""
+        ValueError when the engine is busy or the spec is bad; EngineDead if it dies;
+        EngineNotResponding after give_up_after_s of silence. Stopping the iteration early
+        cancels the run in the engine process."""
         s = self._live_session()
-        call_id, pending = s.begin("run_benchmark", items=True, spec=spec)
+        call_id, pending = s.begin(Command.RUN_BENCHMARK, items=True, spec=spec)
         finished = False
         try:
             assert pending.items is not None
             while True:
-                item = pending.items.get()
+                check = self._check(s, None, "the benchmark")
+                t0 = time.monotonic()
+                while True:
+                    try:
+                        item = pending.items.get(timeout=POLL_S)
+                        break
+                    except queue.Empty:
+                        check(t0)
                 if item is None:
                     break
                 yield item
@@ -282,7 +399,6 @@ class EngineClient:
         finally:
             if not finished and s.dead is None:
                 try:
-                    s.call("cancel_benchmark", self.call_timeout_s)
-                except (EngineDead, TimeoutError):
+                    s.notify(Command.CANCEL_BENCHMARK)
+                except EngineDead:
                     pass
-

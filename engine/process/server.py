@@ -1,33 +1,23 @@
-"""The engine process: an Engine, an NVML sampler and a load generator behind one pipe.
+"""The engine process: an Engine, an NVML sampler and a load generator behind its clients.
 
-Owns the child side of the process boundary (DESIGN.md section 5) and the wire protocol.
-engine/client.py starts this module as a fresh interpreter (``python -c "from engine.process.server
-import main; main()" --fd N --parent PID``), hands it one end of a socket pair and sends the
-EngineConfig as a dict. The child builds the Engine, answers "ready" (or "failed" with a
-message a user can act on, e.g. a missing model) and then serves commands until told to
-shut down or until its parent is gone.
+Owns the child side of the process boundary (DESIGN.md section 5). session.py starts this
+module as a fresh interpreter (``python -c "from engine.process.server import main; main()"
+--fd N --parent PID [--listen PATH]``), hands it one end of a socket pair (the owner's pipe)
+and sends the EngineConfig as a dict (Command.START). The child builds the Engine, answers
+Ready (or Failed with a message a user can act on, e.g. a missing model) and then serves
+commands until the owner shuts it down or is gone. With --listen it also accepts attached
+clients on a Unix socket (endpoint.py); each client gets its own requests' deltas, every
+client gets the telemetry and the heartbeat. The wire format is wire.py's.
 
-Wire protocol (pickled over multiprocessing.connection.Connection):
-
-- client -> engine: ``(call_id, command, pickled kwargs)``; commands are the keys of
-  EngineServer.commands plus shutdown, run_benchmark and cancel_benchmark. Every command
-  gets exactly one ``("reply", call_id, ok, value)``; when ok is False, value is
-  ``(exception type name, message)`` and the client raises ValueError for "ValueError"
-  (bad input, same message) and EngineError otherwise.
-- engine -> client: lists of messages (one send carries everything queued, so a busy
-  engine costs one syscall per batch, not per token):
-  ``("delta", rid, text)``, ``("end", rid, RequestOutput as a dict)``,
-  ``("telemetry", steps, events)`` every ~50 ms when anything is new (records encoded as
-  tuples, see encode_steps),
-  ``("nvml", NvmlReading dict | None, reason | None)`` when a new reading exists,
-  ``("bench", call_id, BenchmarkProgress | BenchmarkResult)`` during run_benchmark,
-  ``("ready", info)`` / ``("failed", message)`` once at start.
+Threads: the step loop (the Engine's own), one reader per client running its commands, one
+sender per client (links.py), the pump (telemetry, NVML, heartbeat), the acceptor, and a
+watchdog. The step loop's only client work is putting a message into a queue.
 
 The child never imports streamlit or anything under ui/ (multiprocessing's spawn would
 re-run the parent's __main__ here, which under `streamlit run` is streamlit's launcher:
 that is why the client starts a plain interpreter instead). It ignores SIGINT (Ctrl-C in a
-terminal reaches the whole process group; the parent decides when the engine stops) and
-exits when its parent dies: the pipe reaches EOF and a watchdog thread sees getppid()
+terminal reaches the whole process group; the owner decides when the engine stops) and
+exits when its owner dies: the pipe reaches EOF and a watchdog thread sees getppid()
 change. PR_SET_PDEATHSIG is deliberately not used: it fires when the *thread* that started
 the child exits, and a Streamlit script thread that created the client ends at every rerun.
 """
@@ -36,251 +26,227 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import faulthandler
 import logging
-import operator
 import os
 import pickle
-import queue
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import Any
 
-from telemetry.records import RequestEvent, Span, StepRecord
+from engine.process import endpoint
+from engine.process.commands import CommandsMixin
+from engine.process.links import MAX_BACKLOG, ClientLink, pickle_frame
+from engine.process.wire import (
+    HEARTBEAT_PERIOD_S,
+    NO_REPLY,
+    Closing,
+    Command,
+    Failed,
+    Heartbeat,
+    Nvml,
+    Ready,
+    Reply,
+    Telemetry,
+    describe,
+    encode,
+    encode_events,
+    encode_steps,
+)
 
 log = logging.getLogger("gapless.server")
 
 TELEMETRY_PERIOD_S = 0.05
 WATCHDOG_PERIOD_S = 0.5
-# Telemetry is skipped (the bus reader then drops oldest, and counts it) while this many
-# messages wait to be sent: a stalled client must not make the engine process grow.
-MAX_BACKLOG = 2000
-MAX_BATCH = 512
-
-Message = tuple[Any, ...]
-
-# Telemetry travels as plain tuples: pickling a frozen slots dataclass costs ~30x more, and
-# that cost is paid in the engine process, on the GIL the step loop needs. The client
-# rebuilds the records (decode_steps / decode_events), in its own process.
-STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord) if f.name != "spans")
-EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(RequestEvent))
-_step_values = operator.attrgetter(*STEP_FIELDS)
-_event_values = operator.attrgetter(*EVENT_FIELDS)
+ACCEPT_POLL_S = 0.5
 
 
-def encode_steps(records: list[StepRecord]) -> list[tuple[Any, ...]]:
-    return [(_step_values(r), [(s.lane, s.start_ns, s.end_ns) for s in r.spans])
-            for r in records]
+class After(enum.Enum):
+    """What a client's reader does after a call."""
+
+    GO_ON = enum.auto()
+    STOP = enum.auto()  # the owner shut the engine down
+    LEAVE = enum.auto()  # an attached client detached
 
 
-def decode_steps(rows: list[tuple[Any, ...]]) -> list[StepRecord]:
-    return [StepRecord(**dict(zip(STEP_FIELDS, values, strict=True)),
-                       spans=[Span(*s) for s in spans]) for values, spans in rows]
+class LoopWatch:
+    """How long the step loop has made no progress although requests were unfinished."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.progress_ns = 0
+
+    def observe(self, step: int, unfinished: int, now_ns: int) -> float:
+        if step != self.step or unfinished == 0:
+            self.step, self.progress_ns = step, now_ns
+            return 0.0
+        return (now_ns - self.progress_ns) / 1e9
 
 
-def encode_events(events: list[RequestEvent]) -> list[tuple[Any, ...]]:
-    return [_event_values(e) for e in events]
+class EngineServer(CommandsMixin):
+    """Serves the owner's pipe and any attached clients. Commands of one client run in the
+    order sent, on that client's reader thread; commands that change the engine's state
+    (configure, load generator, benchmark) are serialised across clients by ``lock``."""
 
-
-def decode_events(rows: list[tuple[Any, ...]]) -> list[RequestEvent]:
-    return [RequestEvent(*row) for row in rows]
-
-
-def describe(exc: BaseException) -> str:
-    """A user-facing message: ValueErrors already say what is wrong and what is allowed."""
-    if isinstance(exc, ValueError):
-        return str(exc)
-    return f"{type(exc).__name__}: {exc}"
-
-
-class EngineServer:
-    """Serves one client over ``conn``. Commands run on the calling thread (serve()), in
-    order, except run_benchmark, which runs on its own thread so that stats, settings and
-    the dashboard's other calls are answered while it runs."""
-
-    def __init__(self, conn: Connection, engine: Any, nvml: Any) -> None:
-        self.conn = conn
-        self.engine = engine
+    def __init__(self, engine: Any, nvml: Any, listener: socket.socket | None = None,
+                 listen_path: Path | None = None, owner_pid: int | None = None) -> None:
+        super().__init__(engine)
+        self.owner_pid = os.getppid() if owner_pid is None else owner_pid
         self.nvml = nvml
-        self.outbox: queue.Queue[Message | None] = queue.Queue()
-        self.load: Any = None  # engine.drivers.loadgen.LoadGenerator while one exists
-        self.bench: threading.Thread | None = None
-        self.bench_cancel = threading.Event()
+        self.listener = listener
+        self.listen_path = listen_path
+        self.links: list[ClientLink] = []
+        self.links_lock = threading.Lock()
         self.stopping = threading.Event()
-        self.commands: dict[str, Callable[..., Any]] = {
-            "submit": self.submit,
-            "abort": self.abort,
-            "configure": self.configure,
-            "settings": engine.settings,
-            "stats": engine.stats,
-            "start_load": self.start_load,
-            "stop_load": self.stop_load,
-            "load_running": self.load_running,
-            "load_stats": self.load_stats,
-            "process_info": self.process_info,
-        }
-        self._sender = threading.Thread(target=self._send_loop, name="gapless-send", daemon=True)
         self._pump = threading.Thread(target=self._pump_loop, name="gapless-pump", daemon=True)
+        self._names = iter(range(1, 1 << 62))
 
-    # ------------------------------------------------------------------------ serving
-    def serve(self) -> int:
-        self._sender.start()
+    # ------------------------------------------------------------------------ clients
+    def add_link(self, conn: Connection, owner: bool) -> ClientLink:
+        link = ClientLink(conn, "owner" if owner else f"client-{next(self._names)}", owner)
+        link.put(Ready({
+            "pid": os.getpid(),
+            "settings": self.engine.settings(),
+            "nvml_available": self.nvml.available,
+            "nvml_reason": None if self.nvml.available else self.nvml.reason,
+            "owner": owner,
+            "listen": None if self.listen_path is None else str(self.listen_path),
+        }))
+        with self.links_lock:
+            self.links.append(link)
+        return link.start()
+
+    def serve(self, owner: ClientLink) -> int:
+        """Runs the owner's commands on this thread until it shuts the engine down (0) or
+        its pipe closes (3): the exit code of the process."""
         self._pump.start()
+        if self.listener is not None:
+            threading.Thread(target=self._accept_loop, name="gapless-accept", daemon=True).start()
         while True:
             try:
-                call_id, command, payload = self.conn.recv()
+                call = owner.conn.recv()
             except (EOFError, OSError):
-                log.warning("the client's pipe closed without a shutdown: exiting")
-                os._exit(3)
-            try:
-                kwargs = pickle.loads(payload)
-            except Exception as e:  # e.g. a class this process cannot import
-                self.reply(call_id, False, ("ValueError", f"the engine process cannot read "
-                                            f"the arguments of {command}: {describe(e)}"))
+                self.abandon(f"the engine's owner (pid {self.owner_pid}) closed its pipe "
+                             "without a shutdown")
+                return 3
+            except Exception:
+                log.exception("unreadable frame from the owner")
                 continue
-            if command == "shutdown":
-                self.shutdown()
-                self.reply(call_id, True, None)
-                self._flush_and_close()
+            if self.handle(owner, call) is After.STOP:
                 return 0
-            if command == "run_benchmark":
-                self.start_benchmark(call_id, **kwargs)
-                continue
-            if command == "cancel_benchmark":
-                self.bench_cancel.set()
-                self.reply(call_id, True, None)
-                continue
-            fn = self.commands.get(command)
-            try:
-                if fn is None:
-                    raise ValueError(f"unknown engine command {command!r}")
-                value = fn(**kwargs)
-            except Exception as e:
-                if not isinstance(e, ValueError):
-                    log.exception("engine command %s failed", command)
-                self.reply(call_id, False, (type(e).__name__, describe(e)))
-            else:
-                self.reply(call_id, True, value)
 
-    def reply(self, call_id: int, ok: bool, value: Any) -> None:
-        self.outbox.put(("reply", call_id, ok, value))
-
-    def _send_loop(self) -> None:
-        while True:
-            first = self.outbox.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    msg = self.outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if msg is None:
-                    self.outbox.put(None)  # see it again after this batch
-                    break
-                batch.append(msg)
-            try:
-                self.conn.send_bytes(self._pickle_batch(batch))
-            except OSError:  # the parent is gone; the watchdog ends us
-                return
-
-    @staticmethod
-    def _pickle_batch(batch: list[Message]) -> bytes:
-        try:
-            return bytes(ForkingPickler.dumps(batch))
-        except Exception:  # one bad value must not silence the pipe: find it, answer instead
-            good: list[Message] = []
-            for msg in batch:
-                try:
-                    ForkingPickler.dumps(msg)
-                except Exception as e:
-                    log.exception("cannot send a %r message", msg[0])
-                    if msg[0] == "reply":
-                        msg = ("reply", msg[1], False, ("EngineError",
-                               f"the engine's answer could not be sent: {describe(e)}"))
-                    else:
-                        continue
-                good.append(msg)
-            return bytes(ForkingPickler.dumps(good))
-
-    def _pump_loop(self) -> None:
-        reader = self.engine.bus.reader()
-        last_nvml: Any = None
+    def _accept_loop(self) -> None:
+        assert self.listener is not None
+        self.listener.settimeout(ACCEPT_POLL_S)
         while not self.stopping.is_set():
-            time.sleep(TELEMETRY_PERIOD_S)
-            if self.outbox.qsize() > MAX_BACKLOG:
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
                 continue
-            steps, events = reader.steps(), reader.events()
-            if steps or events:
-                self.outbox.put(("telemetry", encode_steps(steps), encode_events(events)))
-            reading = self.nvml.latest()
-            if reading is not None and reading is not last_nvml:
-                last_nvml = reading
-                self.outbox.put(("nvml", dataclasses.asdict(reading), None))
+            except OSError:
+                return  # closed at shutdown
+            if endpoint.peer_uid(sock) != os.getuid():
+                log.warning("refused a client of another user on %s", self.listen_path)
+                sock.close()
+                continue
+            sock.setblocking(True)
+            link = self.add_link(Connection(sock.detach()), owner=False)
+            log.info("%s attached", link.name)
+            threading.Thread(target=self._serve_attached, args=(link,), daemon=True,
+                             name=f"gapless-recv-{link.name}").start()
 
-    def _flush_and_close(self) -> None:
-        self.outbox.put(None)
-        self._sender.join(10.0)
-        self.conn.close()
+    def _serve_attached(self, link: ClientLink) -> None:
+        while not link.gone.is_set():
+            try:
+                call = link.conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:
+                if link.conn.closed:
+                    break
+                log.exception("unreadable frame from %s", link.name)
+                continue
+            if self.handle(link, call) is not After.GO_ON:
+                break
+        self.detach(link)
+
+    def detach(self, link: ClientLink) -> None:
+        """An attached client leaves: what it submitted and nobody can see any more ends."""
+        with self.links_lock:
+            if link not in self.links:
+                return
+            self.links.remove(link)
+        open_ids = list(link.open)
+        for rid in open_ids:
+            self.engine.abort(rid)
+        link.close(2.0)
+        log.info("%s detached (%d open requests aborted)", link.name, len(open_ids))
+
+    def attached(self) -> list[ClientLink]:
+        with self.links_lock:
+            return [link for link in self.links if not link.owner]
 
     # ----------------------------------------------------------------------- commands
-    def _refuse_during_benchmark(self, what: str) -> None:
-        if self.bench is not None and self.bench.is_alive():
-            raise ValueError(f"a benchmark is running; {what} once it has finished")
+    def handle(self, link: ClientLink, call: Any) -> After:
+        """Run one call; say what the client's reader does next."""
+        try:
+            call_id, command, payload = call
+        except (TypeError, ValueError):
+            log.error("%s sent a frame that is not a Call: %r", link.name, type(call))
+            return After.GO_ON
+        try:
+            command = Command(command)
+        except ValueError:
+            self.answer(link, call_id, False, ("ValueError", f"unknown engine command "
+                        f"{command!r}; known: {', '.join(c.value for c in Command)}"))
+            return After.GO_ON
+        try:
+            kwargs = pickle.loads(payload)
+        except Exception as e:  # e.g. a class this process cannot import
+            self.answer(link, call_id, False, ("ValueError", f"the engine process cannot read "
+                        f"the arguments of {command}: {describe(e)}"))
+            return After.GO_ON
+        if command is Command.SHUTDOWN and link.owner:
+            self.shutdown()
+            self.answer(link, call_id, True, None)
+            link.close(10.0)
+            return After.STOP
+        if command in (Command.SHUTDOWN, Command.DETACH):
+            self.answer(link, call_id, not link.owner, None if not link.owner else (
+                "ValueError", "the owner cannot detach; shut the engine down instead"))
+            return After.GO_ON if link.owner else After.LEAVE
+        if command is Command.RUN_BENCHMARK:
+            self.start_benchmark(link, call_id, **kwargs)
+            return After.GO_ON
+        fn = self.commands.get(command)
+        try:
+            if fn is None:
+                raise ValueError(f"{command} is not a command a running engine takes")
+            value = fn(link, **kwargs)
+        except Exception as e:
+            if not isinstance(e, ValueError):
+                log.exception("engine command %s failed", command)
+            self.answer(link, call_id, False, (type(e).__name__, describe(e)))
+        else:
+            self.answer(link, call_id, True, value)
+        return After.GO_ON
 
-    def submit(self, prompt: Any, params: Any = None, request_id: str | None = None) -> str:
-        self._refuse_during_benchmark("submit requests")
-        # Callbacks run on the engine's loop thread and only queue a message: no thread per
-        # request competing for the GIL with the engine.
-        outbox = self.outbox
-        handle = self.engine.submit(
-            prompt, params, request_id=request_id,
-            on_delta=lambda rid, delta: outbox.put(("delta", rid, delta)),
-            on_finish=lambda out: outbox.put(("end", out.request_id, dataclasses.asdict(out))),
-        )
-        return str(handle.request_id)
+    def answer(self, link: ClientLink, call_id: int, ok: bool, value: Any) -> None:
+        if call_id == NO_REPLY:  # a notification: nobody waits; failures only get logged
+            if not ok:
+                log.warning("%s: a notification failed: %s", link.name, value[1])
+            return
+        link.put(Reply(call_id, ok, value))
 
-    def abort(self, request_id: str) -> None:
-        self.engine.abort(request_id)
-
-    def configure(self, **kwargs: Any) -> dict[str, Any]:
-        self._refuse_during_benchmark("change settings")
-        return dict(self.engine.configure(**kwargs))
-
-    def start_load(self, spec: Any) -> dict[str, Any]:
-        from engine.drivers.loadgen import LoadGenerator, LoadSpec
-
-        self._refuse_during_benchmark("start the load generator")
-        if not isinstance(spec, LoadSpec):
-            raise ValueError(f"start_load needs an engine.drivers.loadgen.LoadSpec, got {spec!r}")
-        gen = LoadGenerator(self.engine, spec)  # validates before the old one is stopped
-        if self.load is not None:
-            self.load.stop()
-        self.load = gen.start()
-        return self.load_stats()
-
-    def stop_load(self) -> dict[str, Any]:
-        if self.load is not None:
-            self.load.stop()
-        return self.load_stats()
-
-    def load_running(self) -> bool:
-        return bool(self.load is not None and self.load.running)
-
-    def load_stats(self) -> dict[str, Any]:
-        if self.load is None:
-            return {"running": False, "submitted": 0, "finished": 0, "inflight": 0,
-                    "dropped": 0, "errors": 0, "stopped_reason": None, "spec": None}
-        return {**self.load.stats(), "spec": dataclasses.asdict(self.load.spec)}
-
-    def process_info(self) -> dict[str, Any]:
+    def process_info(self, link: ClientLink) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
             "parent_pid": os.getppid(),
@@ -289,54 +255,88 @@ class EngineServer:
             "ui_imported": any(m == "ui" or m.startswith("ui.") for m in sys.modules),
             "nvml_available": self.nvml.available,
             "nvml_reason": self.nvml.reason,
+            "listen": None if self.listen_path is None else str(self.listen_path),
+            "clients": len(self.links),
+            "owner": link.owner,
         }
 
-    def start_benchmark(self, call_id: int, spec: Any) -> None:
-        try:
-            self._refuse_during_benchmark("start another")
-            if self.load_running():
-                raise ValueError("the load generator is running; stop it before a benchmark")
-        except ValueError as e:
-            self.reply(call_id, False, ("ValueError", str(e)))
-            return
-        self.bench_cancel = threading.Event()
-        self.bench = threading.Thread(target=self._benchmark, args=(call_id, spec),
-                                      name="gapless-bench", daemon=True)
-        self.bench.start()
+    # -------------------------------------------------------------------------- pump
+    def _pump_loop(self) -> None:
+        """Telemetry every TELEMETRY_PERIOD_S, NVML readings, and the heartbeat, each
+        pickled once for all clients. Runs beside the step loop, never on it. A failure
+        is logged and the pump goes on: its silence would read as a hung engine."""
+        reader = self.engine.bus.reader()
+        watch = LoopWatch()
+        state: dict[str, Any] = {"last_reading": None, "next_beat": 0.0}
+        while not self.stopping.is_set():
+            time.sleep(TELEMETRY_PERIOD_S)
+            try:
+                self._pump_once(reader, watch, state)
+            except Exception:
+                log.exception("the telemetry pump failed; going on")
+                time.sleep(HEARTBEAT_PERIOD_S)
 
-    def _benchmark(self, call_id: int, spec: Any) -> None:
-        from engine.drivers.workload import BenchmarkSpec, run_benchmark
+    def _pump_once(self, reader: Any, watch: LoopWatch, state: dict[str, Any]) -> None:
+        with self.links_lock:
+            links = list(self.links)
+        steps, events = reader.steps(), reader.events()
+        if steps or events:
+            frame = pickle_frame(encode(Telemetry(encode_steps(steps), encode_events(events))))
+            for link in links:
+                if link.backlog() <= MAX_BACKLOG:
+                    link.put_frame(frame)
+        reading = self.nvml.latest()
+        if reading is not None and reading is not state["last_reading"]:
+            state["last_reading"] = reading
+            frame = pickle_frame(encode(Nvml(dataclasses.asdict(reading), None)))
+            for link in links:
+                link.put_frame(frame)
+        if time.monotonic() >= state["next_beat"]:
+            state["next_beat"] = time.monotonic() + HEARTBEAT_PERIOD_S
+            step, unfinished = self.engine.loop.step_no, self.engine.stats()["unfinished"]
+            beat = Heartbeat(step, unfinished,
+                             watch.observe(step, unfinished, time.perf_counter_ns()))
+            frame = pickle_frame(encode(beat))
+            for link in links:
+                link.put_frame(frame)
 
-        try:
-            if not isinstance(spec, BenchmarkSpec):
-                raise ValueError(f"run_benchmark needs an engine.drivers.workload.BenchmarkSpec, "
-                                 f"got {spec!r}")
-            for item in run_benchmark(self.engine, spec, cancel=self.bench_cancel):
-                self.outbox.put(("bench", call_id, item))
-        except Exception as e:
-            if not isinstance(e, ValueError):
-                log.exception("benchmark failed")
-            self.reply(call_id, False, (type(e).__name__, describe(e)))
-        else:
-            self.reply(call_id, True, None)
-
+    # ---------------------------------------------------------------------- stopping
     def shutdown(self) -> None:
-        self.bench_cancel.set()
-        if self.bench is not None:
-            self.bench.join(10.0)
-        if self.load is not None:
-            self.load.stop()
-        self.engine.shutdown()
+        """The owner ends the engine: requests end "abort", attached clients are told."""
         self.stopping.set()
+        self._close_listener()
+        self.stop_drivers()
+        self.engine.shutdown()
         self.nvml.close()
+        for link in self.attached():
+            link.put(Closing("the engine was shut down by its owner"))
+            link.close(2.0)
+
+    def abandon(self, reason: str) -> None:
+        """The owner is gone: tell the attached clients why (the caller then exits at once)."""
+        log.warning("%s: exiting", reason)
+        self.stopping.set()
+        self._close_listener()
+        for link in self.attached():
+            link.put(Closing(f"{reason}; the engine process exited"))
+            link.close(0.5)
+
+    def _close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            if self.listen_path is not None:
+                try:
+                    self.listen_path.unlink()
+                except OSError:
+                    pass
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, on_gone: Callable[[str], None]) -> None:
     """Exit at once when the parent is gone (we were re-parented): nothing here outlives it.
     The kernel frees the device memory of a process that exits."""
     while True:
         if os.getppid() != parent_pid:
-            log.warning("parent process %d is gone: exiting", parent_pid)
+            on_gone(f"the engine's owner (pid {parent_pid}) is gone")
             os._exit(4)
         time.sleep(WATCHDOG_PERIOD_S)
 
@@ -344,23 +344,35 @@ def _watch_parent(parent_pid: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="gapless engine process (started by "
                                      "engine.process.client.EngineClient)")
-    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the client")
-    parser.add_argument("--parent", type=int, required=True, help="pid of the client process")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the owner")
+    parser.add_argument("--parent", type=int, required=True, help="pid of the owner process")
+    parser.add_argument("--listen", help="also accept clients on this Unix socket path")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable()  # a crash in native code (CUDA, triton) says where, on stderr
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="engine[%(process)d] %(levelname)s %(name)s: %(message)s")
-    os.set_inheritable(args.fd, False)  # nothing we start may hold the client's pipe open
+    os.set_inheritable(args.fd, False)  # nothing we start may hold the owner's pipe open
     conn = Connection(args.fd)
-    threading.Thread(target=_watch_parent, args=(args.parent,), name="gapless-watchdog",
+    server: list[EngineServer] = []
+
+    def gone(reason: str) -> None:
+        if server:
+            server[0].abandon(reason)
+        log.warning("%s: exiting", reason)
+
+    threading.Thread(target=_watch_parent, args=(args.parent, gone), name="gapless-watchdog",
                      daemon=True).start()
     try:
         _, _, payload = conn.recv()
         config_dict = pickle.loads(payload)["config"]
     except (EOFError, OSError):
         os._exit(3)
+    listener: socket.socket | None = None
+    listen_path: Path | None = None
     try:
+        if args.listen:  # first: a path that cannot be used fails before the model loads
+            listener, listen_path = endpoint.bind(args.listen)
         from engine.config import EngineConfig
         from engine.engine import Engine
         from telemetry.nvml import NvmlSampler
@@ -371,19 +383,15 @@ def main(argv: list[str] | None = None) -> None:
         nvml.start()
     except BaseException as e:
         traceback.print_exc()
+        if listen_path is not None:
+            listen_path.unlink(missing_ok=True)
         try:
-            conn.send([("failed", describe(e))])
+            conn.send([encode(Failed(describe(e)))])
         finally:
             conn.close()
         sys.exit(1)
-    server = EngineServer(conn, engine, nvml)
-    server.outbox.put(("ready", {
-        "pid": os.getpid(),
-        "settings": engine.settings(),
-        "nvml_available": nvml.available,
-        "nvml_reason": None if nvml.available else nvml.reason,
-    }))
-    code = server.serve()
+    server.append(EngineServer(engine, nvml, listener, listen_path, owner_pid=args.parent))
+    code = server[0].serve(server[0].add_link(conn, owner=True))
     sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: torch's can take seconds, nothing is left
 

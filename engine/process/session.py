@@ -1,133 +1,70 @@
-"""The engine process as seen from the parent: starting it, the pipe, calls and streams.
+"""One connection to an engine process, seen from a client: calls, streams, liveness, death.
 
-Owns the parent side of the wire (the protocol is in engine/server.py): starting the engine
-as a fresh interpreter and waiting until its model is loaded, request/reply calls, per-request
-streams of text deltas, feeding a local TelemetryBus mirror, and noticing death: within about
-a second of the process exiting every in-flight request ends with finish_reason "error",
-waiting calls raise EngineDead, and the reason says what happened ("engine process exited
-with code -9 (SIGKILL)").
+Owns the client side of the wire (wire.py): request/reply calls and notifications sent by a
+writer thread (a caller never blocks on a full socket of a hung engine), per-request streams
+of text and token ids, feeding a local TelemetryBus mirror, the heartbeat that tells a hung
+engine (nothing heard for ``not_responding_after_s``) from a stuck step loop (heartbeats say
+the loop makes no progress) and from a dead one, and noticing death: within about a second
+of the process exiting every in-flight request ends with finish_reason "error" (keeping the
+text and token ids that arrived), waiting calls raise EngineDead, and the reason says what
+happened ("engine process exited with code -9 (SIGKILL)").
 
-The engine starts through subprocess rather than multiprocessing's spawn context (spawn
-semantics: nothing is inherited but one socket), because spawn re-runs the parent's __main__
-in the child, and under `streamlit run` that imports streamlit in the engine process. Both
-processes stamp with time.perf_counter_ns() (CLOCK_MONOTONIC on Linux, shared by all
-processes), so mirrored records compare with the dashboard's own clock.
-
-It must never import streamlit or ui/ and never block a caller forever (every wait has a
-timeout or ends when the engine dies). engine/client.py builds the public API on it.
+A session is either the owner's (it started the process: spawn.EngineProcess) or attached
+(a Unix socket to an engine another client started). Both processes stamp with
+time.perf_counter_ns() (CLOCK_MONOTONIC on Linux), so mirrored records compare with the
+client's own clock. It must never import streamlit or ui/, and never block a caller forever:
+every wait has a timeout, or ends when the engine dies or stops responding.
 """
-
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import queue
-import re
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig
 from engine.core.request import RequestOutput
-from engine.process.server import decode_events, decode_steps
+from engine.process.endpoint import hang_up
+from engine.process.spawn import EngineProcess
+from engine.process.status import (
+    EngineDead,
+    EngineError,
+    EngineNotResponding,
+    EngineStartError,
+    EngineStatus,
+)
+from engine.process.streams import POLL_S, StreamBook
+from engine.process.wire import (
+    NO_REPLY,
+    BenchItem,
+    Call,
+    Closing,
+    Command,
+    Delta,
+    End,
+    Failed,
+    Heartbeat,
+    Nvml,
+    Ready,
+    Reply,
+    Telemetry,
+    decode,
+    decode_events,
+    decode_steps,
+)
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.client")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 300.0
-CALL_TIMEOUT_S = 60.0
-SHUTDOWN_TIMEOUT_S = 30.0
-# After the pipe closes, how long to wait for the exit code before calling it a hang.
-EXIT_GRACE_S = 1.5
-KEEP_FINISHED = 1024  # finished requests whose result() can still be read
-MAX_OUTPUT_CHARS = 300
-
-
-# "Fatal Python error: ...", or the last line of a traceback ("RuntimeError: ...").
-_ERROR_LINE = re.compile(r"(Fatal Python error|[\w.]*(Error|Exception|Interrupt))\b")
-
-
-def last_words(lines: list[str]) -> str | None:
-    """The line of a dying process's output that says most: its latest error line (for
-    a crash, faulthandler's "Fatal Python error: ..." comes before the stacks)."""
-    for line in reversed(lines):
-        if _ERROR_LINE.match(line):
-            return line
-    return lines[-1] if lines else None
+EXIT_GRACE_S = 1.5  # after the pipe closes, how long to wait for the exit code
 
 
 def _pickle(obj: Any) -> bytes:
-    # What Connection.send does, split out so a pickling error is told apart from a
-    # broken pipe.
     return bytes(ForkingPickler.dumps(obj))
-
-
-class EngineDead(RuntimeError):
-    """The engine process is not running; ``reason`` says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class EngineStartError(EngineDead):
-    """The engine process could not start (bad model, out of memory, timeout...)."""
-
-
-class EngineError(RuntimeError):
-    """An engine command failed for a reason other than bad input (that is ValueError)."""
-
-
-def exit_reason(code: int | None, last_output: str | None = None) -> str:
-    """What a user reads when the engine process is gone. The process's last line of
-    output is added when it says something (a Python error, "Fatal Python error: ..."),
-    not after SIGKILL or SIGTERM, where it is just whatever was logged last."""
-    if code is None:
-        return "the engine process closed its connection but did not exit"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        reason = f"engine process exited with code {code} ({name})"
-        if -code in (signal.SIGKILL, signal.SIGTERM):
-            return reason
-    else:
-        reason = f"engine process exited with code {code}"
-    if code != 0 and last_output:
-        reason += f"; its last output: {last_output[:MAX_OUTPUT_CHARS]}"
-    return reason
-
-
-class _Stream:
-    """One request's deltas and end, as the receiver thread delivers them."""
-
-    __slots__ = ("request_id", "deltas", "done", "output", "text")
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self.done = threading.Event()
-        self.output: RequestOutput | None = None
-        self.text = ""
-
-    def finish(self, output: RequestOutput) -> None:
-        if self.done.is_set():
-            return
-        self.output = output
-        self.done.set()
-        self.deltas.put(None)
 
 
 class _Call:
@@ -140,118 +77,157 @@ class _Call:
         self.items: queue.SimpleQueue[Any] | None = None  # run_benchmark's stream of items
 
 
-class _Session:
-    """One engine process and its pipe. restart() replaces the session, never reuses it."""
+class Session:
+    """One connection. A client replaces its session on restart(), never reuses one."""
 
-    def __init__(self, config: EngineConfig, bus: TelemetryBus, start_timeout_s: float) -> None:
+    def __init__(self, conn: Connection, bus: TelemetryBus, *, proc: EngineProcess | None,
+                 not_responding_after_s: float, stall_after_s: float) -> None:
+        self.conn = conn
         self.bus = bus
+        self.proc = proc
+        self.pid: int | None = proc.pid if proc is not None else None
+        self.not_responding_after_s = not_responding_after_s
+        self.stall_after_s = stall_after_s
         self.dead: str | None = None
-        self.shutting_down = False
+        self.leaving: str | None = None  # set by this side before it closes: the reason
+        self.closing: str | None = None  # the engine's own Closing reason
         self.info: dict[str, Any] = {}
         self.nvml: dict[str, Any] | None = None
         self.nvml_reason: str | None = "NVML not read yet"
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
+        self.last_heard = time.monotonic()
+        self.beat = Heartbeat(-1, 0, 0.0)
+        self.streams = StreamBook()
+        self.lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
-        self.streams: OrderedDict[str, _Stream] = OrderedDict()
         self._ready = threading.Event()
         self._eof = threading.Event()
-        self._exited = threading.Event()
-        self._start_failure: str | None = None
+        self._failure: str | None = None
+        self._out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        tag = self.pid if self.pid is not None else id(self)
+        for target, name in ((self._receive, "recv"), (self._write, "send")):
+            threading.Thread(target=target, daemon=True, name=f"gapless-client-{name}-{tag}"
+                             ).start()
+        if proc is not None:
+            threading.Thread(target=self._watch_exit, daemon=True,
+                             name=f"gapless-client-wait-{tag}").start()
 
-        parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        fd = child_sock.fileno()
-        try:
-            self.proc = subprocess.Popen(
-                # -P: never put the working directory first on sys.path, so `engine`
-                # is this repository's package whatever folder the parent runs in.
-                [sys.executable, "-P", "-c", "from engine.process.server import main; main()",
-                 "--fd", str(fd), "--parent", str(os.getpid())],
-                pass_fds=(fd,), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-            )
-        finally:
-            child_sock.close()  # only the child holds its end: its exit gives us EOF
-        self.pid = self.proc.pid
-        self.conn = Connection(parent_sock.detach())
-        self.last_output: deque[str] = deque(maxlen=200)  # a crash dumps every stack
-        threading.Thread(target=self._relay_stderr, daemon=True,
-                         name=f"gapless-client-stderr-{self.pid}").start()
-        self._receiver = threading.Thread(target=self._receive, daemon=True,
-                                          name=f"gapless-client-recv-{self.pid}")
-        self._waiter = threading.Thread(target=self._wait_exit, daemon=True,
-                                        name=f"gapless-client-wait-{self.pid}")
-        self._receiver.start()
-        self._waiter.start()
-        try:
-            self._send(0, "start", {"config": config.to_dict()})
-        except EngineDead:
-            pass  # the child died at once: the reason comes below
-        deadline = time.monotonic() + start_timeout_s
+    def wait_ready(self, timeout: float) -> None:
+        """Until the engine's Ready; EngineStartError (the process is killed) otherwise."""
+        deadline = time.monotonic() + timeout
         while not self._ready.is_set() and self.dead is None:
             if time.monotonic() > deadline:
-                self.kill()
-                raise EngineStartError(
-                    f"the engine did not become ready within {start_timeout_s:g} s "
-                    "(loading the model took too long?); it was stopped"
-                )
+                if self.proc is None:
+                    reason = (f"the engine did not answer within {timeout:g} s (still loading "
+                              "its model? attach with a larger connect_timeout_s)")
+                else:
+                    self.kill()
+                    reason = (f"the engine did not become ready within {timeout:g} s "
+                              "(loading the model took too long?); it was stopped")
+                self.leaving = reason
+                self.mark_dead(reason)
+                self.close()
+                raise EngineStartError(reason)
             self._ready.wait(0.05)
         if not self._ready.is_set():
-            self._exited.wait(EXIT_GRACE_S)
-            reason = self._start_failure or self.dead or self._exit_reason()
-            if self._start_failure is None:
+            if self.proc is not None:
+                self.proc.exited.wait(EXIT_GRACE_S)
+            reason = self._failure or self.dead or "the engine closed the connection"
+            if self._failure is None:
                 reason = f"the engine process died while starting: {reason}"
             self.dead = reason
             raise EngineStartError(reason)
+        self.pid = int(self.info.get("pid", self.pid or 0)) or None
+        self.last_heard = time.monotonic()
 
-    # --------------------------------------------------------------------- transport
-    def _send(self, call_id: int, command: str, kwargs: dict[str, Any]) -> None:
-        # The arguments are pickled apart from the envelope, so the engine can always read
-        # the call id and answer, even when it cannot rebuild an argument.
-        try:
-            data = _pickle((call_id, command, _pickle(kwargs)))
-        except Exception as e:  # nothing was sent: the caller's input is at fault
-            raise ValueError(f"cannot send {command!r} to the engine process: {e}") from e
-        try:
-            with self._send_lock:
-                self.conn.send_bytes(data)
-        except (OSError, ValueError) as e:
-            raise EngineDead(self.dead or f"the engine's pipe is closed ({e})") from e
+    # ---------------------------------------------------------------------- liveness
+    def silent_s(self) -> float:
+        silent = time.monotonic() - self.last_heard
+        if silent > 1.0 and self.dead is None:
+            # Frames waiting unread mean the engine spoke and this process was too busy to
+            # read: not the engine's silence.
+            try:
+                if self.conn.poll(0):
+                    return 0.0
+            except (OSError, ValueError):
+                pass
+        return silent
 
-    def call(self, command: str, timeout: float | None, items: bool = False,
-             **kwargs: Any) -> Any:
-        call = self.begin(command, items, **kwargs)
-        return self.finish_call(call, command, timeout)
+    def status(self) -> EngineStatus:
+        silent, beat = self.silent_s(), self.beat
+        if self.dead is not None:
+            return EngineStatus("dead", self.dead, silent, beat.step, beat.loop_stalled_s)
+        if silent > self.not_responding_after_s:
+            return EngineStatus("not_responding", self._silence(silent), silent, beat.step,
+                                beat.loop_stalled_s)
+        if beat.loop_stalled_s > self.stall_after_s:
+            return EngineStatus("stalled", (
+                f"the engine's step loop has made no progress for {beat.loop_stalled_s:.1f} s "
+                f"with {beat.unfinished} requests unfinished (the process still answers)"),
+                silent, beat.step, beat.loop_stalled_s)
+        return EngineStatus("alive", None, silent, beat.step, beat.loop_stalled_s)
 
-    def begin(self, command: str, items: bool = False, **kwargs: Any) -> tuple[int, _Call]:
+    def _silence(self, silent: float) -> str:
+        return (f"the engine process (pid {self.pid}) has sent nothing for {silent:.1f} s, "
+                "not even its heartbeat: it is hung or stopped (restart() kills it and "
+                "starts a new one)")
+
+    def check(self, limit_s: float | None = None) -> None:
+        """EngineDead, or EngineNotResponding when silent for longer than ``limit_s``
+        (default: not_responding_after_s)."""
         if self.dead is not None:
             raise EngineDead(self.dead)
+        silent = self.silent_s()
+        if silent > (self.not_responding_after_s if limit_s is None else limit_s):
+            raise EngineNotResponding(self._silence(silent), silent)
+
+    # --------------------------------------------------------------------- transport
+    def _encode(self, call_id: int, command: Command, kwargs: dict[str, Any]) -> bytes:
+        try:
+            return _pickle(Call(call_id, command, _pickle(kwargs)))
+        except Exception as e:  # nothing was sent: the caller's input is at fault
+            raise ValueError(f"cannot send {command.value!r} to the engine process: {e}") from e
+
+    def notify(self, command: Command, **kwargs: Any) -> None:
+        """Send without waiting for an answer (applied in order with every other call)."""
+        if self.dead is not None:
+            raise EngineDead(self.dead)
+        self._out.put(self._encode(NO_REPLY, command, kwargs))
+
+    def begin(self, command: Command, items: bool = False, **kwargs: Any) -> tuple[int, _Call]:
+        """Send a call (EngineNotResponding before sending when the engine is known hung)."""
+        self.check()
         call_id = next(self._ids)
+        data = self._encode(call_id, command, kwargs)
         pending = _Call()
         if items:
             pending.items = queue.SimpleQueue()
-        with self._lock:
+        with self.lock:
             if self.dead is not None:
                 raise EngineDead(self.dead)
             self._calls[call_id] = pending
-        try:
-            self._send(call_id, command, kwargs)
-        except BaseException:
-            with self._lock:
-                self._calls.pop(call_id, None)
-            raise
+        self._out.put(data)
         return call_id, pending
 
-    def finish_call(self, call: tuple[int, _Call], command: str, timeout: float | None) -> Any:
+    def finish_call(self, call: tuple[int, _Call], command: Command, timeout: float) -> Any:
+        """The answer; TimeoutError after ``timeout``, EngineNotResponding as soon as the
+        engine is known hung, EngineDead when it dies first."""
         call_id, pending = call
-        if not pending.event.wait(timeout):
-            with self._lock:
-                self._calls.pop(call_id, None)
-            raise TimeoutError(f"the engine did not answer {command} within {timeout:g} s")
+        deadline = time.monotonic() + timeout
+        while not pending.event.wait(POLL_S):
+            try:
+                self.check()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine did not answer {command.value} within "
+                                       f"{timeout:g} s")
+            except (EngineNotResponding, TimeoutError):
+                with self.lock:
+                    self._calls.pop(call_id, None)
+                raise
         return self.outcome(pending)
+
+    def call(self, command: Command, timeout: float, **kwargs: Any) -> Any:
+        return self.finish_call(self.begin(command, **kwargs), command, timeout)
 
     @staticmethod
     def outcome(pending: _Call) -> Any:
@@ -264,122 +240,110 @@ class _Session:
             raise ValueError(message)
         raise EngineError(message)
 
+    def _write(self) -> None:
+        while True:
+            data = self._out.get()
+            if data is None:
+                return
+            try:
+                self.conn.send_bytes(data)
+            except (OSError, ValueError):  # closed: the receiver's EOF tells the reason
+                return
+
     # ---------------------------------------------------------------- receiver thread
     def _receive(self) -> None:
         while True:
             try:
-                batch = self.conn.recv()
+                frame = self.conn.recv()
             except (EOFError, OSError):
                 break
             except Exception:  # an unpicklable message must not kill the receiver
+                if self.conn.closed:  # closed here while reading
+                    break
                 log.exception("could not read a message from the engine")
                 continue
-            for msg in batch if isinstance(batch, list) else [batch]:
+            self.last_heard = time.monotonic()
+            for raw in frame if isinstance(frame, list) else [frame]:
                 try:
-                    self._dispatch(msg)
+                    self._dispatch(decode(raw))
                 except Exception:
-                    log.exception("bad message from the engine: %r", msg[:1])
+                    log.exception("bad message from the engine: %r", raw[:1])
         self._eof.set()
-        if self._exited.wait(EXIT_GRACE_S):
-            self.mark_dead(self._exit_reason())
-        else:
-            reason = exit_reason(None)
-            self.kill()
-            self.mark_dead(reason)
+        self.mark_dead(self._reason_at_eof())
 
-    def _relay_stderr(self) -> None:
-        """The engine's log goes on to our stderr; its last lines explain a crash."""
-        assert self.proc.stderr is not None
-        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
-        for raw in self.proc.stderr:
-            try:
-                if out is not None:
-                    out.write(raw)
-                    out.flush()
-                else:
-                    sys.stderr.write(raw.decode(errors="replace"))
-            except (OSError, ValueError):  # our stderr is closed: keep draining the pipe
-                pass
-            line = raw.decode(errors="replace").strip()
-            if line:
-                self.last_output.append(line.rsplit("\r", 1)[-1])
-        self.proc.stderr.close()
+    def _reason_at_eof(self) -> str:
+        if self.leaving is not None:
+            return self.leaving
+        if self.proc is None:
+            return self.closing or (f"the connection to the engine process (pid {self.pid}) "
+                                    "closed without a word (killed?)")
+        if self.proc.exited.wait(EXIT_GRACE_S):
+            return self._failure or self.proc.exit_reason()
+        self.proc.kill()
+        return "the engine process closed its connection but did not exit (it was killed)"
 
-    def _wait_exit(self) -> None:
-        self.proc.wait()
-        self._exited.set()
+    def _watch_exit(self) -> None:
+        assert self.proc is not None
+        self.proc.exited.wait()
         # Normally EOF follows at once; should something else hold the pipe open, the exit
         # itself is the death.
         if not self._eof.wait(0.5):
-            self.mark_dead(self._exit_reason())
+            self.mark_dead(self.leaving or self._failure or self.proc.exit_reason())
 
-    def _exit_reason(self) -> str:
-        if self.shutting_down:
-            return "the engine was shut down"
-        if self._start_failure:
-            return self._start_failure
-        code = self.proc.returncode
-        if code:  # a crash prints on its way out: give the relay a moment to catch it
-            time.sleep(0.1)
-        return exit_reason(code, last_words(list(self.last_output)))
-
-    def _dispatch(self, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "delta":
-            _, rid, text = msg
-            s = self.streams.get(rid)
-            if s is not None:
-                s.text += text
-                s.deltas.put(text)
-        elif kind == "end":
-            _, rid, out = msg
-            s = self.streams.get(rid)
-            if s is not None:
-                s.finish(RequestOutput(**out))
-        elif kind == "telemetry":
-            _, steps, events = msg
-            for rec in decode_steps(steps):
-                self.bus.publish_step(rec)
-            for ev in decode_events(events):
-                self.bus.publish_event(ev)
-        elif kind == "reply":
-            _, call_id, ok, value = msg
-            with self._lock:
-                pending = self._calls.pop(call_id, None)
-            if pending is not None:
-                pending.ok, pending.value = ok, value
-                pending.event.set()
-                if pending.items is not None:
-                    pending.items.put(None)
-        elif kind == "bench":
-            _, call_id, item = msg
-            with self._lock:
-                pending = self._calls.get(call_id)
-            if pending is not None and pending.items is not None:
-                pending.items.put(item)
-        elif kind == "nvml":
-            _, reading, reason = msg
-            self.nvml, self.nvml_reason = reading, reason
-        elif kind == "ready":
-            self.info = msg[1]
-            self.nvml_reason = self.info.get("nvml_reason")
-            self._ready.set()
-        elif kind == "failed":
-            self._start_failure = str(msg[1])
-        else:
-            log.warning("unknown message from the engine: %r", kind)
+    def _dispatch(self, msg: Any) -> None:
+        match msg:
+            case Delta(rid, text, token_ids):
+                s = self.streams.get(rid)
+                if s is not None:
+                    s.add(text, token_ids)
+            case End(rid, out):
+                s = self.streams.get(rid)
+                if s is not None:
+                    s.finish(RequestOutput(**out))
+            case Telemetry(steps, events):
+                for rec in decode_steps(steps):
+                    self.bus.publish_step(rec)
+                for ev in decode_events(events):
+                    self.bus.publish_event(ev)
+            case Heartbeat():
+                self.beat = msg
+            case Reply(call_id, ok, value):
+                with self.lock:
+                    pending = self._calls.pop(call_id, None)
+                if pending is not None:
+                    pending.ok, pending.value = ok, value
+                    pending.event.set()
+                    if pending.items is not None:
+                        pending.items.put(None)
+            case BenchItem(call_id, item):
+                with self.lock:
+                    pending = self._calls.get(call_id)
+                if pending is not None and pending.items is not None:
+                    pending.items.put(item)
+            case Nvml(reading, reason):
+                self.nvml, self.nvml_reason = reading, reason
+            case Ready(info):
+                self.info = info
+                self.nvml_reason = info.get("nvml_reason")
+                self._ready.set()
+            case Failed(message):
+                self._failure = str(message)
+            case Closing(reason):
+                self.closing = reason
+            case _:
+                log.warning("unknown message from the engine: %r", type(msg))
 
     def mark_dead(self, reason: str) -> None:
         """First caller wins. Ends every stream and wakes every waiting call."""
-        with self._lock:
+        with self.lock:
             if self.dead is not None:
                 return
             self.dead = reason
             calls, self._calls = list(self._calls.values()), {}
-        if not self.shutting_down:
-            log.error("engine process %d: %s", self.pid, reason)
-        for s in list(self.streams.values()):
-            s.finish(RequestOutput(s.request_id, [], [], s.text, "error", reason))
+        self._out.put(None)
+        if self.leaving is None:
+            log.error("engine process %s: %s", self.pid, reason)
+        self.streams.end_all(reason)
         for pending in calls:
             pending.ok, pending.value = False, EngineDead(reason)
             pending.event.set()
@@ -388,27 +352,43 @@ class _Session:
 
     # ------------------------------------------------------------------------ stopping
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.kill()
-            except ProcessLookupError:
-                pass
+        if self.proc is not None:
+            self.proc.kill()
 
-    def shutdown(self, timeout: float) -> None:
-        if self.dead is not None:
-            self.kill()
-            self.conn.close()
-            return
-        self.shutting_down = True
-        try:
-            self.call("shutdown", timeout)
-        except (EngineDead, TimeoutError, EngineError):
-            pass
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("engine process %d did not exit in %g s: killing it", self.pid, timeout)
-            self.kill()
-            self.proc.wait(5.0)
-        self.mark_dead("the engine was shut down")
+    def shutdown(self, timeout: float, grace_s: float) -> None:
+        """The owner stops the engine: politely while it answers, SIGKILL when it is hung
+        (after ``grace_s``) or does not exit within ``timeout``."""
+        assert self.proc is not None
+        if self.dead is None:
+            self.leaving = "the engine was shut down"
+            hung = self.status().state == "not_responding"
+            if not hung:
+                try:
+                    self.call(Command.SHUTDOWN, timeout)
+                except (EngineDead, TimeoutError, EngineError):
+                    hung = True  # EngineNotResponding is a TimeoutError
+            if not self.proc.wait(grace_s if hung else timeout):
+                log.warning("engine process %s did not exit: killing it", self.pid)
+        self.kill()
+        self.proc.wait(5.0)
+        self.mark_dead(self.leaving or "the engine was shut down")
+        self.close()
+
+    def detach(self, timeout: float) -> None:
+        """An attached client leaves; the engine serves on (and aborts what it had open)."""
+        if self.dead is None:
+            self.leaving = "this client detached from the engine"
+            try:
+                self.call(Command.DETACH, timeout)
+            except (EngineDead, TimeoutError, EngineError, ValueError):
+                pass
+        self.mark_dead(self.leaving or "this client detached from the engine")
+        self.close()
+
+    def close(self) -> None:
+        """Hang up, let the receiver finish, then free the descriptor: closing it under a
+        receiver that is between two reads of one frame could hand it the next connection's
+        bytes once the number is reused."""
+        hang_up(self.conn)
+        self._eof.wait(2.0)
         self.conn.close()

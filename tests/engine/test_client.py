@@ -32,7 +32,7 @@ from engine.process.client import (
     exit_reason,
     last_words,
 )
-from engine.process.server import decode_events, decode_steps, encode_events, encode_steps
+from engine.process.wire import decode_events, decode_steps, encode_events, encode_steps
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
 SMALL = dict(

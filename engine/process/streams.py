@@ -1,0 +1,125 @@
+"""A client's record of its own requests: what arrived for each, and waiting on it.
+
+Owns RequestStream (one request's text deltas, token ids and end, as the session's receiver
+thread delivers them) and StreamBook (a client's requests by id: refusing an id still in
+use, forgetting the oldest ended ones, ending all of them when the engine is gone). Waits
+here are sliced, so the caller's ``check`` can end them (a timeout, a silent engine): nothing
+waits forever. No sockets, no threads of its own.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+
+from engine.core.request import RequestOutput
+
+KEEP_FINISHED = 1024  # ended requests whose result() can still be read
+POLL_S = 0.1  # how often a waiting caller runs its check
+
+
+class RequestStream:
+    """One request's deltas and end."""
+
+    __slots__ = ("request_id", "deltas", "done", "output", "text", "token_ids")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self.done = threading.Event()
+        self.output: RequestOutput | None = None
+        self.text = ""
+        self.token_ids: list[int] = []
+
+    def add(self, text: str, token_ids: list[int]) -> None:
+        self.text += text
+        self.token_ids += token_ids
+        self.deltas.put(text)
+
+    def finish(self, output: RequestOutput) -> None:
+        """The first end wins."""
+        if self.done.is_set():
+            return
+        self.output = output
+        self.done.set()
+        self.deltas.put(None)
+
+    def end_here(self, reason: str, error: str) -> None:
+        """End it on this side, keeping what arrived (the engine is gone or gave no answer)."""
+        self.finish(RequestOutput(self.request_id, [], list(self.token_ids), self.text,
+                                  reason, error))
+
+    def iter_deltas(self, check: Callable[[float], None]) -> Iterator[str]:
+        """Text deltas until the end; ``check(t0)`` runs every POLL_S while waiting (t0: when
+        this wait began) and raises to end the wait."""
+        while True:
+            t0 = time.monotonic()
+            while True:
+                try:
+                    delta = self.deltas.get(timeout=POLL_S)
+                    break
+                except queue.Empty:
+                    check(t0)
+            if delta is None:
+                self.deltas.put(None)  # a second iteration ends at once too
+                return
+            yield delta
+
+    def wait(self, check: Callable[[float], None]) -> RequestOutput:
+        t0 = time.monotonic()
+        while not self.done.wait(POLL_S):
+            check(t0)
+        assert self.output is not None
+        return self.output
+
+
+class StreamBook:
+    """One session's requests by id (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._streams: OrderedDict[str, RequestStream] = OrderedDict()
+
+    def get(self, request_id: str) -> RequestStream | None:
+        return self._streams.get(request_id)
+
+    def open(self, request_id: str) -> RequestStream:
+        """A new stream; ValueError while a request of that id has not ended."""
+        stream = RequestStream(request_id)
+        with self.lock:
+            old = self._streams.get(request_id)
+            if old is not None and not old.done.is_set():
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+            self._streams.move_to_end(request_id)
+            extra = len(self._streams) - KEEP_FINISHED
+            for rid in list(self._streams):
+                if extra <= 0:
+                    break
+                if self._streams[rid].done.is_set():
+                    del self._streams[rid]
+                    extra -= 1
+        return stream
+
+    def forget(self, stream: RequestStream) -> None:
+        """Drop a stream whose request never reached the engine."""
+        with self.lock:
+            if self._streams.get(stream.request_id) is stream:
+                del self._streams[stream.request_id]
+
+    def end_all(self, reason: str) -> None:
+        with self.lock:
+            streams = list(self._streams.values())
+        for s in streams:
+            s.end_here("error", reason)
+
+    def adopt(self, other: StreamBook) -> None:
+        """Keep another (ended) session's requests readable here."""
+        with other.lock:
+            items = list(other._streams.items())
+        with self.lock:
+            for rid, stream in items:
+                self._streams.setdefault(rid, stream)
