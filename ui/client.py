@@ -30,6 +30,8 @@ log = logging.getLogger("gapless.ui")
 
 # The engine's settings file; GAPLESS_CONFIG points elsewhere (tests, other machines).
 CONFIG_ENV = "GAPLESS_CONFIG"
+# A running engine to watch instead of starting one (`python -m engine serve` prints it).
+SOCKET_ENV = "GAPLESS_ENGINE_SOCKET"
 DEFAULT_CONFIG = "config.yaml"
 
 
@@ -38,9 +40,13 @@ def config_path() -> str:
 
 
 def make_client() -> EngineClient:
-    """Start an engine process (the seam tests replace with a fake)."""
+    """Attach to the engine named by $GAPLESS_ENGINE_SOCKET (an HTTP `serve`, say), else start
+    an engine process (the seam tests replace with a fake)."""
     from engine.process.client import EngineClient
 
+    socket_path = os.environ.get(SOCKET_ENV)
+    if socket_path:
+        return EngineClient.attach(socket_path)
     return EngineClient(config_path=config_path())
 
 

@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "config.yaml's model)")
     ap.add_argument("--chat-template", help="a Jinja chat template (a file, or the template "
                                             "itself) for a model without one")
+    ap.add_argument("--listen", metavar="PATH", default=None,
+                    help="Unix socket other local clients (the dashboard) attach to; default: "
+                    "engine.process.endpoint.default_socket_path()")
+    ap.add_argument("--no-listen", action="store_true",
+                    help="do not accept other local clients")
     ap.add_argument("--log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug"])
     return ap
@@ -162,7 +167,15 @@ def main(argv: list[str] | None = None) -> int:
             args.chat_template)
         sock = bind(args.host, args.port)
         tokenizer = tokenizer_of(config, template)
-        client = EngineClient(args.config, **overrides)
+        listen = None
+        if not args.no_listen:
+            from engine.process.endpoint import default_socket_path
+
+            listen = args.listen or default_socket_path()
+        client = EngineClient(args.config, listen=listen, **overrides)
+        if listen is not None:
+            print(f"gapless: the dashboard can watch this engine: "
+                  f"GAPLESS_ENGINE_SOCKET={listen} streamlit run app.py", file=sys.stderr)
     except (ValueError, EngineStartError) as e:
         if sock is not None:
             sock.close()

@@ -35,6 +35,7 @@ class Server:
     proc: subprocess.Popen[bytes]
     url: str
     log: Path
+    socket: Path  # where other local clients (the dashboard) attach to its engine
 
     def engine_pid(self) -> int:
         """The engine process: the serve process's only child."""
@@ -59,10 +60,12 @@ class Server:
 def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None,
                  timeout_s: float = 180.0) -> Server:
     log = tmp / "serve.log"
+    sock = tmp / "engine" / "engine.sock"
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would stall the server
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine", "serve", "--port", "0", "--device", "cpu",
-             "--log-level", "warning", *args],
+             "--listen", str(sock), "--log-level", "warning",
+             *args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
         )
@@ -77,7 +80,7 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None,
         if url is not None:
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    return Server(proc, url, log)
+                    return Server(proc, url, log, sock)
             except httpx.TransportError:
                 pass
         time.sleep(0.2)
