@@ -48,12 +48,18 @@ def load_model_and_tokenizer(cfg: EngineConfig, device: torch.device, dtype: tor
     A model (or tokenizer) string that looks like a path must be an existing folder: it is
     refused at once, never looked up on the Hub (offline, that lookup takes most of a minute
     to fail). Anything else is a hub id, tried locally first when HF_HUB_OFFLINE is set."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    # Where to look, decided before importing transformers (seconds): a missing folder is
+    # reported at once.
+    source, kwargs = _source("model", cfg.model, offline)
+    kwargs["trust_remote_code"] = cfg.trust_remote_code
+    tok_source, tok_kwargs = (source, dict(kwargs)) if cfg.tokenizer is None else _source(
+        "tokenizer", cfg.tokenizer, offline)
+    tok_kwargs["trust_remote_code"] = cfg.trust_remote_code
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     attention.register()
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    source, kwargs = _source("model", cfg.model, offline)
-    kwargs["trust_remote_code"] = cfg.trust_remote_code
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION, **kwargs
@@ -65,9 +71,6 @@ def load_model_and_tokenizer(cfg: EngineConfig, device: torch.device, dtype: tor
             f"could not load model {cfg.model!r}: it is not {where} with a causal LM "
             f"(offline={offline}). Cause: {e}"
         ) from e
-    tok_source, tok_kwargs = (source, kwargs) if cfg.tokenizer is None else _source(
-        "tokenizer", cfg.tokenizer, offline)
-    tok_kwargs["trust_remote_code"] = cfg.trust_remote_code
     try:
         tokenizer = AutoTokenizer.from_pretrained(tok_source, **tok_kwargs)
     except (OSError, ValueError, TypeError) as e:
