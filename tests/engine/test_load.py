@@ -54,7 +54,7 @@ def test_a_thousand_requests_with_live_switching_and_aborts(tiny_model_dir):
     aborted: set[str] = set()
     t0 = time.monotonic()
     try:
-        for i in range(NUM_REQUESTS):
+        for _ in range(NUM_REQUESTS):
             k = rng.randrange(len(prompts))
             h = eng.submit(prompts[k], PARAMS, on_finish=on_finish)
             submitted.append((k, h))
