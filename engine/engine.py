@@ -150,27 +150,29 @@ class Engine:
     def _enqueue(self, batch: list[tuple[Request, RequestHandle]]) -> list[RequestHandle]:
         """Register and queue validated requests, all or none: an id in use refuses the
         whole batch. An id is in use from submit until its end was delivered."""
+        open_ = self._sink.open  # the loop thread only removes from it: lookups are safe
         with self._lock:
             self._check_serving()
-            taken = set(self._sink.open)
+            mine: set[str] = set()  # ids of this batch
             for req, _ in batch:
-                if req.request_id and req.request_id in taken:
+                rid = req.request_id
+                if rid and (rid in open_ or rid in mine):
                     raise ValueError(
-                        f"request id {req.request_id!r} is already in use by an unfinished "
+                        f"request id {rid!r} is already in use by an unfinished "
                         "request; choose another or leave it out"
                     )
-                taken.add(req.request_id)
+                mine.add(rid)
             for req, handle in batch:
                 if not req.request_id:  # an engine-made id skips ids callers have in use
                     rid = f"req-{next(self._ids)}"
-                    while rid in taken:
+                    while rid in open_ or rid in mine:
                         rid = f"req-{next(self._ids)}"
-                    taken.add(rid)
+                    mine.add(rid)
                     req.request_id = handle.request_id = rid
                 p = req.params
                 req.seed = p.seed if p.seed is not None else _stable_seed(self.config.seed,
                                                                           req.request_id)
-                self._sink.open[req.request_id] = (req, handle)
+                open_[req.request_id] = (req, handle)
                 self._command("add", req)
         return [h for _, h in batch]
 
