@@ -7,6 +7,11 @@ Owns the order of one step's CPU phases and what happens to the tokens that come
 (append, detokenize, stop checks, finish, discard a finished request's one-step-late token).
 Live settings change here, at a step boundary, after draining the pipeline. Runs in one
 thread (the engine's loop thread, or the caller's in manual stepping).
+
+Faults: what one request owns (its decoding, its callbacks) fails that request alone; a
+step whose device work fails ends that step's requests; after anything else escaped a step,
+`recover()` waits out the launched steps and ends the open requests. Nothing here ends the
+thread that runs it.
 """
 
 from __future__ import annotations
