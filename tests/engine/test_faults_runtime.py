@@ -32,7 +32,7 @@ def model_dir(tiny_model_dir):
 @pytest.fixture(scope="module")
 def solo(model_dir):
     with make(model_dir, async_batching=False) as eng:
-        return {p: eng.submit(list(p), RAW).result(10).token_ids
+        return {p: eng.submit(list(p), RAW).result(60).token_ids
                 for p in ((3, 4, 5), (9, 8, 7, 6), (11, 12), (20, 21, 22))}
 
 
@@ -63,10 +63,10 @@ def test_a_tokenizer_that_raises_fails_only_its_request(model_dir, solo, async_b
         bad = eng.submit([3, 4, 5], GREEDY)
         mates = {p: eng.submit(list(p), GREEDY if p != (11, 12) else RAW)
                  for p in ((9, 8, 7, 6), (11, 12), (20, 21, 22))}
-        out = bad.result(10)
+        out = bad.result(60)
         assert out.finish_reason == "error" and f"cannot decode token {poison}" in out.error
         for p, h in mates.items():
-            o = h.result(10)
+            o = h.result(60)
             assert o.finish_reason == "length" and o.token_ids == solo[p], p
         time.sleep(0.1)
         assert_all_blocks_free(eng)
@@ -81,12 +81,12 @@ def test_a_raising_on_delta_fails_only_its_request_and_the_loop_lives(model_dir,
 
         bad = eng.submit([3, 4, 5], GREEDY, on_delta=boom)
         mate = eng.submit([9, 8, 7, 6], RAW)
-        out = bad.result(10)
+        out = bad.result(60)
         assert out.finish_reason == "error"
         assert f"on_delta callback raised {type(exc).__name__}" in out.error
-        assert mate.result(10).token_ids == solo[(9, 8, 7, 6)]
+        assert mate.result(60).token_ids == solo[(9, 8, 7, 6)]
         # The loop thread still serves.
-        assert eng.submit([11, 12], RAW).result(10).token_ids == solo[(11, 12)]
+        assert eng.submit([11, 12], RAW).result(60).token_ids == solo[(11, 12)]
         assert eng.dead_reason is None
         time.sleep(0.1)
         assert_all_blocks_free(eng)
@@ -97,9 +97,9 @@ def test_a_raising_on_finish_changes_nothing(model_dir, solo):
         def boom(out):
             raise SystemExit("from on_finish")
 
-        out = eng.submit([3, 4, 5], RAW, on_finish=boom).result(10)
+        out = eng.submit([3, 4, 5], RAW, on_finish=boom).result(60)
         assert out.finish_reason == "length" and out.token_ids == solo[(3, 4, 5)]
-        assert eng.submit([11, 12], RAW).result(10).token_ids == solo[(11, 12)]
+        assert eng.submit([11, 12], RAW).result(60).token_ids == solo[(11, 12)]
 
 
 def test_configure_after_a_failed_async_step_applies_and_drops_nothing(model_dir, solo):
@@ -114,14 +114,14 @@ def test_configure_after_a_failed_async_step_applies_and_drops_nothing(model_dir
             return real(req, token)
 
         eng.loop._on_token = flaky
-        failed = eng.submit([3, 4, 5], RAW).result(10)
+        failed = eng.submit([3, 4, 5], RAW).result(60)
         assert failed.finish_reason == "error" and "injected bug" in failed.error
         eng.loop._on_token = real
         queued = eng.submit([9, 8, 7, 6], RAW)
         for n in (3, 1, 2):
             assert eng.configure(num_slots=n)["num_slots"] == n
         assert eng.configure(async_batching=False)["async_batching"] is False
-        out = queued.result(10)
+        out = queued.result(60)
         assert out.finish_reason == "length" and out.token_ids == solo[(9, 8, 7, 6)]
         time.sleep(0.1)
         assert_all_blocks_free(eng)
@@ -134,7 +134,7 @@ def test_anything_escaping_the_loop_marks_the_engine_dead_and_callers_are_told(m
         started = threading.Event()
         long = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
         h = eng.submit([3, 4, 5], long, on_delta=lambda rid, t: started.set())
-        assert started.wait(10)
+        assert started.wait(60)
         real = eng.loop.step
 
         def dies():
@@ -142,7 +142,7 @@ def test_anything_escaping_the_loop_marks_the_engine_dead_and_callers_are_told(m
             raise exc
 
         eng.loop.step = dies
-        out = h.result(10)
+        out = h.result(60)
         assert out.finish_reason == "error"
         assert f"engine loop thread died ({type(exc).__name__}" in out.error
         assert eng.dead_reason is not None and type(exc).__name__ in eng.dead_reason
