@@ -21,6 +21,7 @@ from engine.core.batch import BufferLayout, HostView, assemble  # noqa: E402
 from engine.core.block_allocator import BlockAllocator, blocks_needed  # noqa: E402
 from engine.core.request import Request  # noqa: E402
 from engine.core.scheduler import Scheduler  # noqa: E402
+from engine.core.scratch import Scratch  # noqa: E402
 
 
 def measure(num_requests: int, prompt_len: int, block_size: int, steps: int) -> dict[str, float]:
@@ -36,14 +37,14 @@ def measure(num_requests: int, prompt_len: int, block_size: int, steps: int) -> 
     # Prefill everyone (budget permitting), then measure pure decode steps.
     while sched.waiting or any(r.num_computed < r.seq_len - 1 for r in sched.running):
         out = sched.schedule()
-        assemble(out, host, block_size, 0, num_requests)
+        assemble(out, host, block_size, Scratch(kv_slot=0))
         _post(out)
     sched_ns, asm_ns = [], []
     for _ in range(steps):
         t0 = time.perf_counter_ns()
         out = sched.schedule()
         t1 = time.perf_counter_ns()
-        assemble(out, host, block_size, 0, num_requests)
+        assemble(out, host, block_size, Scratch(kv_slot=0))
         t2 = time.perf_counter_ns()
         assert len(out.chunks) == num_requests, (len(out.chunks), out.num_decode_tokens)
         assert out.num_decode_tokens == num_requests, (len(out.chunks), out.num_decode_tokens)

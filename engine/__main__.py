@@ -53,11 +53,17 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.flush()
             out = handle.result()
             print(f"\n[{len(out.token_ids)} tokens, {out.finish_reason}]", file=sys.stderr)
+            outs = [out]
         else:
-            for prompt, out in zip(args.prompts, engine.generate(args.prompts, params),
-                                   strict=True):
+            outs = engine.generate(args.prompts, params)
+            for prompt, out in zip(args.prompts, outs, strict=True):
                 print(f"--- {prompt!r} [{len(out.token_ids)} tokens, {out.finish_reason}]")
                 print(prompt + out.text)
+        failed = [o for o in outs if o.finish_reason == "error"]
+        for o in failed:
+            print(f"error: request {o.request_id} failed: {o.error}", file=sys.stderr)
+        if failed:
+            return 1
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -7,11 +7,15 @@ the key and what is allowed. Nothing here touches a device, a model or the UI.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+INT32_MAX = 2**31 - 1  # top_k, seeds and token ids travel to the device as int32
+FLOAT32_MAX = 3.4e38  # temperature travels as float32
 
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -63,8 +67,7 @@ class EngineConfig:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist")
-        with path.open() as f:
-            values = yaml.safe_load(f) or {}
+        values = load_yaml(path)
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of setting: value at the top level")
         model = values.get("model")
@@ -104,6 +107,8 @@ class EngineConfig:
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}"
             )
         _check_int("seed", self.seed, 0)
+        if self.seed > INT32_MAX:
+            raise ValueError(f"seed must be an integer in [0, {INT32_MAX}], got {self.seed}")
         _check_type("async_batching", self.async_batching, bool)
         _check_choice("num_slots", self.num_slots, NUM_SLOTS)
         _check_type("cuda_graphs", self.cuda_graphs, bool)
@@ -112,10 +117,19 @@ class EngineConfig:
                 raise ValueError("graph_buckets must be a non-empty list of positive integers")
             for b in self.graph_buckets:
                 _check_int("graph_buckets entry", b, 1)
+                if b > self.max_num_batched_tokens:
+                    raise ValueError(
+                        f"graph_buckets entry {b} is above max_num_batched_tokens="
+                        f"{self.max_num_batched_tokens}: a step never has more tokens than "
+                        "that, so the graph would never run; give buckets <= "
+                        f"{self.max_num_batched_tokens}"
+                    )
         _check_type("telemetry", self.telemetry, bool)
         _check_type("nvml_interval_s", self.nvml_interval_s, (int, float))
-        if self.nvml_interval_s <= 0:
-            raise ValueError(f"nvml_interval_s must be > 0, got {self.nvml_interval_s}")
+        if not (0 < self.nvml_interval_s < math.inf):  # also rejects NaN
+            raise ValueError(
+                f"nvml_interval_s must be a finite number > 0, got {self.nvml_interval_s}"
+            )
 
 
 @dataclass(slots=True)
@@ -155,26 +169,33 @@ class SamplingParams:
         )
 
     def validate(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or not (
+                1 <= self.max_tokens <= INT32_MAX):
+            raise ValueError(
+                f"max_tokens must be an integer in [1, {INT32_MAX}], got {self.max_tokens!r}"
+            )
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if not self.temperature >= 0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k!r}")
-        if self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (off) or an integer >= 1, got {self.top_k}")
+        if not 0 <= self.temperature <= FLOAT32_MAX:  # also rejects NaN and inf
+            raise ValueError(
+                f"temperature must be >= 0 and finite (0 means greedy), got {self.temperature}"
+            )
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not (
+                self.top_k == -1 or 1 <= self.top_k <= INT32_MAX):
+            raise ValueError(
+                f"top_k must be -1 (off) or an integer in [1, {INT32_MAX}], got {self.top_k!r}"
+            )
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+            or not 0 <= self.seed <= INT32_MAX
         ):
-            raise ValueError(f"seed must be None or an integer >= 0, got {self.seed!r}")
+            raise ValueError(
+                f"seed must be None or an integer in [0, {INT32_MAX}], got {self.seed!r}"
+            )
         if self.stop is not None:
             if isinstance(self.stop, str):
                 raise ValueError(
@@ -194,11 +215,52 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT32_MAX
+            for t in self.stop_token_ids
         ):
             raise ValueError(
-                f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}"
+                f"stop_token_ids must be a list of token ids (integers >= 0), got "
+                f"{self.stop_token_ids!r}"
             )
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping with the same key twice (the later one would win
+    silently)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"setting {key!r} is given twice; keep one", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping
+)
+
+
+def load_yaml(path: Path) -> Any:
+    """The YAML document at path; ValueError naming the file, line and column when it is
+    not valid YAML or UTF-8, or repeats a key. An empty file is an empty mapping."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader) or {}  # noqa: S506 (a SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"{path}{where}: not valid YAML: {e.problem or e}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
 
 
 def _check_type(key: str, value: Any, types: type | tuple[type, ...]) -> None:
@@ -220,6 +282,7 @@ def _check_int(key: str, value: Any, minimum: int) -> None:
 
 
 def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
-    if isinstance(value, bool) or value not in choices:
+    # Same type too: 2.0 == 2, but num_slots: 2.0 is a mistake worth naming.
+    if not any(type(value) is type(c) and value == c for c in choices):
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{key} must be one of {allowed}, got {value!r}")

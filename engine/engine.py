@@ -14,114 +14,37 @@ import queue
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import torch
 
+from engine import inputs
 from engine.attention.interface import resolve_backend
 from engine.config import EngineConfig, SamplingParams
 from engine.core.batch import BufferLayout
 from engine.core.block_allocator import BlockAllocator, blocks_needed
 from engine.core.request import Request, RequestOutput
 from engine.core.scheduler import Scheduler
+from engine.handles import DeltaCallback, FinishCallback, HandleSink, RequestHandle
+from engine.inputs import PromptInput
 from engine.model import loader
 from engine.model.hf_config import text_config
+from engine.sizing import check_fits, num_blocks_for
 from engine.step.graphs import GraphCache, default_buckets
-from engine.step.loop import LiveSettings, RequestSink, StepLoop
+from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.engine")
 
-PromptInput = str | list[int]
-
-
-DeltaCallback = Callable[[str, str], None]
-FinishCallback = Callable[[RequestOutput], None]
-
-
-class RequestHandle:
-    """Returned by submit(). Iterate it for text deltas; result() waits for the end."""
-
-    def __init__(self, request_id: str, on_delta: DeltaCallback | None = None,
-                 on_finish: FinishCallback | None = None) -> None:
-        self.request_id = request_id
-        self.on_delta = on_delta
-        self.on_finish = on_finish
-        self._deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-        self._done = threading.Event()
-        self._output: RequestOutput | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        while True:
-            d = self._deltas.get()
-            if d is None:
-                return
-            yield d
-
-    def result(self, timeout: float | None = None) -> RequestOutput:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id} did not finish in {timeout} s")
-        assert self._output is not None
-        return self._output
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-
-class _Sink(RequestSink):
-    def __init__(self) -> None:
-        self.handles: dict[str, RequestHandle] = {}
-
-    @property
-    def num_open(self) -> int:
-        return len(self.handles)
-
-    def on_delta(self, req: Request, text: str) -> None:
-        h = self.handles.get(req.request_id)
-        if h is not None:
-            h._deltas.put(text)
-            if h.on_delta is not None:
-                _call(h.on_delta, req.request_id, text)
-
-    def on_finish(self, req: Request) -> None:
-        h = self.handles.pop(req.request_id, None)
-        if h is None:
-            return
-        h._output = output_of(req)
-        h._deltas.put(None)
-        h._done.set()
-        if h.on_finish is not None:
-            _call(h.on_finish, h._output)
-
-
-def _call(fn: Callable[..., None], *args: Any) -> None:
-    """Callbacks run on the engine's loop thread: one that raises is logged, never fatal."""
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("request callback %r raised", fn)
+__all__ = ["Engine", "RequestHandle", "PromptInput"]
 
 
 def _stable_seed(engine_seed: int, request_id: str) -> int:
     """A per-request seed that is the same in every process (str hash() is not)."""
     return zlib.crc32(f"{engine_seed}:{request_id}".encode()) & 0x7FFFFFFF
-
-
-def output_of(req: Request) -> RequestOutput:
-    metrics: dict[str, float] = {}
-    if req.first_token_ns is not None:
-        metrics["ttft_s"] = (req.first_token_ns - req.arrival_ns) / 1e9
-    if req.finished_ns is not None:
-        metrics["e2e_s"] = (req.finished_ns - req.arrival_ns) / 1e9
-        if req.first_token_ns is not None and len(req.output_token_ids) > 1:
-            decode_s = (req.finished_ns - req.first_token_ns) / 1e9
-            metrics["decode_tokens_per_s"] = (len(req.output_token_ids) - 1) / max(decode_s, 1e-9)
-    return RequestOutput(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
-                         req.text, req.finish_reason, req.error, metrics)
 
 
 class Engine:
@@ -144,21 +67,19 @@ class Engine:
             model = loader.prepare_model(model, self.device, self.dtype)
         text_cfg = text_config(model.config)
         self.vocab_size = int(text_cfg.vocab_size)
-        self.max_model_len = config.max_model_len or min(
-            int(getattr(text_cfg, "max_position_embeddings", 4096) or 4096), 4096)
+        self.max_model_len = _max_model_len(config, text_cfg)
         model, self.model_impl = loader.select_model_impl(model, config.model_impl,
                                                           self.max_model_len, owned)
         self.model, self.tokenizer = model, tokenizer
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
-        num_blocks = self._num_blocks(model.config)
-        # The last block is scratch: padding tokens of graph steps write their K/V there.
-        allocator = BlockAllocator(num_blocks - 1)
-        self.scheduler = Scheduler(allocator, config.block_size, config.max_num_seqs,
-                                   config.max_num_batched_tokens, self.max_model_len)
+        num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
+                                    self.dtype)
+        check_fits(config, model.config, num_blocks, self.max_model_len, self.device, self.dtype)
         self.runner = ModelRunner(model, backend, self.device, self.dtype, num_blocks,
                                   config.block_size, config.max_num_seqs, self.max_model_len)
-        layout = BufferLayout(config.max_num_batched_tokens, config.max_num_seqs,
-                              blocks_needed(self.max_model_len, config.block_size))
+        allocator = BlockAllocator(self.runner.num_cache_blocks)
+        self.scheduler = Scheduler(allocator, config.block_size, config.max_num_seqs,
+                                   config.max_num_batched_tokens, self.max_model_len)
         self.streams = StreamSet(self.device)
         graphs, unavailable = None, None
         if self.device.type != "cuda":
@@ -166,128 +87,127 @@ class Engine:
         elif self.backend_name != "triton":
             unavailable = "CUDA graphs need the triton attention backend (torch is not graph-safe)"
         else:
-            buckets = config.graph_buckets or default_buckets(config.max_num_batched_tokens)
-            buckets = [b for b in buckets if b <= config.max_num_batched_tokens]
-            graphs = GraphCache(buckets, self.runner.compute,
+            # EngineConfig.validate keeps every bucket within max_num_batched_tokens.
+            graphs = GraphCache(config.graph_buckets or default_buckets(
+                                    config.max_num_batched_tokens),
+                                self.runner.compute,
                                 self.streams.compute.stream,  # type: ignore[attr-defined]
                                 config.max_num_seqs)
         self.bus = TelemetryBus(enabled=config.telemetry)
-        self._sink = _Sink()
+        self._sink = HandleSink()
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         if eos is None:
             eos = getattr(tokenizer, "eos_token_id", None)
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        settings = LiveSettings(config.async_batching, config.num_slots,
-                                config.cuda_graphs and graphs is not None)
         self.loop = StepLoop(
-            self.runner, self.scheduler, self.streams, layout, settings, graphs, unavailable,
-            self.bus if config.telemetry else None, self._sink, tokenizer, eos_ids,
-            self.max_model_len, config.block_size, (num_blocks - 1) * config.block_size,
+            runner=self.runner,
+            scheduler=self.scheduler,
+            streams=self.streams,
+            layout=BufferLayout(config.max_num_batched_tokens, config.max_num_seqs,
+                                blocks_needed(self.max_model_len, config.block_size)),
+            settings=LiveSettings(config.async_batching, config.num_slots,
+                                  config.cuda_graphs and graphs is not None),
+            graphs=graphs,
+            graphs_unavailable=unavailable,
+            bus=self.bus if config.telemetry else None,
+            sink=self._sink,
+            tokenizer=tokenizer,
+            eos_ids=eos_ids,
         )
         self._ids = itertools.count()
-        self._requests: dict[str, Request] = {}
+        # Guards the open-request registry and the order of commands: a request's "add" is
+        # queued in the same critical section that registers it, so an abort that finds it
+        # is always queued after it.
         self._lock = threading.Lock()
-        self._commands: queue.SimpleQueue[tuple[str, Any, threading.Event | None]] = (
-            queue.SimpleQueue())
+        self._commands: queue.SimpleQueue[tuple[str, Any, Future | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = False
+        self.dead_reason: str | None = None
         self._thread: threading.Thread | None = None
         if start:
             self._thread = threading.Thread(target=self._run, name="gapless-engine", daemon=True)
             self._thread.start()
-
-    # ------------------------------------------------------------------------- sizing
-    def _num_blocks(self, hf_config: Any) -> int:
-        cfg = self.config
-        per_req = blocks_needed(self.max_model_len, cfg.block_size)
-        enough = cfg.max_num_seqs * per_req + 1
-        if cfg.num_blocks is not None:
-            n = cfg.num_blocks
-        elif self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            per_block = ModelRunner.kv_bytes_per_block(hf_config, cfg.block_size, self.dtype)
-            n = min(enough, int(free * cfg.gpu_memory_fraction) // per_block)
-        else:
-            n = enough
-        if n - 1 < per_req:
-            raise ValueError(
-                f"num_blocks={n} is too small: one request of max_model_len="
-                f"{self.max_model_len} needs {per_req} blocks of {cfg.block_size} tokens "
-                f"(plus one scratch block); give num_blocks >= {per_req + 1}"
-            )
-        return n
 
     # ------------------------------------------------------------------------ requests
     def submit(self, prompt: PromptInput, params: SamplingParams | dict | None = None,
                request_id: str | None = None, on_delta: DeltaCallback | None = None,
                on_finish: FinishCallback | None = None) -> RequestHandle:
         """Queue a request; returns at once. on_delta(request_id, text) and
-        on_finish(output) are called on the engine's loop thread: keep them quick."""
-        if self._stop:
-            raise RuntimeError("the engine is shut down")
-        params = SamplingParams.coerce(params)
-        params.validate()
-        if params.detokenize and self.tokenizer is None:
-            raise ValueError("this engine has no tokenizer: submit with detokenize=False")
-        ids = self._prompt_ids(prompt)
-        rid = request_id or f"req-{next(self._ids)}"
-        seed = params.seed if params.seed is not None else _stable_seed(self.config.seed, rid)
-        req = Request(rid, ids, params, seed, time.perf_counter_ns())
-        handle = RequestHandle(rid, on_delta, on_finish)
-        with self._lock:
-            if rid in self._requests:
-                raise ValueError(f"request id {rid!r} is already in use")
-            self._sink.handles[rid] = handle
-            self._requests[rid] = req
-        self._command("add", req)
-        return handle
+        on_finish(output) are called on the engine's loop thread: keep them quick. A callback
+        that raises ends its own request with "error"."""
+        self._check_serving()
+        for name, cb in (("on_delta", on_delta), ("on_finish", on_finish)):
+            if cb is not None and not callable(cb):
+                raise ValueError(f"{name} must be a callable or None, got {type(cb).__name__}")
+        req = self._prepare(prompt, params, request_id)
+        return self._enqueue([(req, RequestHandle(req.request_id, on_delta, on_finish))])[0]
 
-    def _prompt_ids(self, prompt: PromptInput) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this engine has no tokenizer: give prompts as token id lists")
-            if not prompt:
-                raise ValueError("prompt is empty; give a non-empty string or token id list")
-            ids = list(self.tokenizer(prompt)["input_ids"])
-            if not ids:
-                raise ValueError("prompt tokenizes to no tokens; give a longer prompt")
-        elif isinstance(prompt, (list, tuple)):
-            if not prompt:
-                raise ValueError("prompt is empty; give a non-empty string or token id list")
-            for t in prompt:
-                if isinstance(t, bool) or not isinstance(t, int):
-                    raise ValueError(f"prompt token ids must be integers, got {t!r}")
-                if not 0 <= t < self.vocab_size:
+    def _prepare(self, prompt: Any, params: Any, request_id: Any) -> Request:
+        """Validate everything about one request; queue nothing."""
+        sp = inputs.sampling_params(params, self.tokenizer, self.vocab_size)
+        rid = None if request_id is None else inputs.check_request_id(request_id)
+        ids = inputs.prompt_ids(prompt, self.tokenizer, self.vocab_size, self.max_model_len)
+        return Request(rid or "", ids, sp, 0, time.perf_counter_ns())
+
+    def _enqueue(self, batch: list[tuple[Request, RequestHandle]]) -> list[RequestHandle]:
+        """Register and queue validated requests, all or none: an id in use refuses the
+        whole batch. An id is in use from submit until its end was delivered."""
+        open_ = self._sink.open  # the loop thread only removes from it: lookups are safe
+        with self._lock:
+            self._check_serving()
+            mine: set[str] = set()  # ids of this batch
+            for req, _ in batch:
+                rid = req.request_id
+                if rid and (rid in open_ or rid in mine):
                     raise ValueError(
-                        f"prompt token id {t} is outside the vocabulary [0, {self.vocab_size})"
+                        f"request id {rid!r} is already in use by an unfinished "
+                        "request; choose another or leave it out"
                     )
-            ids = list(prompt)
-        else:
-            raise ValueError(
-                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
-            )
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}, so a "
-                f"prompt may have at most {self.max_model_len - 1} tokens"
-            )
-        return ids
+                mine.add(rid)
+            for req, handle in batch:
+                if not req.request_id:  # an engine-made id skips ids callers have in use
+                    rid = f"req-{next(self._ids)}"
+                    while rid in open_ or rid in mine:
+                        rid = f"req-{next(self._ids)}"
+                    mine.add(rid)
+                    req.request_id = handle.request_id = rid
+                p = req.params
+                req.seed = p.seed if p.seed is not None else _stable_seed(self.config.seed,
+                                                                          req.request_id)
+                open_[req.request_id] = (req, handle)
+                self._command("add", req)
+        return [h for _, h in batch]
 
     def generate(self, prompts: PromptInput | list[PromptInput],
-                 params: SamplingParams | dict | list[SamplingParams] | None = None,
+                 params: SamplingParams | dict | list[SamplingParams | dict] | None = None,
                  ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        plist = params if isinstance(params, list) else [params] * len(prompts)
-        handles = [self.submit(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        """Run prompts to the end. Every prompt and its params are validated before any is
+        queued: one bad input refuses the whole call."""
+        self._check_serving()
+        plist, splist = inputs.generate_args(prompts, params)
+        batch = [(req, RequestHandle(req.request_id))
+                 for req in (self._prepare(p, sp, None) for p, sp in zip(plist, splist,
+                                                                         strict=True))]
+        handles = self._enqueue(batch)
         if self._thread is None:
             while not all(h.done for h in handles):
                 self.step()
         return [h.result() for h in handles]
 
     def abort(self, request_id: str) -> None:
-        self._command("abort", request_id)
+        """End an open request with "abort"; an unknown or finished id is ignored."""
+        rid = inputs.check_request_id(request_id)
+        with self._lock:
+            req = self._sink.request(rid)
+            if req is not None:
+                self._command("abort", req)
+
+    def _check_serving(self) -> None:
+        if self.dead_reason is not None:
+            raise RuntimeError(f"the engine stopped serving: {self.dead_reason}")
+        if self._stop:
+            raise RuntimeError("the engine is shut down")
 
     # -------------------------------------------------------------------- live control
     def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
@@ -296,20 +216,24 @@ class Engine:
         drains first). Returns the settings in force afterwards."""
         if async_batching is not None and not isinstance(async_batching, bool):
             raise ValueError(f"async_batching must be true or false, got {async_batching!r}")
-        if num_slots is not None and (isinstance(num_slots, bool) or num_slots not in (1, 2, 3)):
+        if num_slots is not None and (type(num_slots) is not int or num_slots not in (1, 2, 3)):
             raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
-        if self._stop:
-            raise RuntimeError("the engine is shut down")
         if cuda_graphs and self.loop.graphs is None:
             raise ValueError(f"cuda_graphs cannot be turned on: {self.loop.graphs_reason()}")
-        done = threading.Event()
-        self._command("configure", (async_batching, num_slots, cuda_graphs), done)
-        if self._thread is not None:
-            done.wait()
-        else:
+        done: Future[None] = Future()
+        with self._lock:
+            self._check_serving()
+            self._command("configure", (async_batching, num_slots, cuda_graphs), done)
+        if self._thread is None:
             self._apply_commands()
+        while True:  # wait, but notice a loop that died meanwhile
+            try:
+                done.result(timeout=0.1)
+                break
+            except TimeoutError:
+                self._check_serving()
         return self.settings()
 
     def settings(self) -> dict[str, Any]:
@@ -348,7 +272,7 @@ class Engine:
         }
 
     # ---------------------------------------------------------------------- the loop
-    def _command(self, kind: str, arg: Any, done: threading.Event | None = None) -> None:
+    def _command(self, kind: str, arg: Any, done: Future | None = None) -> None:
         self._commands.put((kind, arg, done))
         self._wake.set()
 
@@ -358,51 +282,54 @@ class Engine:
                 kind, arg, done = self._commands.get_nowait()
             except queue.Empty:
                 return
-            try:
-                if kind == "add":
-                    self.scheduler.add(arg)
-                    self.loop._event(arg, "queued")
-                elif kind == "abort":
-                    with self._lock:
-                        req = self._requests.get(arg)
-                    if req is not None and not req.is_finished:
-                        self.loop.finish(req, "abort")
-                elif kind == "configure":
+            if kind == "add":
+                self.loop.add(arg)
+            elif kind == "abort":
+                self.loop.abort(arg)
+            elif kind == "configure":
+                assert done is not None
+                try:
                     self.loop.reconfigure(*arg)
-            finally:
-                if done is not None:
-                    done.set()
+                except Exception as e:  # the caller is told; the engine serves on
+                    log.exception("configure failed")
+                    done.set_exception(RuntimeError(f"configure failed: {describe(e)}"))
+                else:
+                    done.set_result(None)
 
     def step(self) -> bool:
         """One step boundary: apply commands, then schedule/launch/read. For manual driving
         (Engine(..., start=False)); the loop thread calls it otherwise."""
         self._apply_commands()
-        worked = self.loop.step()
-        self._forget_finished()
-        return worked
-
-    def _forget_finished(self) -> None:
-        if len(self._requests) > 1024:
-            with self._lock:
-                for rid in [r for r, q in self._requests.items() if q.is_finished]:
-                    del self._requests[rid]
+        return self.loop.step()
 
     def _run(self) -> None:
-        while not self._stop:
+        try:
+            while not self._stop:
+                try:
+                    worked = self.step()
+                except Exception as e:  # an engine bug: fail what was open, serve on
+                    log.exception("engine step failed")
+                    self.loop.recover(e)
+                    worked = True
+                if not worked:
+                    self._wake.wait(0.05)
+                    self._wake.clear()
+        except BaseException as e:  # nothing may end this thread silently
+            self._die(e)
+
+    def _die(self, error: BaseException) -> None:
+        """The loop thread cannot go on: say why to every caller, now and later."""
+        log.critical("engine loop thread died", exc_info=error)
+        with self._lock:
+            self.dead_reason = f"the engine loop thread died ({describe(error)})"
+        while True:  # commands queued before the lock above will never be applied
             try:
-                worked = self.step()
-            except Exception as e:  # keep serving: fail what was running, log, go on
-                log.exception("engine step failed")
-                for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-                    req.error = f"{type(e).__name__}: {e}"
-                    self.loop.finish(req, "error")
-                # A launched step's slot still holds it: the next step on that slot reads it
-                # first (its requests are finished, so its tokens are discarded).
-                self.loop.inflight = None
-                worked = True
-            if not worked:
-                self._wake.wait(0.05)
-                self._wake.clear()
+                kind, _, done = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if done is not None:
+                done.set_exception(RuntimeError(self.dead_reason))
+        self._sink.fail_open(self.dead_reason)
 
     def shutdown(self) -> None:
         if self._stop:
@@ -411,9 +338,11 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.dead_reason is not None:
+            self.streams.close()
+            return
         self._apply_commands()
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-            self.loop.finish(req, "abort")
+        self.loop.end_all("abort")
         self.loop.close()
 
     def __enter__(self) -> Engine:
@@ -421,3 +350,15 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _max_model_len(config: EngineConfig, text_cfg: Any) -> int:
+    model_max = getattr(text_cfg, "max_position_embeddings", None)
+    if config.max_model_len is None:
+        return min(int(model_max or 4096), 4096)
+    if model_max and config.max_model_len > int(model_max):
+        raise ValueError(
+            f"max_model_len={config.max_model_len} is above the model's "
+            f"max_position_embeddings={model_max}; give max_model_len <= {model_max}"
+        )
+    return config.max_model_len

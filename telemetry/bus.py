@@ -73,7 +73,8 @@ class TelemetryBus:
                 raise ValueError(f"{name} must be a positive int, got {cap!r}")
         self._steps: Ring[StepRecord] = Ring(step_capacity)
         self._events: Ring[RequestEvent] = Ring(event_capacity)
-        # Plain attribute: the engine reads it to skip building records when telemetry is off.
+        # Plain attribute: a disabled bus drops what is published. (The engine, with telemetry
+        # off, does not publish at all: its step loop gets no bus and records no timings.)
         self.enabled = bool(enabled)
 
     def publish_step(self, rec: StepRecord) -> None:

@@ -72,6 +72,11 @@ class Scheduler:
         self.waiting.append(req)
 
     @property
+    def num_free_rows(self) -> int:
+        """Token-table rows not held by a running request (max_num_seqs when idle)."""
+        return len(self._free_rows)
+
+    @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 

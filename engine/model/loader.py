@@ -33,34 +33,69 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
+def looks_like_path(source: str) -> bool:
+    """A model string that names a folder rather than a hub id ("org/name"): it starts like
+    a path, or has more than one "/", or its first part is a folder here (models/...)."""
+    if source.startswith(("/", "./", "../", "~", ".\\")) or source in (".", ".."):
+        return True
+    parts = source.split("/")
+    return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).expanduser().is_dir())
+
+
 def load_model_and_tokenizer(cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> Any:
-    """Returns (model, tokenizer), the model in eval mode on `device` with our attention."""
+    """Returns (model, tokenizer), the model in eval mode on `device` with our attention.
+
+    A model (or tokenizer) string that looks like a path must be an existing folder: it is
+    refused at once, never looked up on the Hub (offline, that lookup takes most of a minute
+    to fail). Anything else is a hub id, tried locally first when HF_HUB_OFFLINE is set."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    # Where to look, decided before importing transformers (seconds): a missing folder is
+    # reported at once.
+    source, kwargs = _source("model", cfg.model, offline)
+    kwargs["trust_remote_code"] = cfg.trust_remote_code
+    tok_source, tok_kwargs = (source, dict(kwargs)) if cfg.tokenizer is None else _source(
+        "tokenizer", cfg.tokenizer, offline)
+    tok_kwargs["trust_remote_code"] = cfg.trust_remote_code
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     attention.register()
-    source = cfg.model
-    local = Path(source).expanduser()
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    if local.exists() and not local.is_dir():
-        raise ValueError(f"model {source!r} is a file; give a model folder or a hub id")
-    kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
-    if local.is_dir():
-        source = str(local)
-        kwargs["local_files_only"] = True
-    elif offline:
-        kwargs["local_files_only"] = True
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, attn_implementation=attention.ATTN_IMPLEMENTATION, **kwargs
         )
-        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or source, **kwargs)
     except (OSError, ValueError) as e:
-        where = "a local folder" if local.is_dir() else "a local folder or a reachable hub id"
+        where = "a local folder" if kwargs.get("local_files_only") else "a local folder or a " \
+            "reachable hub id"
         raise ValueError(
             f"could not load model {cfg.model!r}: it is not {where} with a causal LM "
             f"(offline={offline}). Cause: {e}"
         ) from e
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_source, **tok_kwargs)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(
+            f"could not load the tokenizer from {cfg.tokenizer or cfg.model!r} "
+            f"(the {'tokenizer' if cfg.tokenizer else 'model'} setting): {e}"
+        ) from e
     return prepare_model(model, device, dtype), tokenizer
+
+
+def _source(key: str, value: str, offline: bool) -> tuple[str, dict[str, Any]]:
+    """Where from_pretrained should look for `value`, and with which flags."""
+    local = Path(value).expanduser()
+    if local.is_dir():
+        return str(local), {"local_files_only": True}
+    if local.exists():
+        raise ValueError(f"could not load {key} {value!r}: it is a file; give a folder or a "
+                         "hub id")
+    if looks_like_path(value):
+        raise ValueError(
+            f"could not load {key} {value!r}: no such folder (relative to {Path.cwd()}; a "
+            "relative path in a config file is tried beside the file first), and it is not "
+            "a hub id ('org/name'); give an existing folder or a hub id"
+        )
+    return value, {"local_files_only": True} if offline else {}
 
 
 def prepare_model(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> Any:

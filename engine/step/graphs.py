@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -31,33 +32,44 @@ def default_buckets(max_num_batched_tokens: int) -> list[int]:
     return out
 
 
+class Graph(Protocol):
+    def replay(self) -> None: ...
+
+
 class GraphCache:
     def __init__(
         self,
         buckets: list[int],
         compute: Callable[[DeviceView, int, int, bool], None],
-        stream: torch.cuda.Stream,
+        stream: torch.cuda.Stream | None,
         max_samples: int,
     ) -> None:
         self.buckets = sorted(set(buckets))
         self._compute = compute
         self._stream = stream
         self._max_samples = max_samples
-        self._pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self._pool: object | None = None  # made at the first capture
+        self._graphs: dict[tuple[int, int, bool], Graph] = {}
         self.failure: str | None = None
 
     def bucket_for(self, num_tokens: int) -> int | None:
         i = bisect.bisect_left(self.buckets, num_tokens)
         return self.buckets[i] if i < len(self.buckets) else None
 
+    def captured(self) -> set[tuple[int, int, bool]]:
+        """(slot index, bucket, greedy_only) of every graph held."""
+        return set(self._graphs)
+
     def capture_all(self, slots: list[tuple[int, DeviceView]]) -> bool:
-        """Capture every bucket for every slot. On failure, keep the reason and return False."""
+        """Capture every bucket for every slot (what is held already is kept). On failure,
+        keep the reason and return False."""
         try:
             for index, view in slots:
                 for bucket in self.buckets:
                     for greedy in (True, False):
-                        self._capture(index, view, bucket, greedy)
+                        key = (index, bucket, greedy)
+                        if key not in self._graphs:
+                            self._graphs[key] = self._capture(view, bucket, greedy)
         except Exception as e:  # capture can fail in many ways; serve eagerly instead
             self.failure = f"CUDA graph capture failed ({type(e).__name__}: {e})"
             log.warning("%s; running eagerly", self.failure)
@@ -65,12 +77,12 @@ class GraphCache:
             return False
         return True
 
-    def _capture(self, index: int, view: DeviceView, bucket: int, greedy: bool) -> None:
-        key = (index, bucket, greedy)
-        if key in self._graphs:
-            return
-        # The view holds a padded dummy step (all tokens point at scratch), so warm-up and
-        # capture read valid indices.
+    def _capture(self, view: DeviceView, bucket: int, greedy: bool) -> Graph:
+        """The CUDA work of one capture. The view holds a padded dummy step (all tokens point
+        at scratch), so warm-up and capture read valid indices."""
+        assert self._stream is not None
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.stream(self._stream):
             for _ in range(2):
                 self._compute(view, bucket, self._max_samples, greedy)
@@ -79,7 +91,7 @@ class GraphCache:
         with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
             self._compute(view, bucket, self._max_samples, greedy)
         self._stream.synchronize()
-        self._graphs[key] = graph
+        return graph
 
     def replay(self, index: int, bucket: int, greedy: bool) -> None:
         self._graphs[(index, bucket, greedy)].replay()

@@ -7,6 +7,11 @@ Owns the order of one step's CPU phases and what happens to the tokens that come
 (append, detokenize, stop checks, finish, discard a finished request's one-step-late token).
 Live settings change here, at a step boundary, after draining the pipeline. Runs in one
 thread (the engine's loop thread, or the caller's in manual stepping).
+
+Faults: what one request owns (its decoding, its callbacks) fails that request alone; a
+step whose device work fails ends that step's requests; after anything else escaped a step,
+`recover()` waits out the launched steps and ends the open requests. Nothing here ends the
+thread that runs it.
 """
 
 from __future__ import annotations
@@ -42,15 +47,30 @@ class LiveSettings:
 
 
 class RequestSink:
-    """Where a request's text and end go (the engine's handles implement it)."""
+    """Where a request's text and end go (the engine's handles implement it).
+
+    on_delta runs the request's callback: when that raises, it raises RequestFault, and the
+    loop ends that request alone with "error". on_finish never raises."""
 
     def on_delta(self, req: Request, text: str) -> None: ...
     def on_finish(self, req: Request) -> None: ...
 
 
+class RequestFault(Exception):
+    """Something that belongs to one request failed (its callback, its decoding)."""
+
+
+def describe(error: BaseException) -> str:
+    """The message a request that failed because of `error` carries."""
+    return f"{type(error).__name__}: {error}"
+
+
 class StepLoop:
+    """Construct with keywords only; every argument is shared with the engine."""
+
     def __init__(
         self,
+        *,
         runner: ModelRunner,
         scheduler: Scheduler,
         streams: StreamSet,
@@ -62,9 +82,6 @@ class StepLoop:
         sink: RequestSink,
         tokenizer: Any,
         eos_ids: set[int],
-        max_model_len: int,
-        block_size: int,
-        scratch_slot: int,
     ) -> None:
         self.runner = runner
         self.scheduler = scheduler
@@ -76,10 +93,9 @@ class StepLoop:
         self.sink = sink
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
-        self.max_model_len = max_model_len
-        self.block_size = block_size
-        self.scratch_slot = scratch_slot
-        self.scratch_row = scheduler.max_num_seqs
+        self.max_model_len = scheduler.max_model_len
+        self.block_size = scheduler.block_size
+        self.scratch = runner.scratch
         self.pipeline = Pipeline(streams, layout, settings.num_slots, timing=bus is not None)
         self.detok: dict[str, IncrementalDetokenizer] = {}
         self.inflight: InflightStep | None = None
@@ -88,6 +104,35 @@ class StepLoop:
         self.generated_tokens = 0
         if settings.cuda_graphs:
             self._enable_graphs()
+
+    # ------------------------------------------------------------------------ requests
+    def add(self, req: Request) -> None:
+        """Queue a validated request; it is scheduled from the next step on."""
+        self.scheduler.add(req)
+        self._event(req, "queued")
+
+    def abort(self, req: Request) -> None:
+        self.finish(req, "abort")
+
+    def end_all(self, reason: str, error: str | None = None) -> None:
+        """Finish every running and waiting request (shutdown, or recovery from a fault)."""
+        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if error is not None:
+                req.error = error
+            self.finish(req, reason)
+
+    def recover(self, error: BaseException) -> None:
+        """After an exception escaped step(): wait out every launched step (its tokens are
+        discarded), so every slot is free again, then end every open request with "error".
+        The loop is then ready to serve, and to be reconfigured."""
+        for slot in self.pipeline.slots:
+            if slot.inflight is not None:
+                try:
+                    self.pipeline.wait_results(slot.inflight)
+                except Exception:  # the step's requests end below anyway
+                    pass
+        self.inflight = None
+        self.end_all("error", describe(error))
 
     # ------------------------------------------------------------------------ settings
     @property
@@ -106,8 +151,10 @@ class StepLoop:
         if async_batching is not None:
             self.settings.async_batching = async_batching
         if num_slots is not None and num_slots != len(self.pipeline.slots):
-            self.pipeline.resize(num_slots)
-            self.settings.num_slots = num_slots
+            try:
+                self.pipeline.resize(num_slots)
+            finally:  # a failed allocation leaves the slots it made: say so, honestly
+                self.settings.num_slots = len(self.pipeline.slots)
             if self.graphs is not None:
                 self.graphs.drop_slots_from(num_slots)
             if self.graphs_active:
@@ -136,10 +183,10 @@ class StepLoop:
     def _fill_dummy(self, slot: Slot) -> None:
         """A padded step of nothing, so graph warm-up and capture read valid indices."""
         top = self.graphs.buckets[-1] if self.graphs else 1
-        assemble(SchedulerOutput(), slot.host, self.block_size, self.scratch_slot,
-                 self.scratch_row, pad_to=top)
+        assemble(SchedulerOutput(), slot.host, self.block_size, self.scratch, pad_to=top)
         slot.dev.buf.copy_(slot.host_buf)
-        torch.cuda.synchronize()
+        if self.streams.is_cuda:
+            torch.cuda.synchronize()
 
     # ---------------------------------------------------------------------------- step
     def step(self) -> bool:
@@ -158,8 +205,7 @@ class StepLoop:
         self.pipeline.wait_host_input(slot)
         t2 = now()
         bucket = self.graphs.bucket_for(sched.num_tokens) if self.graphs_active else None
-        meta = assemble(sched, slot.host, self.block_size, self.scratch_slot, self.scratch_row,
-                        pad_to=bucket)
+        meta = assemble(sched, slot.host, self.block_size, self.scratch, pad_to=bucket)
         t3 = now()
         mode = "async" if self.settings.async_batching else "sync"
         record = StepRecord(
@@ -218,8 +264,7 @@ class StepLoop:
             self._fail(step, e)
         else:
             tp = now()
-            for i, req in enumerate(step.meta.samplers):
-                self._on_token(req, int(tokens[i]))
+            self.deliver(step.meta.samplers, tokens.tolist())
         rec = step.record
         rec.spans.append(Span("cpu.wait", tw, tp))
         rec.spans.append(Span("cpu.post", tp, now()))
@@ -235,7 +280,7 @@ class StepLoop:
 
     def _fail(self, step: InflightStep, error: BaseException) -> None:
         log.error("step %d failed: %s", step.step, error)
-        msg = f"{type(error).__name__}: {error}"
+        msg = describe(error)
         for req in step.meta.samplers:
             req.num_pending -= 1
         for chunk in step.sched.chunks:
@@ -243,6 +288,12 @@ class StepLoop:
             if not req.is_finished:
                 req.error = msg
                 self.finish(req, "error")
+
+    def deliver(self, samplers: list[Request], tokens: list[int]) -> None:
+        """A step's sampled tokens arrived (one per sampling request, in order): append each,
+        detokenize, check stops, finish what ended, discard what came one step late."""
+        for req, token in zip(samplers, tokens, strict=True):
+            self._on_token(req, token)
 
     def _on_token(self, req: Request, token: int) -> None:
         req.num_pending -= 1
@@ -257,6 +308,18 @@ class StepLoop:
             self._event(req, "first_token", num_tokens=1)
         else:
             self._event(req, "tokens", num_tokens=1)
+        try:
+            reason = self._emit(req, token)
+        except Exception as e:  # its tokenizer or its callback: this request alone fails
+            log.warning("request %s failed: %s", req.request_id, describe(e))
+            req.error = describe(e)
+            reason = "error"
+        if reason is not None:
+            self.finish(req, reason)
+
+    def _emit(self, req: Request, token: int) -> str | None:
+        """Detokenize and hand on the new token's text; returns why the request ends now, or
+        None. May raise: whatever it raises belongs to this request only."""
         p = req.params
         delta, stop_hit = "", False
         if p.detokenize:
@@ -266,31 +329,32 @@ class StepLoop:
                     self.tokenizer, p.stop
                 )
             delta, stop_hit = detok.push(token)
-        reason = None
-        if stop_hit:
-            reason = "stop"
-        elif (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids:
-            reason = "stop"
-        elif len(req.output_token_ids) >= p.max_tokens:
-            reason = "length"
-        elif req.prompt_len + len(req.output_token_ids) >= self.max_model_len:
-            reason = "length"
         if delta:
             self.sink.on_delta(req, delta)
-        if reason is not None:
-            self.finish(req, reason)
+        if stop_hit:
+            return "stop"
+        if (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids:
+            return "stop"
+        if len(req.output_token_ids) >= p.max_tokens:
+            return "length"
+        if req.prompt_len + len(req.output_token_ids) >= self.max_model_len:
+            return "length"
+        return None
 
     def finish(self, req: Request, reason: str) -> None:
         if req.is_finished:
             return
-        self.scheduler.finish(req, reason)
-        req.finished_ns = now()
         detok = self.detok.pop(req.request_id, None)
         if detok is not None:
             rest = detok.flush()
-            if rest:
-                self.sink.on_delta(req, rest)
             req.text = detok.text
+            if rest and reason != "error":
+                try:
+                    self.sink.on_delta(req, rest)
+                except RequestFault as e:
+                    req.error, reason = describe(e), "error"
+        self.scheduler.finish(req, reason)
+        req.finished_ns = now()
         self._event(req, "finished", reason=reason)
         self.sink.on_finish(req)
 

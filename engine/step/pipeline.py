@@ -115,14 +115,14 @@ class Pipeline:
         error: BaseException | None = None
         if slot.compute_done is not None:
             # device input still read by the slot's last step (ordering only)
-            s.h2d.wait(slot.compute_done, propagate=False)
+            s.h2d.order_after(slot.compute_done)
         self._queue(s.h2d, "h2d", lambda: slot.dev.buf.copy_(slot.host_buf, non_blocking=True),
                     ops)
         s.h2d.record(h2d_done)
         s.compute.wait(h2d_done)
         if slot.d2h_done is not None:
             # device output still read by the slot's last D2H (ordering only)
-            s.compute.wait(slot.d2h_done, propagate=False)
+            s.compute.order_after(slot.d2h_done)
         try:
             self._queue(s.compute, "compute", compute_fn, ops)
         except Exception as e:  # CUDA launches run here, in the calling thread

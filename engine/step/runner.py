@@ -15,6 +15,7 @@ import torch
 
 from engine.attention.interface import AttnContext, Backend
 from engine.core.batch import BufferLayout
+from engine.core.scratch import PAD_ROW, Scratch
 from engine.model.hf_config import kv_cache_shape
 from engine.step.sampler import sample
 
@@ -27,7 +28,6 @@ class DeviceView:
     out: torch.Tensor  # [max_seqs] int64 sampled tokens
     ids: torch.Tensor
     from_table: torch.Tensor
-    token_row: torch.Tensor
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     token_req: torch.Tensor
@@ -44,17 +44,14 @@ class DeviceView:
     def allocate(cls, layout: BufferLayout, device: torch.device) -> DeviceView:
         buf = torch.zeros(layout.size, dtype=torch.int32, device=device)
         out = torch.zeros(layout.max_seqs, dtype=torch.int64, device=device)
-        views: dict[str, torch.Tensor] = {}
-        for name, (start, n) in layout.offsets().items():
-            v = buf[start : start + n]
-            if name in ("temperature", "top_p"):
-                v = v.view(torch.float32)
-            views[name] = v
-        views["block_tables"] = views["block_tables"].view(layout.max_seqs, layout.max_blocks)
-        return cls(buf=buf, out=out, **views)
+        return cls(buf=buf, out=out, **layout.views(buf, torch.float32))
 
 
 class ModelRunner:
+    """Device state of the engine. `num_blocks` counts every KV block, the scratch one too:
+    the allocator may hand out `num_cache_blocks` of them, and `scratch` says where padding
+    goes (the last block; the token table's extra last row)."""
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -79,22 +76,19 @@ class ModelRunner:
             )
             for _ in range(layers)
         ]
-        # Row max_num_seqs is scratch: padding and unused sample rows write there.
+        # One row more than the scheduler hands out: the scratch row, last, so that PAD_ROW
+        # (-1) as an index lands on it.
         self.token_table = torch.zeros(
             (max_num_seqs + 1, max_model_len + 1), dtype=torch.int64, device=device
         )
-
-    @staticmethod
-    def kv_bytes_per_block(hf_config: object, block_size: int, dtype: torch.dtype) -> int:
-        layers, kv_heads, head_dim = kv_cache_shape(hf_config)
-        elem = torch.tensor([], dtype=dtype).element_size()
-        return 2 * layers * block_size * kv_heads * head_dim * elem
+        self.num_cache_blocks = num_blocks - 1
+        self.scratch = Scratch(kv_slot=self.num_cache_blocks * block_size, table_row=PAD_ROW)
 
     def compute(self, v: DeviceView, num_tokens: int, num_samples: int, greedy_only: bool) -> None:
         """Queue one step's device work on the current stream (or capture it)."""
         t, s = num_tokens, num_samples
         positions = v.positions[:t]
-        rows = v.token_row[:t]
+        rows = v.token_req[:t]  # padding's PAD_ROW (-1) reads the scratch row
         from_table = self.token_table[rows, positions]
         ids = torch.where(v.from_table[:t].bool(), from_table, v.ids[:t].long())
         ctx = AttnContext(

@@ -1,7 +1,10 @@
 """Streams and events: one interface, a CUDA implementation and a host emulation.
 
 Owns ordering device work. `Stream.submit(fn)` queues work on the stream; `record(event)`
-and `wait(event)` order streams; `Event.synchronize()` is the only way the CPU blocks.
+and `wait(event)` order streams along a data dependency (an error of the work before the
+event fails the work after it), `order_after(event)` only orders (a slot's buffers being
+free: an earlier step's failure must not fail the next step that merely reuses its slot);
+`Event.synchronize()` is the only way the CPU blocks.
 `Stream.timed(lane, fn)` queues fn and returns a TimedOp whose start/end host-clock times
 can be read once the work is known to be done (telemetry adds no sync).
 
@@ -19,6 +22,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
+
+from telemetry.clock import ClockAnchor
 
 
 class Event(Protocol):
@@ -38,7 +43,8 @@ class Stream(Protocol):
     def submit(self, fn: Callable[[], None]) -> None: ...
     def timed(self, lane: str, fn: Callable[[], None]) -> TimedOp: ...
     def record(self, event: Event) -> None: ...
-    def wait(self, event: Event, propagate: bool = True) -> None: ...
+    def wait(self, event: Event) -> None: ...
+    def order_after(self, event: Event) -> None: ...
 
 
 class StreamError(RuntimeError):
@@ -146,9 +152,13 @@ class HostStream:
 
         self._queue.put(run)
 
-    def wait(self, event: Event, propagate: bool = True) -> None:
-        """propagate=False for ordering-only waits (a slot's buffers being free): an earlier
-        step's failure must not fail the next step that merely reuses its slot."""
+    def wait(self, event: Event) -> None:
+        self._wait(event, propagate=True)
+
+    def order_after(self, event: Event) -> None:
+        self._wait(event, propagate=False)
+
+    def _wait(self, event: Event, propagate: bool) -> None:
         assert isinstance(event, HostEvent)
 
         def run() -> None:
@@ -178,23 +188,25 @@ class CudaTimedOp:
 
 
 class CudaClock:
-    """Maps CUDA event times onto time.perf_counter_ns through an anchor event that was
-    recorded on an idle device and synchronised against the host clock."""
+    """Maps CUDA event times onto time.perf_counter_ns through an anchor event recorded on an
+    idle device and synchronised against the host clock. The arithmetic (and its error
+    bound) is telemetry.clock.ClockAnchor's; this class only makes the CUDA calls."""
 
     def __init__(self) -> None:
         self.anchor = torch.cuda.Event(enable_timing=True)
-        self.anchor_ns = 0
+        self.mapping = ClockAnchor(0)
         self.reanchor()
 
     def reanchor(self) -> None:
         """Call only when the device is idle (start, or after the pipeline drained)."""
         torch.cuda.synchronize()
+        before = time.perf_counter_ns()
         self.anchor.record()
         self.anchor.synchronize()
-        self.anchor_ns = time.perf_counter_ns()
+        self.mapping = ClockAnchor.from_sync(before, time.perf_counter_ns())
 
     def to_host_ns(self, event: torch.cuda.Event) -> int:
-        return self.anchor_ns + int(self.anchor.elapsed_time(event) * 1e6)
+        return self.mapping.to_host_ns(self.anchor.elapsed_time(event))
 
 
 class CudaStream:
@@ -219,9 +231,15 @@ class CudaStream:
         assert isinstance(event, torch.cuda.Event)
         event.record(self.stream)
 
-    def wait(self, event: Event, propagate: bool = True) -> None:
+    def wait(self, event: Event) -> None:
         assert isinstance(event, torch.cuda.Event)
         self.stream.wait_event(event)
+
+    def order_after(self, event: Event) -> None:
+        """The same as wait on CUDA: a failed kernel poisons the whole context, so there is
+        no per-step error to keep from propagating (launch errors are kept per step by the
+        pipeline)."""
+        self.wait(event)
 
     def close(self) -> None:
         self.stream.synchronize()

@@ -33,7 +33,11 @@ def mixed_prompts(n: int = 9, vocab: int = 300, seed: int = 0) -> list[list[int]
 
 
 def assert_all_blocks_free(engine: Engine) -> None:
-    alloc = engine.scheduler.allocator
+    """Nothing held: no KV block, no token-table row, no queued or running request."""
+    sch = engine.scheduler
+    alloc = sch.allocator
     assert alloc.num_used == 0, f"{alloc.num_used} KV blocks still allocated"
     assert alloc.num_free == alloc.num_blocks
-    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert sch.num_free_rows == sch.max_num_seqs, (
+        f"{sch.max_num_seqs - sch.num_free_rows} token-table rows still held")
+    assert not sch.running and not sch.waiting

@@ -25,3 +25,23 @@ def test_cli_rejects_bad_sampling_with_the_engine_message():
     p = run("x", "--temperature", "-1", "--device", "cpu")
     assert p.returncode == 2
     assert "temperature must be >= 0" in p.stderr
+
+
+def test_cli_refuses_an_int32_overflow_before_loading(tmp_path):
+    p = run("x", "--top-k", str(2**31), "--temperature", "0.5", "--device", "cpu")
+    assert p.returncode == 2
+    assert "top_k must be -1 (off) or an integer in [1, 2147483647]" in p.stderr
+
+
+def test_cli_names_the_line_of_a_yaml_error(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("device: cpu\nmax_num_seqs: [4,\n")
+    p = run("x", "--config", str(cfg))
+    assert p.returncode == 2
+    assert f"error: {cfg}, line " in p.stderr and "not valid YAML" in p.stderr
+
+
+def test_cli_refuses_a_prompt_that_is_not_utf8():
+    p = run(b"def \xff(n):".decode("utf-8", "surrogateescape"), "--device", "cpu")
+    assert p.returncode == 2
+    assert "encodes as UTF-8" in p.stderr

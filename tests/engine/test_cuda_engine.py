@@ -77,8 +77,7 @@ def test_every_captured_bucket_replays_like_eager(tiny_model_dir):
             sched = eng.scheduler.schedule()
             assert sched.num_tokens == bucket
             for greedy in (True, False):
-                meta = assemble(sched, slot.host, 16, eng.loop.scratch_slot,
-                                eng.loop.scratch_row, pad_to=bucket)
+                meta = assemble(sched, slot.host, 16, eng.runner.scratch, pad_to=bucket)
                 slot.dev.buf.copy_(slot.host_buf)
                 with torch.inference_mode():
                     eng.runner.compute(slot.dev, bucket, cfg.max_num_seqs, greedy)
@@ -88,7 +87,7 @@ def test_every_captured_bucket_replays_like_eager(tiny_model_dir):
                 torch.cuda.synchronize()
                 assert torch.equal(slot.dev.out[: meta.num_samples], eager), (bucket, greedy)
             for chunk in sched.chunks:
-                eng.loop.finish(chunk.request, "abort")
+                eng.loop.abort(chunk.request)
         assert_all_blocks_free(eng)
 
 

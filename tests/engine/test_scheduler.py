@@ -4,32 +4,53 @@ one-step-ahead reservations, and no request ever lost or stuck (randomised simul
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+
+import pytest
+import torch
 
 from engine.config import SamplingParams
+from engine.core.batch import BufferLayout
 from engine.core.block_allocator import BlockAllocator
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
+from engine.core.scratch import Scratch
+from engine.step.loop import LiveSettings, RequestSink, StepLoop
+from engine.step.streams import StreamSet
 
 
 def req(rid: str, prompt_len: int, max_tokens: int = 4) -> Request:
-    return Request(rid, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), 0, 0)
+    return Request(rid, list(range(1, prompt_len + 1)),
+                   SamplingParams(max_tokens=max_tokens, detokenize=False), 0, 0)
 
 
 def make(num_blocks=64, block_size=4, seqs=4, budget=8, max_len=64) -> Scheduler:
     return Scheduler(BlockAllocator(num_blocks), block_size, seqs, budget, max_len)
 
 
-def post(s: Scheduler, out, token: int = 9) -> None:
-    """Pretend the step's results came back: every sampled request gets one token."""
-    for c in out.chunks:
-        r = c.request
-        if c.samples:
-            r.num_pending -= 1
-            if r.is_finished:
-                continue
-            r.output_token_ids.append(token)
-            if len(r.output_token_ids) >= r.params.max_tokens:
-                s.finish(r, "length")
+@pytest.fixture(scope="module")
+def streams():
+    s = StreamSet(torch.device("cpu"))
+    yield s
+    s.close()
+
+
+def loop_for(s: Scheduler, streams: StreamSet) -> StepLoop:
+    """The engine's own step loop over this scheduler, used only for its token handling
+    (append, stop checks, finish), with no model behind it."""
+    return StepLoop(
+        runner=SimpleNamespace(scratch=Scratch(kv_slot=0)), scheduler=s, streams=streams,
+        layout=BufferLayout(s.max_num_batched_tokens, s.max_num_seqs, 16),
+        settings=LiveSettings(async_batching=False, num_slots=1, cuda_graphs=False),
+        graphs=None, graphs_unavailable="no model", bus=None, sink=RequestSink(),
+        tokenizer=None, eos_ids=set(),
+    )
+
+
+def post(loop: StepLoop, out, token: int = 9) -> None:
+    """The step's results came back: every sampled request gets `token`."""
+    samplers = [c.request for c in out.chunks if c.samples]
+    loop.deliver(samplers, [token] * len(samplers))
 
 
 def test_budget_and_chunked_prefill():
@@ -79,23 +100,25 @@ def test_length_limited_request_is_not_scheduled_past_max_tokens():
     assert s.schedule().is_empty  # both tokens are in flight; nothing more to compute
 
 
-def test_preempts_the_most_recently_admitted_request():
+def test_preempts_the_most_recently_admitted_request(streams):
     s = make(num_blocks=6, block_size=4, seqs=3, budget=64)
+    loop = loop_for(s, streams)
     a, b, c = req("a", 8, 20), req("b", 7, 20), req("c", 5, 20)
     for r in (a, b, c):
         s.add(r)
     s.schedule()  # a: 2 blocks, b: 2 blocks, c: 2 blocks (all 6 used)
-    post(s, s.schedule())  # needs blocks: a fits in its 2nd block? a at pos 8 needs a 3rd
+    post(loop, s.schedule())  # needs blocks: a fits in its 2nd block? a at pos 8 needs a 3rd
     assert c.status is RequestStatus.WAITING and c.num_preemptions == 1
     assert a.status is RequestStatus.RUNNING and b.status is RequestStatus.RUNNING
     assert c.block_ids == [] and c.num_computed == 0
 
 
-def test_random_workloads_finish_every_request_and_free_every_block():
+def test_random_workloads_finish_every_request_and_free_every_block(streams):
     rng = random.Random(0)
     for trial in range(30):
         s = make(num_blocks=rng.randint(10, 24), block_size=4, seqs=rng.randint(1, 6),
                  budget=rng.randint(1, 24), max_len=40)
+        loop = loop_for(s, streams)
         reqs = [req(f"{trial}-{i}", rng.randint(1, 24), rng.randint(1, 12)) for i in range(12)]
         pending = list(reqs)
         inflight = None
@@ -104,10 +127,10 @@ def test_random_workloads_finish_every_request_and_free_every_block():
                 s.add(pending.pop())
             out = s.schedule()
             if inflight is not None:  # async: results of the previous step arrive late
-                post(s, inflight)
+                post(loop, inflight)
             inflight = out if not out.is_empty else None
             if not pending and not s.num_unfinished and inflight is None:
                 break
         assert all(r.is_finished for r in reqs), f"trial {trial}: a request got stuck"
-        assert s.allocator.num_used == 0
+        assert s.allocator.num_used == 0 and s.num_free_rows == s.max_num_seqs
         assert all(len(r.output_token_ids) == r.params.max_tokens for r in reqs)

@@ -67,8 +67,10 @@ def test_one_result_per_mode_with_progress_and_records(engine):
         assert {rec.mode for rec in r.records} == {r.mode_label}
         assert sum(rec.decode_tokens for rec in r.records) >= 4 * 9
         assert r.idle_total_s >= 0 and r.idle_gaps >= 1
-        # busy + idle = the whole window
-        assert r.gpu_busy * r.total_s + r.idle_total_s == pytest.approx(r.total_s, rel=1e-6)
+    # In sync mode the compute lane idles between every two steps (the CPU reads results,
+    # then prepares the next step, while it waits).
+    sync = results[0]
+    assert sync.idle_gaps >= sync.num_steps - 1 and sync.gpu_busy < 1
     assert results[0].settings["async_batching"] is False
     assert results[1].settings["async_batching"] is True
     assert results[0].tokens_digest == results[1].tokens_digest, "greedy output changed by mode"
