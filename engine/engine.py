@@ -130,6 +130,13 @@ class Engine:
             self._thread.start()
 
     # ------------------------------------------------------------------------ requests
+    def output_token_ids(self, request_id: str) -> list[int] | None:
+        """The token ids an open request has produced so far, or None once it has ended. The
+        list is the request's own and grows on the loop thread: read it from an on_delta
+        callback (which runs there) or copy it."""
+        req = self._sink.request(request_id)
+        return None if req is None else req.output_token_ids
+
     def submit(self, prompt: PromptInput, params: SamplingParams | dict | None = None,
                request_id: str | None = None, on_delta: DeltaCallback | None = None,
                on_finish: FinishCallback | None = None) -> RequestHandle:

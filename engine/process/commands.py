@@ -34,12 +34,10 @@ class _TokenCursor:
 
     def take(self, request_id: str) -> list[int]:
         if self.request is None:
-            # The Engine has no public accessor for a live request's tokens yet (its
-            # on_delta callback gives text only): the one place that reads its table.
-            self.request = self.engine._requests.get(request_id)
+            self.request = self.engine.output_token_ids(request_id)
             if self.request is None:
                 return []
-        ids = self.request.output_token_ids
+        ids = self.request
         new = ids[self.sent:]
         self.sent = len(ids)
         return new
