@@ -5,6 +5,13 @@ that holds it; a step above the largest bucket runs eagerly; if capture fails (o
 memory, an op that cannot be captured) graphs are switched off with the reason kept, and the
 engine keeps serving eagerly. All graphs share one memory pool: they never run concurrently
 because every step is serialised on the compute stream.
+
+Each graph also carries two timing events recorded inside it (``external=True``), before its
+first kernel and after its last: `replay_fn` hands them to the pipeline with the replay, so a
+step's compute span runs from its first kernel to its last, not from when the stream reached
+the launch (DESIGN.md section 4; checked on the lent H200 with torch 2.11). They are two
+event nodes per replay (microseconds against a multi-millisecond step) and are read only once
+the step's results are in: no host sync.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from engine.step.runner import DeviceView
 
 log = logging.getLogger("gapless.graphs")
 
+GraphKey = tuple[int, int, bool]  # (slot index, token bucket, greedy only)
+
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
@@ -29,6 +38,21 @@ def default_buckets(max_num_batched_tokens: int) -> list[int]:
     if max_num_batched_tokens <= DEFAULT_BUCKETS[-1]:
         out.append(max_num_batched_tokens)
     return out
+
+
+class GraphReplay:
+    """Replays one captured graph when called; ``device_events`` are the (first, last)
+    timing events recorded inside it, valid until the same graph is replayed again."""
+
+    __slots__ = ("graph", "device_events")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph,
+                 device_events: tuple[torch.cuda.Event, torch.cuda.Event] | None) -> None:
+        self.graph = graph
+        self.device_events = device_events
+
+    def __call__(self) -> None:
+        self.graph.replay()
 
 
 class GraphCache:
@@ -44,7 +68,8 @@ class GraphCache:
         self._stream = stream
         self._max_samples = max_samples
         self._pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[GraphKey, torch.cuda.CUDAGraph] = {}
+        self._events: dict[GraphKey, tuple[torch.cuda.Event, torch.cuda.Event]] = {}
         self.failure: str | None = None
 
     def bucket_for(self, num_tokens: int) -> int | None:
@@ -62,6 +87,7 @@ class GraphCache:
             self.failure = f"CUDA graph capture failed ({type(e).__name__}: {e})"
             log.warning("%s; running eagerly", self.failure)
             self._graphs.clear()
+            self._events.clear()
             return False
         return True
 
@@ -76,13 +102,24 @@ class GraphCache:
                 self._compute(view, bucket, self._max_samples, greedy)
         self._stream.synchronize()
         graph = torch.cuda.CUDAGraph()
+        first = torch.cuda.Event(enable_timing=True, external=True)
+        last = torch.cuda.Event(enable_timing=True, external=True)
         with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+            first.record()
             self._compute(view, bucket, self._max_samples, greedy)
+            last.record()
         self._stream.synchronize()
         self._graphs[key] = graph
+        self._events[key] = (first, last)
 
     def replay(self, index: int, bucket: int, greedy: bool) -> None:
         self._graphs[(index, bucket, greedy)].replay()
+
+    def replay_fn(self, index: int, bucket: int, greedy: bool) -> GraphReplay:
+        """The replay of one graph as a callable that also carries its in-graph timing
+        events (``device_events``), for the pipeline's timed compute op."""
+        key = (index, bucket, greedy)
+        return GraphReplay(self._graphs[key], self._events.get(key))
 
     def drop_slots_from(self, index: int) -> None:
         """Forget the graphs of slots >= index (those slots were removed). A graph holds raw
@@ -90,3 +127,4 @@ class GraphCache:
         and must be captured afresh."""
         for key in [k for k in self._graphs if k[0] >= index]:
             del self._graphs[key]
+            self._events.pop(key, None)

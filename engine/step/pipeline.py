@@ -67,6 +67,27 @@ class InflightStep:
     error: BaseException | None = None
 
 
+class TimedLaunch:
+    """The launch-latency part of a timed op that has inner events: the loop reads it as a
+    span of its own lane ("compute.launch") beside the op's span."""
+
+    __slots__ = ("lane", "op")
+
+    def __init__(self, lane: str, op: TimedOp) -> None:
+        self.lane = lane
+        self.op = op
+
+    def span_ns(self) -> tuple[int, int]:
+        span = self.op.launch_span_ns()
+        if span is None:  # the op fell back to its stream events: nothing before it
+            start, _ = self.op.span_ns()
+            return start, start
+        return span
+
+    def launch_span_ns(self) -> tuple[int, int] | None:
+        return None
+
+
 class Pipeline:
     def __init__(
         self,
@@ -140,7 +161,14 @@ class Pipeline:
     def _queue(self, stream: Stream, lane: str, fn: Callable[[], None],
                ops: list[TimedOp]) -> None:
         if self.timing:
-            ops.append(stream.timed(lane, fn))
+            # A graph replay (engine.step.graphs.GraphReplay) carries events recorded inside
+            # its graph: the span then starts at its first kernel, and the launch latency
+            # before it becomes a span of its own (see TimedLaunch).
+            inner = getattr(fn, "device_events", None) if self.streams.is_cuda else None
+            op = stream.timed(lane, fn, inner)
+            ops.append(op)
+            if inner is not None:
+                ops.append(TimedLaunch(lane + ".launch", op))
         else:
             stream.submit(fn)
 
