@@ -1,0 +1,142 @@
+"""Idle by cause: every gap on the compute lane, labelled with what the GPU waited for.
+
+Owns the attribution of compute-idle time. A gap ends when the next step's compute starts;
+what the GPU waited for at each instant of the gap is the latest stage of that step's
+chain (and of the step before it) that was running then, by this priority:
+
+    graph_launch   the step's compute.launch span (the stream reached the step; the graph's
+                   first kernel had not started: launch latency)
+    h2d            the step's H2D input copy
+    cpu            the step's CPU work: cpu.launch, cpu.prepare, cpu.schedule, and the CPU's
+                   stretches between them (a slot wait, bookkeeping)
+    previous_step  the previous step's D2H copy and the CPU waiting for it and posting its
+                   tokens (cpu.wait, cpu.post): sync mode's serial tail
+    no_work        none of the above: nothing was queued (an idle engine, or a leading gap
+                   before the first step of the window, or the trailing one after the last)
+
+So ``sum(by_cause.values()) == idle_ns == window - busy`` (compute lane, same union as
+telemetry.metrics.busy_fraction). Pure functions over StepRecords: no clocks, no bus, no
+UI, nothing of ours beyond telemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from telemetry.metrics import busy_intervals, spans_of
+from telemetry.records import StepRecord
+
+CAUSES: tuple[str, ...] = ("cpu", "graph_launch", "h2d", "previous_step", "no_work")
+CAUSE_LABELS: dict[str, str] = {
+    "cpu": "CPU schedule/prepare/launch",
+    "graph_launch": "graph launch",
+    "h2d": "H2D copy",
+    "previous_step": "D2H/CPU post of the previous step",
+    "no_work": "no work queued",
+}
+# (lane, cause) from the highest priority down; "own" lanes belong to the step whose compute
+# ends the gap, "previous" lanes to the step before it.
+_OWN = (("compute.launch", "graph_launch"), ("h2d", "h2d"), ("cpu.launch", "cpu"),
+        ("cpu.prepare", "cpu"), ("cpu.schedule", "cpu"))
+_PREVIOUS = (("d2h", "previous_step"), ("cpu.post", "previous_step"),
+             ("cpu.wait", "previous_step"))
+
+
+@dataclass(slots=True, frozen=True)
+class LabelledGap:
+    """One idle stretch of the compute lane; ``causes`` maps cause -> ns (sums to the gap),
+    ``cause`` is the largest of them, ``step`` the step whose compute ended the gap (None
+    for a trailing gap)."""
+
+    start_ns: int
+    end_ns: int
+    cause: str
+    causes: dict[str, int]
+    step: int | None
+
+
+@dataclass(slots=True)
+class IdleBreakdown:
+    window_ns: int
+    idle_ns: int
+    by_cause: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    gaps: list[LabelledGap] = field(default_factory=list)
+
+    def share(self, cause: str) -> float:
+        """Fraction of the window idle for ``cause`` (0.0 for a zero-length window)."""
+        return self.by_cause.get(cause, 0) / self.window_ns if self.window_ns else 0.0
+
+    def largest(self) -> LabelledGap | None:
+        return max(self.gaps, key=lambda g: g.end_ns - g.start_ns, default=None)
+
+
+def _attribute(lo: int, hi: int, chain: list[tuple[int, int, str]]) -> dict[str, int]:
+    """Split [lo, hi) by the highest-priority chain span covering each instant. ``chain``
+    is (start, end, cause) in priority order. Uncovered time after the step's first CPU
+    span counts as "cpu" (the CPU between phases), before it as "no_work"."""
+    cuts = {lo, hi}
+    for s, e, _ in chain:
+        if s < hi and e > lo:
+            cuts.add(max(s, lo))
+            cuts.add(min(e, hi))
+    points = sorted(cuts)
+    own_cpu_start = min((s for s, _, c in chain if c in ("cpu", "h2d", "graph_launch")),
+                        default=None)
+    out: dict[str, int] = {}
+    for a, b in zip(points, points[1:], strict=False):
+        cause = next((c for s, e, c in chain if s <= a and e >= b), None)
+        if cause is None:
+            cause = "cpu" if own_cpu_start is not None and a >= own_cpu_start else "no_work"
+        out[cause] = out.get(cause, 0) + (b - a)
+    return out
+
+
+def idle_by_cause(records: Sequence[StepRecord], window_start_ns: int,
+                  window_end_ns: int) -> IdleBreakdown:
+    """Label every compute-lane gap inside the window and sum the idle time per cause.
+
+    ``records`` may come in any order; steps are matched to gaps by their compute spans.
+    Raises ValueError when the window ends before it starts.
+    """
+    starts, ends = busy_intervals(spans_of(records), window_start_ns, window_end_ns)
+    out = IdleBreakdown(window_ns=window_end_ns - window_start_ns, idle_ns=0)
+    if out.window_ns == 0:
+        return out
+    by_step = {r.step: r for r in records}
+    # The step whose compute opens each busy interval: the earliest compute span start there.
+    opener: dict[int, StepRecord] = {}
+    for r in records:
+        for s in r.spans:
+            if s.lane == "compute":
+                begin = max(s.start_ns, window_start_ns)
+                known = opener.get(begin)
+                if known is None or r.step < known.step:
+                    opener[begin] = r
+    gap_lo = [window_start_ns, *ends.tolist()]
+    gap_hi = [*starts.tolist(), window_end_ns]
+    for lo, hi in zip(gap_lo, gap_hi, strict=True):
+        if hi <= lo:
+            continue
+        rec = opener.get(hi)
+        chain: list[tuple[int, int, str]] = []
+        if rec is not None:
+            lanes = {lane: cause for lane, cause in _OWN}
+            own = sorted(((s.start_ns, s.end_ns, lanes[s.lane]) for s in rec.spans
+                          if s.lane in lanes), key=lambda x: _rank(x[2]))
+            chain += own
+            prev = by_step.get(rec.step - 1)
+            if prev is not None:
+                chain += [(s.start_ns, s.end_ns, c) for lane, c in _PREVIOUS
+                          for s in prev.spans if s.lane == lane]
+        causes = _attribute(lo, hi, chain)
+        for cause, ns in causes.items():
+            out.by_cause[cause] = out.by_cause.get(cause, 0) + ns
+        out.idle_ns += hi - lo
+        main = max(causes, key=lambda c: causes[c])
+        out.gaps.append(LabelledGap(lo, hi, main, causes, rec.step if rec else None))
+    return out
+
+
+def _rank(cause: str) -> int:
+    return [c for _, c in _OWN].index(cause)
