@@ -22,6 +22,7 @@ import torch
 
 from engine.core.batch import BufferLayout, HostView, StepMeta
 from engine.core.scheduler import SchedulerOutput
+from engine.step.anatomy import AnatomyRecorder, marked
 from engine.step.runner import DeviceView
 from engine.step.streams import Event, Stream, StreamSet, TimedOp
 from telemetry.records import StepRecord
@@ -100,6 +101,8 @@ class Pipeline:
         self.layout = layout
         # With telemetry off, no timing events are recorded around the step's work.
         self.timing = timing
+        # Step anatomy on demand; inactive it costs one attribute test per step.
+        self.anatomy = AnatomyRecorder()
         self.slots: list[Slot] = []
         self.resize(num_slots)
 
@@ -122,6 +125,24 @@ class Pipeline:
             slot.h2d_done.synchronize()
 
     def launch(
+        self,
+        slot: Slot,
+        sched: SchedulerOutput,
+        meta: StepMeta,
+        record: StepRecord,
+        compute_fn: Callable[[], None],
+    ) -> InflightStep:
+        if self.anatomy.active:  # a step-anatomy recording (engine.step.anatomy) is on
+            name = self.anatomy.begin_step(record.step)
+            if name is not None and self.streams.is_cuda:
+                # Kernels find their step through the launch calls made inside this range.
+                with torch.profiler.record_function(name):
+                    return self._launch(slot, sched, meta, record, compute_fn)
+            if name is not None:  # host streams: the work runs on the stream's thread
+                compute_fn = marked(name, compute_fn)
+        return self._launch(slot, sched, meta, record, compute_fn)
+
+    def _launch(
         self,
         slot: Slot,
         sched: SchedulerOutput,
@@ -179,6 +200,8 @@ class Pipeline:
             step.d2h_done.synchronize()
         finally:
             step.slot.inflight = None  # read, or failed: either way the slot is free again
+            if self.anatomy.active:
+                self.anatomy.step_done(step.step)
         if step.error is not None:
             raise step.error
         return step.slot.host_out_np[: step.meta.num_samples].copy()

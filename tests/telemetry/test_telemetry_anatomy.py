@@ -1,0 +1,100 @@
+"""Step anatomy, pure part: kernels found by their graph launch's correlation id, grouped
+per step and per family, timed against the step's span and byte floor, and the kernel-busy
+estimate calibrated from a recording."""
+
+from __future__ import annotations
+
+import pytest
+
+from telemetry.anatomy import (
+    family_table,
+    floor_figures,
+    gap_calibration,
+    group_by_step,
+    kernel_busy,
+    kernel_busy_estimate,
+    kernel_family,
+)
+
+
+def ev(cat: str, name: str, ts: float, dur: float, corr: int | None = None, tid: int = 1):
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": {}}
+    if corr is not None:
+        e["args"]["correlation"] = corr
+    return e
+
+
+def kineto_two_graph_steps() -> list[dict]:
+    """Two steps, each one cudaGraphLaunch (correlation 10, 20) on the loop thread; the
+    graph's kernels run on the device (another tid) later; a stray kernel (no step)."""
+    out = [
+        ev("user_annotation", "gapless.step 7", 0, 30),
+        ev("cuda_runtime", "cudaGraphLaunch", 5, 20, corr=10),
+        ev("user_annotation", "gapless.step 8", 100, 30),
+        ev("cuda_runtime", "cudaGraphLaunch", 105, 20, corr=20),
+        ev("cuda_runtime", "cudaLaunchKernel", 300, 5, corr=99),
+        ev("kernel", "other_unrelated", 310, 5, corr=99, tid=7),
+    ]
+    for base, corr in ((40, 10), (140, 20)):
+        out += [
+            ev("kernel", "nvjet_tst_128x64_gemm", base, 40, corr, tid=7),
+            ev("kernel", "triton_rms_norm_kernel", base + 42, 4, corr, tid=7),
+            ev("kernel", "_paged_attention_kernel", base + 50, 10, corr, tid=7),
+            ev("kernel", "vectorized_elementwise_kernel<silu>", base + 60, 6, corr, tid=7),
+            ev("gpu_memcpy", "Memcpy DtoD (Device -> Device)", base + 66, 2, corr, tid=7),
+        ]
+    return out
+
+
+def test_kernels_join_the_step_whose_graph_launched_them() -> None:
+    steps = group_by_step(kineto_two_graph_steps())
+    assert [s.step for s in steps] == [7, 8]
+    s7 = steps[0]
+    assert len(s7.kernels) == 5 and "other_unrelated" not in {k.name for k in s7.kernels}
+    assert s7.span_us == pytest.approx(68)  # 40 .. 108
+    assert s7.kernel_us == pytest.approx(40 + 4 + 10 + 6 + 2)
+    assert s7.gap_us == pytest.approx(6)
+
+
+def test_family_table_and_floor() -> None:
+    steps = group_by_step(kineto_two_graph_steps())
+    rows = {r.family: r for r in family_table(steps)}
+    assert set(rows) == {"gemm", "norm", "attention", "elementwise", "copies"}
+    assert rows["gemm"].count == 1 and rows["gemm"].time_us == pytest.approx(40)
+    assert rows["gemm"].share == pytest.approx(40 / 62)
+    assert family_table(steps)[0].family == "gemm"  # biggest first
+    f = floor_figures(steps[0], floor_bytes=34_000, peak_bw=1e9)  # 34 us at 1 GB/s
+    assert f.floor_us == pytest.approx(34) and f.times_floor == pytest.approx(2.0)
+    assert f.achieved_bw == pytest.approx(34_000 / 68e-6)
+    with pytest.raises(ValueError, match="peak_bw"):
+        floor_figures(steps[0], 1, 0)
+
+
+@pytest.mark.parametrize(("name", "family"), [
+    ("ampere_bf16_s16816gemm_bf16_128x64", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
+    ("_paged_attention_kernel", "attention"),
+    ("_reduce_splits_kernel", "attention"),
+    ("flash_fwd_kernel", "attention"),
+    ("rms_norm_kernel", "norm"),
+    ("apply_rotary_kernel", "rotary"),
+    ("at::native::sbtopk::gatherTopK", "sampling"),
+    ("void at::native::(anonymous namespace)::multinomial", "sampling"),
+    ("Memset (Device)", "copies"),
+    ("at::native::reduce_kernel<512, 1>", "elementwise"),
+    ("my_custom_thing", "other"),
+])
+def test_kernel_families(name: str, family: str) -> None:
+    assert kernel_family(name) == family
+
+
+def test_kernel_busy_and_its_estimate_from_a_calibration() -> None:
+    events = kineto_two_graph_steps()
+    # Kernels cover 62 us of each 68 us step; window 40 .. 208 holds both steps.
+    assert kernel_busy(events, (40, 208), ("kernel", "gpu_memcpy")) == pytest.approx(124 / 168)
+    steps = group_by_step(events)
+    gap = gap_calibration(steps, {7: 32, 8: 32})
+    assert gap == {32: pytest.approx(6000.0)}
+    est = kernel_busy_estimate(136_000, [(32, 68_000), (32, 68_000)], 168_000, gap)
+    assert est == pytest.approx(124 / 168)
+    assert kernel_busy_estimate(136_000, [(None, 68_000)], 168_000, gap) is None
