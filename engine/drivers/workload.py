@@ -2,9 +2,10 @@
 
 Owns BenchmarkSpec (the workload and the modes to run it in), the mode labels the dashboard
 shows, and run_benchmark, which for each mode sets the engine's live settings, runs the
-same seeded prompts (greedy, EOS ignored, a fixed max_tokens), reads that run's step records
-from the telemetry bus and computes throughput, GPU busy fraction and idle gaps with
-telemetry.metrics, so the dashboard and bench/ quote the same arithmetic.
+same seeded prompts (greedy, EOS ignored, a fixed max_tokens), keeps every step record of
+that run (telemetry.collect, however long the run) and computes throughput, GPU busy
+fraction and idle gaps with telemetry.metrics, so the dashboard and bench/ quote the same
+arithmetic.
 
 It must never run beside other requests (their steps would mix into the figures: it refuses
 with ValueError), never leave the engine in a benchmark mode (the caller's settings are
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import SamplingParams
 from engine.drivers.loadgen import prompt_vocab, random_prompt
+from telemetry.collect import StepCollector
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of
 from telemetry.records import RequestEvent, StepRecord
 
@@ -133,6 +135,7 @@ class BenchmarkResult:
     generated_tokens: int = 0
     idle_largest_s: float = 0.0
     tokens_digest: int = 0
+    steps_dropped: int = 0  # step records the bus overwrote before they were read (0: all kept)
 
 
 def benchmark_prompts(engine: Engine, spec: BenchmarkSpec) -> list[list[int]]:
@@ -188,19 +191,22 @@ def _run(engine: Engine, spec: BenchmarkSpec, modes: list[dict[str, Any]],
                 warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, spec.max_tokens),
                                       temperature=0.0, ignore_eos=True)
                 for _ in _wait(engine, _submit(engine, prompts, warm, f"{prefix}-w"),
-                               None, spec.timeout_s, cancel, label):
+                               False, spec.timeout_s, cancel, label):
                     pass
             params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
                                     ignore_eos=True)
-            reader = engine.bus.reader(from_now=True)
-            records: list[StepRecord] = []
-            events: list[RequestEvent] = []
-            handles = _submit(engine, prompts, params, prefix)
-            yield from _wait(engine, handles, (reader, records, events), spec.timeout_s,
-                             cancel, label)
-            records += reader.steps()
-            events += reader.events()
-            yield _result(label, settings, handles, records, events, prefix)
+            # Drained on its own thread: every step of the run is kept, however long the
+            # run and however slowly the caller iterates this generator.
+            collector = StepCollector(engine.bus).start()
+            try:
+                handles = _submit(engine, prompts, params, prefix)
+                yield from _wait(engine, handles, True, spec.timeout_s, cancel, label)
+            finally:
+                collector.stop()
+            result = _result(label, settings, handles, collector.records, collector.events,
+                             prefix)
+            result.steps_dropped = collector.dropped_steps
+            yield result
     finally:
         engine.configure(**original)
 
@@ -210,15 +216,14 @@ def _submit(engine: Engine, prompts: list[list[int]], params: SamplingParams,
     return [engine.submit(p, params, request_id=f"{prefix}-{i}") for i, p in enumerate(prompts)]
 
 
-def _wait(engine: Engine, handles: list[RequestHandle],
-          sink: tuple[Any, list[StepRecord], list[RequestEvent]] | None, timeout_s: float,
+def _wait(engine: Engine, handles: list[RequestHandle], progress: bool, timeout_s: float,
           cancel: threading.Event | None, label: str) -> Iterator[BenchmarkProgress]:
-    """Wait for every handle, draining the bus reader so a long run cannot overflow it."""
+    """Wait for every handle, yielding progress (when ``progress``) as they finish."""
     total = len(handles)
     deadline = time.monotonic() + timeout_s
     done = 0
     try:
-        if sink is not None:
+        if progress:
             yield BenchmarkProgress(label, 0, total)
         for h in handles:
             while not h.done:
@@ -231,12 +236,8 @@ def _wait(engine: Engine, handles: list[RequestHandle],
                     h.result(timeout=0.1)
                 except TimeoutError:
                     pass
-                if sink is not None:
-                    reader, records, events = sink
-                    records += reader.steps()
-                    events += reader.events()
             now_done = sum(1 for x in handles if x.done)
-            if sink is not None and now_done != done:
+            if progress and now_done != done:
                 done = now_done
                 yield BenchmarkProgress(label, done, total)
     except BaseException:
