@@ -21,7 +21,7 @@ records (engine/step/anatomy.py), this module only reads what was recorded.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,27 +213,73 @@ def kernel_busy(events: Sequence[Mapping[str, Any]], window_us: tuple[float, flo
     return union_us(clipped) / (hi - lo)
 
 
+StepKey = Hashable  # what a step's in-step gaps depend on: see step_key
+
+
+def step_key(graph_bucket: int | None, num_tokens: int) -> StepKey:
+    """A CUDA-graph step's gaps are the graph's (its bucket); an eager step's depend on how
+    many tokens it ran (decode steps of one batch size share them)."""
+    return graph_bucket if graph_bucket is not None else ("eager", num_tokens)
+
+
+@dataclass(slots=True, frozen=True)
+class GapCalibration:
+    """In-step gaps measured by a kernel recording: mean ns per step key, and the overall
+    gap share of step time for keys the recording did not see."""
+
+    gap_ns: dict[StepKey, float]
+    gap_fraction: float
+    steps: int
+
+
 def gap_calibration(steps: Sequence[StepKernels],
-                    bucket_of: Mapping[int, int | None]) -> dict[int | None, float]:
-    """Mean in-step gap (span - kernel time, ns) per graph bucket (None: eager), from a
-    recording; ``bucket_of`` maps step number -> its graph bucket (StepRecord.graph_bucket)."""
-    acc: dict[int | None, list[float]] = {}
+                    key_of: Mapping[int, StepKey]) -> GapCalibration:
+    """Mean in-step gap (span - kernel time) per step key from a recording; ``key_of`` maps
+    step number -> step_key(...) of that step. Steps without kernels or key are skipped."""
+    acc: dict[StepKey, list[float]] = {}
+    gap_total = span_total = 0.0
+    used = 0
     for s in steps:
-        if s.kernels and s.step in bucket_of:
-            acc.setdefault(bucket_of[s.step], []).append(s.gap_us * 1000.0)
-    return {b: sum(v) / len(v) for b, v in acc.items()}
+        if s.kernels and s.step in key_of:
+            acc.setdefault(key_of[s.step], []).append(s.gap_us * 1000.0)
+            gap_total += s.gap_us
+            span_total += s.span_us
+            used += 1
+    return GapCalibration({k: sum(v) / len(v) for k, v in acc.items()},
+                          gap_total / span_total if span_total else 0.0, used)
 
 
-def kernel_busy_estimate(step_busy_ns: float, steps: Iterable[tuple[int | None, int]],
-                         window_ns: int, gap_ns: Mapping[int | None, float]) -> float | None:
+def kernel_busy_estimate(step_busy_ns: float, steps: Iterable[tuple[StepKey, int]],
+                         window_ns: int, cal: GapCalibration) -> float:
     """Kernel busy of a window estimated from its step busy: the window's compute-span time
-    ``step_busy_ns`` minus each step's calibrated in-step gap (``steps``: (graph bucket,
-    compute span ns) per step). None when a step's bucket was never calibrated."""
+    ``step_busy_ns`` minus each step's calibrated in-step gap (``steps``: (step key,
+    compute span ns) per step in the window); a key the calibration never saw takes the
+    calibration's overall gap share of its span."""
     if window_ns <= 0:
         return 0.0
     gaps = 0.0
-    for bucket, span_ns in steps:
-        if bucket not in gap_ns:
-            return None
-        gaps += min(gap_ns[bucket], span_ns)
+    for key, span_ns in steps:
+        gap = cal.gap_ns.get(key)
+        gaps += min(gap, span_ns) if gap is not None else cal.gap_fraction * span_ns
     return max(0.0, step_busy_ns - gaps) / window_ns
+
+
+def anatomy_chrome_trace(steps: Sequence[StepKernels]) -> dict[str, Any]:
+    """A compact Chrome trace of recorded steps: one row per kernel family, one row for the
+    steps themselves (first kernel to last), times in microseconds as recorded."""
+    rows = {f: i + 2 for i, f in enumerate(FAMILIES)}
+    out: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "step"}}]
+    out += [{"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": f}}
+            for f, tid in rows.items()]
+    for s in steps:
+        if not s.kernels:
+            continue
+        first = min(k.start_us for k in s.kernels)
+        out.append({"ph": "X", "name": f"step {s.step}", "pid": 1, "tid": 1, "ts": first,
+                    "dur": s.span_us, "args": {"kernels": len(s.kernels),
+                                               "kernel_us": round(s.kernel_us, 3),
+                                               "gap_us": round(s.gap_us, 3)}})
+        out += [{"ph": "X", "name": k.name, "pid": 1, "tid": rows[k.family], "ts": k.start_us,
+                 "dur": k.dur_us, "args": {"step": s.step}} for k in s.kernels]
+    return {"traceEvents": out, "displayTimeUnit": "ms"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from telemetry.anatomy import (
+    anatomy_chrome_trace,
     family_table,
     floor_figures,
     gap_calibration,
@@ -14,6 +15,7 @@ from telemetry.anatomy import (
     kernel_busy,
     kernel_busy_estimate,
     kernel_family,
+    step_key,
 )
 
 
@@ -93,8 +95,20 @@ def test_kernel_busy_and_its_estimate_from_a_calibration() -> None:
     # Kernels cover 62 us of each 68 us step; window 40 .. 208 holds both steps.
     assert kernel_busy(events, (40, 208), ("kernel", "gpu_memcpy")) == pytest.approx(124 / 168)
     steps = group_by_step(events)
-    gap = gap_calibration(steps, {7: 32, 8: 32})
-    assert gap == {32: pytest.approx(6000.0)}
-    est = kernel_busy_estimate(136_000, [(32, 68_000), (32, 68_000)], 168_000, gap)
+    cal = gap_calibration(steps, {7: step_key(32, 32), 8: step_key(32, 32)})
+    assert cal.gap_ns == {32: pytest.approx(6000.0)} and cal.steps == 2
+    assert cal.gap_fraction == pytest.approx(6 / 68)
+    est = kernel_busy_estimate(136_000, [(32, 68_000), (32, 68_000)], 168_000, cal)
     assert est == pytest.approx(124 / 168)
-    assert kernel_busy_estimate(136_000, [(None, 68_000)], 168_000, gap) is None
+    # An eager step of a size never recorded takes the overall gap share of its span.
+    eager = kernel_busy_estimate(68_000, [(step_key(None, 5), 68_000)], 100_000, cal)
+    assert eager == pytest.approx(62 / 100)
+    assert step_key(None, 5) != step_key(None, 6) and step_key(16, 5) == 16
+
+
+def test_compact_trace_has_a_row_per_family_and_the_step_spans() -> None:
+    trace = anatomy_chrome_trace(group_by_step(kineto_two_graph_steps()))
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"step", "gemm", "attention", "copies"} <= names
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 1]
+    assert [(e["name"], e["dur"]) for e in spans] == [("step 7", 68.0), ("step 8", 68.0)]
