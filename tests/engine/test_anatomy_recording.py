@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.step.anatomy import record_anatomy
+from engine.step.anatomy import anatomy_summary, record_anatomy
 from telemetry.anatomy import family_table
 
 CFG = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
@@ -23,11 +23,11 @@ def test_records_the_next_n_steps_while_serving(tiny_model_dir, tmp_path, async_
     eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), async_batching=async_batching,
                               **CFG))
     try:
-        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
         handles = [eng.submit([3, 4, 5, 6 + i], params) for i in range(4)]
         rec = record_anatomy(eng, 3, timeout_s=60, trace_dir=str(tmp_path))
         for h in handles:
-            assert len(h.result(timeout=60).token_ids) == 40  # serving went on
+            assert len(h.result(timeout=60).token_ids) == 24  # serving went on
     finally:
         eng.shutdown()
     assert rec.device == "cpu" and rec.n_steps == 3
@@ -40,6 +40,11 @@ def test_records_the_next_n_steps_while_serving(tiny_model_dir, tmp_path, async_
         assert json.load(f)["traceEvents"]
     assert rec.trace_path.startswith(str(tmp_path))
     assert not torch.autograd.profiler._is_profiler_enabled
+    summary = anatomy_summary(rec, floor_bytes=10_000, peak_bw=1e9)
+    json.dumps(summary)  # crosses the process boundary as plain data
+    assert [row["step"] for row in summary["steps"]] == [s.step for s in rec.steps]
+    assert summary["steps"][0]["floor_us"] == pytest.approx(10.0)
+    assert summary["families"] and summary["trace"]["traceEvents"]
 
 
 def test_refuses_bad_requests_and_times_out_on_an_idle_engine(tiny_model_dir, tmp_path):
