@@ -124,6 +124,7 @@ class EngineServer:
             "load_running": self.load_running,
             "load_stats": self.load_stats,
             "process_info": self.process_info,
+            "record_anatomy": self.record_anatomy,
         }
         self._sender = threading.Thread(target=self._send_loop, name="gapless-send", daemon=True)
         self._pump = threading.Thread(target=self._pump_loop, name="gapless-pump", daemon=True)
@@ -290,6 +291,12 @@ class EngineServer:
             "nvml_available": self.nvml.available,
             "nvml_reason": self.nvml.reason,
         }
+
+    def record_anatomy(self, n_steps: int = 8, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Kernels of the next n_steps steps (engine.step.anatomy); blocks this thread."""
+        from engine.step.anatomy import anatomy_summary, record_anatomy
+
+        return anatomy_summary(record_anatomy(self.engine, n_steps, timeout_s))
 
     def start_benchmark(self, call_id: int, spec: Any) -> None:
         try:
