@@ -57,6 +57,9 @@ def results_table(results: list[Any]) -> list[dict[str, Any]]:
             "GPU busy %": round(100 * r.gpu_busy, 1),
             "idle s": round(r.idle_total_s, 3),
             "idle gaps": r.idle_gaps,
+            # From a sync run: its time less what async would save (telemetry.predict).
+            "predicted async s": None if getattr(r, "predicted_async_s", None) is None
+            else round(r.predicted_async_s, 3),
         }
         for r in results
     ]

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from engine.config import SamplingParams
 from engine.drivers.loadgen import prompt_vocab, random_prompt
 from telemetry.collect import StepCollector
+from telemetry.gaps import idle_by_cause
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of
+from telemetry.predict import predict_async
 from telemetry.records import RequestEvent, StepRecord
 
 if TYPE_CHECKING:  # the dashboard imports this module's specs; keep torch out of it
@@ -136,6 +138,10 @@ class BenchmarkResult:
     idle_largest_s: float = 0.0
     tokens_digest: int = 0
     steps_dropped: int = 0  # step records the bus overwrote before they were read (0: all kept)
+    # Sync modes: total_s less what async would save (telemetry.predict), to set beside
+    # the measured async mode. None for async modes.
+    predicted_async_s: float | None = None
+    idle_by_cause_s: dict[str, float] = field(default_factory=dict)  # telemetry.gaps causes
 
 
 def benchmark_prompts(engine: Engine, spec: BenchmarkSpec) -> list[list[int]]:
@@ -276,6 +282,10 @@ def _result(label: str, settings: dict[str, Any], handles: list[RequestHandle],
                and min(s.start_ns for s in r.spans) < end]
     spans = spans_of(records)
     gaps = idle_gaps(spans, start, end)
+    causes = idle_by_cause(records, start, end).by_cause
+    predicted = None
+    if records and all(r.mode == "sync" for r in records):
+        predicted = (end - start) / 1e9 - predict_async(records).saving_s
     generated = sum(len(o.token_ids) for o in outs)
     total_s = (end - start) / 1e9
     digest = 0
@@ -294,4 +304,6 @@ def _result(label: str, settings: dict[str, Any], handles: list[RequestHandle],
         generated_tokens=generated,
         idle_largest_s=gaps.largest_ns / 1e9,
         tokens_digest=digest,
+        predicted_async_s=predicted,
+        idle_by_cause_s={c: ns / 1e9 for c, ns in causes.items()},
     )

@@ -71,6 +71,11 @@ def test_one_result_per_mode_with_progress_and_records(engine):
         assert r.gpu_busy * r.total_s + r.idle_total_s == pytest.approx(r.total_s, rel=1e-6)
     assert results[0].settings["async_batching"] is False
     assert results[1].settings["async_batching"] is True
+    # The sync run predicts its async time (less than its own), idle split by cause.
+    sync, asyn = results
+    assert 0 < sync.predicted_async_s < sync.total_s and asyn.predicted_async_s is None
+    for r in results:
+        assert sum(r.idle_by_cause_s.values()) == pytest.approx(r.idle_total_s, abs=1e-6)
     assert results[0].tokens_digest == results[1].tokens_digest, "greedy output changed by mode"
     assert live(engine) == (True, 3, False), "the caller's settings were not restored"
 
