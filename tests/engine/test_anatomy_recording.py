@@ -70,3 +70,33 @@ def test_refuses_bad_requests_and_times_out_on_an_idle_engine(tiny_model_dir, tm
         assert done.is_set() and len(out["r"].steps) == 2
     finally:
         eng.shutdown()
+
+
+@pytest.mark.cuda
+def test_on_cuda_graph_kernels_join_their_step_and_match_our_compute_span(tiny_model_dir,
+                                                                           tmp_path):
+    """The recorded kernels of each graph step (grouped by the graph launch's correlation
+    id) span what our in-graph timing events measured for that step."""
+    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), device="cuda",
+                              dtype="bfloat16", max_num_seqs=4, max_num_batched_tokens=32,
+                              block_size=16, num_blocks=64, max_model_len=128,
+                              cuda_graphs=True))
+    try:
+        assert eng.settings()["cuda_graphs"], eng.settings()["cuda_graphs_reason"]
+        handles = [eng.submit([3, 4, 5, 6 + i], SamplingParams(
+            max_tokens=60, temperature=0.0, ignore_eos=True)) for i in range(4)]
+        rec = record_anatomy(eng, 6, timeout_s=60, trace_dir=str(tmp_path))
+        for h in handles:
+            h.result(timeout=60)
+        ours = {r.step: r for r in eng.bus.snapshot_steps(1000)}
+    finally:
+        eng.shutdown()
+    assert rec.device == "cuda" and len(rec.steps) == 6
+    for s in rec.steps:
+        assert len(s.kernels) > 5, f"step {s.step}: kernels not found by correlation"
+        r = ours[s.step]
+        if r.graph_bucket is None:
+            continue
+        (comp,) = [x for x in r.spans if x.lane == "compute"]
+        ours_us = comp.duration_ns / 1000
+        assert -2 <= ours_us - s.span_us <= max(0.1 * s.span_us, 30), (ours_us, s.span_us)
