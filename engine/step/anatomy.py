@@ -59,7 +59,7 @@ class _Request:
     trace_dir: str
     done: threading.Event = field(default_factory=threading.Event)
     first_step: int | None = None
-    trace_path: str | None = None
+    prof: Any = None
     error: BaseException | None = None
     t0: float = 0.0
 
@@ -150,13 +150,8 @@ class AnatomyRecorder:
             return
         try:
             if prof is not None:
-                prof.__exit__(None, None, None)
-                if error is None:
-                    fd, path = tempfile.mkstemp(prefix="gapless-anatomy-", suffix=".json",
-                                                dir=req.trace_dir)
-                    os.close(fd)
-                    prof.export_chrome_trace(path)
-                    req.trace_path = path
+                prof.__exit__(None, None, None)  # stop here, on the thread that started it
+                req.prof = prof  # the caller's thread writes the trace: the loop goes on
         except BaseException as e:
             error = error or e
         req.error = error
@@ -192,13 +187,17 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
                 "is the engine serving requests?")
     if req.error is not None:
         raise RuntimeError(f"step anatomy recording failed: {req.error}") from req.error
-    assert req.trace_path is not None and req.first_step is not None
-    with open(req.trace_path) as f:
+    assert req.prof is not None and req.first_step is not None
+    fd, trace_path = tempfile.mkstemp(prefix="gapless-anatomy-", suffix=".json",
+                                      dir=req.trace_dir)
+    os.close(fd)
+    req.prof.export_chrome_trace(trace_path)
+    with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
     device = "cuda" if any(e.get("cat") == "kernel" for e in events) else "cpu"
     cats = ("kernel", "gpu_memcpy", "gpu_memset") if device == "cuda" else ("cpu_op",)
     steps = group_by_step(events, device_cats=cats)
-    return AnatomyRecording(n_steps, req.trace_path, events, steps, req.first_step, device,
+    return AnatomyRecording(n_steps, trace_path, events, steps, req.first_step, device,
                             time.perf_counter() - req.t0)
 
 
