@@ -73,23 +73,33 @@ class IdleBreakdown:
 
 def _attribute(lo: int, hi: int, chain: list[tuple[int, int, str]]) -> dict[str, int]:
     """Split [lo, hi) by the highest-priority chain span covering each instant. ``chain``
-    is (start, end, cause) in priority order. Uncovered time after the step's first CPU
-    span counts as "cpu" (the CPU between phases), before it as "no_work"."""
-    cuts = {lo, hi}
-    for s, e, _ in chain:
-        if s < hi and e > lo:
-            cuts.add(max(s, lo))
-            cuts.add(min(e, hi))
-    points = sorted(cuts)
-    own_cpu_start = min((s for s, _, c in chain if c in ("cpu", "h2d", "graph_launch")),
-                        default=None)
+    is (start, end, cause) in priority order. Uncovered time after the step's first own
+    span (its CPU work) counts as "cpu" (the CPU between phases), before it as "no_work"."""
+    own_start = min((s for s, _, c in chain if c != "previous_step"), default=None)
+    inside = [(max(s, lo), min(e, hi), c) for s, e, c in chain if s < hi and e > lo]
     out: dict[str, int] = {}
+    if not inside and (own_start is None or own_start >= hi or own_start <= lo):
+        cause = "cpu" if own_start is not None and own_start <= lo else "no_work"
+        out[cause] = hi - lo
+        return out
+    points = sorted({lo, hi, *(s for s, _, _ in inside), *(e for _, e, _ in inside)}
+                    | ({own_start} if own_start is not None and lo < own_start < hi else set()))
     for a, b in zip(points, points[1:], strict=False):
-        cause = next((c for s, e, c in chain if s <= a and e >= b), None)
+        cause = None
+        for s, e, c in inside:
+            if s <= a and e >= b:
+                cause = c
+                break
         if cause is None:
-            cause = "cpu" if own_cpu_start is not None and a >= own_cpu_start else "no_work"
+            cause = "cpu" if own_start is not None and a >= own_start else "no_work"
         out[cause] = out.get(cause, 0) + (b - a)
     return out
+
+
+_OWN_LANES = dict(_OWN)
+_OWN_RANK = {lane: i for i, (lane, _) in enumerate(_OWN)}
+_PREV_LANES = dict(_PREVIOUS)
+_PREV_RANK = {lane: i for i, (lane, _) in enumerate(_PREVIOUS)}
 
 
 def idle_by_cause(records: Sequence[StepRecord], window_start_ns: int,
@@ -121,14 +131,14 @@ def idle_by_cause(records: Sequence[StepRecord], window_start_ns: int,
         rec = opener.get(hi)
         chain: list[tuple[int, int, str]] = []
         if rec is not None:
-            lanes = {lane: cause for lane, cause in _OWN}
-            own = sorted(((s.start_ns, s.end_ns, lanes[s.lane]) for s in rec.spans
-                          if s.lane in lanes), key=lambda x: _rank(x[2]))
-            chain += own
+            own = [s for s in rec.spans if s.lane in _OWN_LANES]
+            own.sort(key=lambda s: _OWN_RANK[s.lane])
+            chain = [(s.start_ns, s.end_ns, _OWN_LANES[s.lane]) for s in own]
             prev = by_step.get(rec.step - 1)
             if prev is not None:
-                chain += [(s.start_ns, s.end_ns, c) for lane, c in _PREVIOUS
-                          for s in prev.spans if s.lane == lane]
+                back = [s for s in prev.spans if s.lane in _PREV_LANES]
+                back.sort(key=lambda s: _PREV_RANK[s.lane])
+                chain += [(s.start_ns, s.end_ns, "previous_step") for s in back]
         causes = _attribute(lo, hi, chain)
         for cause, ns in causes.items():
             out.by_cause[cause] = out.by_cause.get(cause, 0) + ns
@@ -136,7 +146,3 @@ def idle_by_cause(records: Sequence[StepRecord], window_start_ns: int,
         main = max(causes, key=lambda c: causes[c])
         out.gaps.append(LabelledGap(lo, hi, main, causes, rec.step if rec else None))
     return out
-
-
-def _rank(cause: str) -> int:
-    return [c for _, c in _OWN].index(cause)
