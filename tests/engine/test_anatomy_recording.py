@@ -73,16 +73,19 @@ def test_refuses_bad_requests_and_times_out_on_an_idle_engine(tiny_model_dir, tm
 
 
 @pytest.mark.cuda
-def test_on_cuda_graph_kernels_join_their_step_and_match_our_compute_span(tiny_model_dir,
-                                                                           tmp_path):
-    """The recorded kernels of each graph step (grouped by the graph launch's correlation
-    id) span what our in-graph timing events measured for that step."""
+@pytest.mark.parametrize("graphs", [True, False])
+def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_model_dir,
+                                                                        tmp_path, graphs):
+    """The recorded kernels of each step (grouped by the launch calls' correlation ids: one
+    cudaGraphLaunch for a graph step) lie within what our compute span measured for that
+    step: a graph step's in-graph events bracket its kernels tightly; an eager step's stream
+    events may start early by the first op's CPU dispatch (documented in streams.py)."""
     eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), device="cuda",
                               dtype="bfloat16", max_num_seqs=4, max_num_batched_tokens=32,
                               block_size=16, num_blocks=64, max_model_len=128,
-                              cuda_graphs=True))
+                              cuda_graphs=graphs))
     try:
-        assert eng.settings()["cuda_graphs"], eng.settings()["cuda_graphs_reason"]
+        assert eng.settings()["cuda_graphs"] is graphs, eng.settings()["cuda_graphs_reason"]
         handles = [eng.submit([3, 4, 5, 6 + i], SamplingParams(
             max_tokens=60, temperature=0.0, ignore_eos=True)) for i in range(4)]
         rec = record_anatomy(eng, 6, timeout_s=60, trace_dir=str(tmp_path))
@@ -95,8 +98,8 @@ def test_on_cuda_graph_kernels_join_their_step_and_match_our_compute_span(tiny_m
     for s in rec.steps:
         assert len(s.kernels) > 5, f"step {s.step}: kernels not found by correlation"
         r = ours[s.step]
-        if r.graph_bucket is None:
-            continue
+        assert (r.graph_bucket is not None) is graphs
         (comp,) = [x for x in r.spans if x.lane == "compute"]
-        ours_us = comp.duration_ns / 1000
-        assert -2 <= ours_us - s.span_us <= max(0.1 * s.span_us, 30), (ours_us, s.span_us)
+        early_us = comp.duration_ns / 1000 - s.span_us
+        slack = max(0.1 * s.span_us, 30) if graphs else max(0.25 * s.span_us, 200)
+        assert -2 <= early_us <= slack, (early_us, s.span_us)
