@@ -198,6 +198,7 @@ def main() -> None:
         st.Page("pages/playground.py", title="Playground", icon=":material/chat:"),
         st.Page("pages/benchmark.py", title="Benchmark", icon=":material/speed:"),
         st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
+        st.Page("pages/anatomy.py", title="Step anatomy", icon=":material/biotech:"),
     ]
     st.navigation(pages).run()
 

@@ -283,3 +283,28 @@ def anatomy_chrome_trace(steps: Sequence[StepKernels]) -> dict[str, Any]:
         out += [{"ph": "X", "name": k.name, "pid": 1, "tid": rows[k.family], "ts": k.start_us,
                  "dur": k.dur_us, "args": {"step": s.step}} for k in s.kernels]
     return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def summary_dict(steps: Sequence[StepKernels], *, device: str, first_step: int,
+                 trace_path: str | None = None, floor_bytes: int | None = None,
+                 peak_bw: float | None = None) -> dict[str, Any]:
+    """A recording as plain data (picklable, JSON-able) for a client or a page: per-step
+    timing, the family table, the compact per-family Chrome trace, the full trace's path,
+    and with ``floor_bytes``/``peak_bw`` each step against its byte floor."""
+    steps = [s for s in steps if s.kernels]
+    out: dict[str, Any] = {
+        "device": device,
+        "first_step": first_step,
+        "trace_path": trace_path,
+        "steps": [{"step": s.step, "kernels": len(s.kernels), "span_us": s.span_us,
+                   "kernel_us": s.kernel_us, "gap_us": s.gap_us} for s in steps],
+        "families": [{"family": r.family, "count": r.count, "time_us": r.time_us,
+                      "share": r.share} for r in family_table(steps)],
+        "trace": anatomy_chrome_trace(steps),
+    }
+    if floor_bytes is not None and peak_bw is not None:
+        for row, s in zip(out["steps"], steps, strict=True):
+            f = floor_figures(s, floor_bytes, peak_bw)
+            row.update(floor_us=f.floor_us, achieved_bw=f.achieved_bw,
+                       times_floor=f.times_floor)
+    return out

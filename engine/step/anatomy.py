@@ -28,14 +28,7 @@ from typing import Any
 
 import torch
 
-from telemetry.anatomy import (
-    STEP_MARKER,
-    StepKernels,
-    anatomy_chrome_trace,
-    family_table,
-    floor_figures,
-    group_by_step,
-)
+from telemetry.anatomy import STEP_MARKER, StepKernels, group_by_step, summary_dict
 
 MAX_STEPS = 256
 
@@ -203,23 +196,7 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
 
 def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
                     peak_bw: float | None = None) -> dict[str, Any]:
-    """Plain data (picklable, JSON-able) for a client across the process boundary: per-step
-    timing, the family table, the compact per-family Chrome trace, the Kineto trace's path,
-    and with ``floor_bytes``/``peak_bw`` each step against its byte floor."""
-    steps = [s for s in rec.steps if s.kernels]
-    out: dict[str, Any] = {
-        "device": rec.device,
-        "first_step": rec.first_step,
-        "trace_path": rec.trace_path,
-        "steps": [{"step": s.step, "kernels": len(s.kernels), "span_us": s.span_us,
-                   "kernel_us": s.kernel_us, "gap_us": s.gap_us} for s in steps],
-        "families": [{"family": r.family, "count": r.count, "time_us": r.time_us,
-                      "share": r.share} for r in family_table(steps)],
-        "trace": anatomy_chrome_trace(steps),
-    }
-    if floor_bytes is not None and peak_bw is not None:
-        for row, s in zip(out["steps"], steps, strict=True):
-            f = floor_figures(s, floor_bytes, peak_bw)
-            row.update(floor_us=f.floor_us, achieved_bw=f.achieved_bw,
-                       times_floor=f.times_floor)
-    return out
+    """Plain data (picklable, JSON-able) for a client across the process boundary: see
+    telemetry.anatomy.summary_dict."""
+    return summary_dict(rec.steps, device=rec.device, first_step=rec.first_step,
+                        trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw)
