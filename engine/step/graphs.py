@@ -62,8 +62,11 @@ class GraphCache:
         compute: Callable[[DeviceView, int, int, bool], None],
         stream: torch.cuda.Stream,
         max_samples: int,
+        timing: bool = True,
     ) -> None:
         self.buckets = sorted(set(buckets))
+        # With telemetry off no timing events are captured into the graphs.
+        self.timing = timing
         self._compute = compute
         self._stream = stream
         self._max_samples = max_samples
@@ -102,15 +105,18 @@ class GraphCache:
                 self._compute(view, bucket, self._max_samples, greedy)
         self._stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        first = torch.cuda.Event(enable_timing=True, external=True)
-        last = torch.cuda.Event(enable_timing=True, external=True)
+        first = torch.cuda.Event(enable_timing=True, external=True) if self.timing else None
+        last = torch.cuda.Event(enable_timing=True, external=True) if self.timing else None
         with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
-            first.record()
+            if first is not None:
+                first.record()
             self._compute(view, bucket, self._max_samples, greedy)
-            last.record()
+            if last is not None:
+                last.record()
         self._stream.synchronize()
         self._graphs[key] = graph
-        self._events[key] = (first, last)
+        if first is not None and last is not None:
+            self._events[key] = (first, last)
 
     def replay(self, index: int, bucket: int, greedy: bool) -> None:
         self._graphs[(index, bucket, greedy)].replay()
