@@ -115,21 +115,13 @@ def calibrate(eng: Engine, prompts: list[list[int]], args: argparse.Namespace,
     return rec, gap_calibration(rec.steps, key_of)
 
 
-def profiler_kernels(prof: Any) -> list[tuple[float, float]]:
-    """Kernel intervals (us) of a finished torch.profiler run, memcpy/memset left out."""
-    try:
-        events = prof.profiler.kineto_results.events()
-        cuda = torch.autograd.DeviceType.CUDA
-        out = [(e.start_ns() / 1000, (e.start_ns() + e.duration_ns()) / 1000) for e in events
-               if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset"))]
-        if out or not torch.cuda.is_available():
-            return out
-    except (AttributeError, RuntimeError, TypeError):
-        pass
-    path = "/tmp/gapless_truth_profile.json"
-    prof.export_chrome_trace(path)
+def profiler_kernels(prof: Any, path: Path) -> list[tuple[float, float]]:
+    """Kernel intervals (us) of a finished torch.profiler run: the trace's ``cat: kernel``
+    events (memcpy/memset and annotations left out), as bench_async.py --profile reads them."""
+    prof.export_chrome_trace(str(path))
     with open(path) as f:
         trace = json.load(f)["traceEvents"]
+    path.unlink()
     return [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in trace
             if e.get("cat") == "kernel" and e.get("ph") == "X"]
 
@@ -162,7 +154,7 @@ def ours(records: list, cal=None) -> dict[str, Any]:
 
 
 def measured_run(eng: Engine, prompts: list[list[int]], n: int, cal, profile: bool,
-                 ) -> dict[str, Any]:
+                 out_dir: Path = Path("/tmp")) -> dict[str, Any]:
     prof = None
     with StepCollector(eng.bus) as col:
         t0 = time.perf_counter()
@@ -182,11 +174,12 @@ def measured_run(eng: Engine, prompts: list[list[int]], n: int, cal, profile: bo
     res = {"wall_s": wall, "tok_s": len(prompts) * n / wall, **ours(col.records, cal)}
     res["records"] = col.records
     if prof is not None:
-        kernels = profiler_kernels(prof)
+        kernels = profiler_kernels(prof, out_dir / "profile.json")
         if kernels:
             lo, hi = min(a for a, _ in kernels), max(b for _, b in kernels)
             res["profiler_kernel_busy"] = union_us(kernels) / (hi - lo)
             res["profiler_kernels"] = len(kernels)
+            res["profiler_window_s"] = (hi - lo) / 1e6
     return res
 
 
@@ -239,7 +232,7 @@ def main() -> None:
         rec, cal = calibrate(eng, prompts, args)
         os.unlink(rec.trace_path)
         n_prof = args.profile_new if graphs == "graphs" else args.profile_new_eager
-        prof = measured_run(eng, prompts, n_prof, cal, profile=True)
+        prof = measured_run(eng, prompts, n_prof, cal, profile=True, out_dir=args.out)
         plain = measured_run(eng, prompts, args.new, cal, profile=False)
         r = {"calibration": {"steps": cal.steps, "gap_fraction": cal.gap_fraction,
                              "gap_us": {str(k): v / 1000 for k, v in cal.gap_ns.items()}},

@@ -9,8 +9,11 @@ chain (and of the step before it) that was running then, by this priority:
     h2d            the step's H2D input copy
     cpu            the step's CPU work: cpu.launch, cpu.prepare, cpu.schedule, and the CPU's
                    stretches between them (a slot wait, bookkeeping)
-    previous_step  the previous step's D2H copy and the CPU waiting for it and posting its
-                   tokens (cpu.wait, cpu.post): sync mode's serial tail
+    previous_step  the CPU waiting for and posting the step it read just before scheduling
+                   this one (cpu.wait, cpu.post), and in sync mode that step's D2H copy:
+                   sync mode's serial tail. In async mode with 2+ slots that is the step
+                   two back (the loop reads step N after launching N+1), and the D2H of the
+                   step just before never counts: nothing waits for it
     no_work        none of the above: nothing was queued (an idle engine, or a leading gap
                    before the first step of the window, or the trailing one after the last)
 
@@ -100,6 +103,20 @@ _OWN_LANES = dict(_OWN)
 _OWN_RANK = {lane: i for i, (lane, _) in enumerate(_OWN)}
 _PREV_LANES = dict(_PREVIOUS)
 _PREV_RANK = {lane: i for i, (lane, _) in enumerate(_PREVIOUS)}
+_ASYNC_PREV_LANES = {"cpu.post": "previous_step", "cpu.wait": "previous_step"}
+
+
+def _handled_before(rec: StepRecord, by_step: dict[int, StepRecord],
+                    ) -> tuple[StepRecord | None, dict[str, str]]:
+    """The step whose results the CPU waited for and posted just before it scheduled
+    ``rec``, and which of its lanes count. Sync (and async with one slot, where a slot's
+    last step is read before reuse): the step before, D2H included. Async with more slots:
+    the step two back (the loop reads step N after launching N+1), its D2H not counted:
+    the GPU never waits for it."""
+    prev = by_step.get(rec.step - 1)
+    if rec.mode == "sync" or (prev is not None and prev.slot == rec.slot):
+        return prev, _PREV_LANES
+    return by_step.get(rec.step - 2), _ASYNC_PREV_LANES
 
 
 def idle_by_cause(records: Sequence[StepRecord], window_start_ns: int,
@@ -134,9 +151,9 @@ def idle_by_cause(records: Sequence[StepRecord], window_start_ns: int,
             own = [s for s in rec.spans if s.lane in _OWN_LANES]
             own.sort(key=lambda s: _OWN_RANK[s.lane])
             chain = [(s.start_ns, s.end_ns, _OWN_LANES[s.lane]) for s in own]
-            prev = by_step.get(rec.step - 1)
+            prev, lanes = _handled_before(rec, by_step)
             if prev is not None:
-                back = [s for s in prev.spans if s.lane in _PREV_LANES]
+                back = [s for s in prev.spans if s.lane in lanes]
                 back.sort(key=lambda s: _PREV_RANK[s.lane])
                 chain += [(s.start_ns, s.end_ns, "previous_step") for s in back]
         causes = _attribute(lo, hi, chain)

@@ -67,6 +67,30 @@ def test_async_gap_is_the_cpu_being_late_and_an_idle_engine_is_no_work() -> None
     assert set(b.by_cause) == set(CAUSES)
 
 
+def test_async_gap_is_never_blamed_on_the_d2h_nothing_waits_for() -> None:
+    """Async, two slots: before scheduling step 2 the CPU posts step 0 (the loop reads step N
+    after launching N+1); step 1's D2H runs in the gap but nothing waits for it."""
+    def astep(n: int, **lanes: tuple[int, int]) -> StepRecord:
+        rec = step(n, **lanes)
+        rec.mode, rec.slot = "async", n % 2
+        return rec
+
+    s0 = astep(0, compute=(0, 40), d2h=(40, 42), cpu_wait=(45, 46), cpu_post=(46, 70))
+    s1 = astep(1, compute=(40, 50), d2h=(50, 60))
+    s2 = astep(2, cpu_schedule=(70, 72), cpu_prepare=(72, 78), cpu_launch=(78, 80),
+               h2d=(80, 81), compute=(81, 120))
+    gap = idle_by_cause([s0, s1, s2], 0, 120 * US).gaps[0]
+    assert (gap.start_ns, gap.end_ns, gap.step) == (50 * US, 81 * US, 2)
+    assert gap.causes == {"previous_step": 20 * US, "cpu": 10 * US, "h2d": 1 * US}
+    # With one slot the loop reads step 1 before reusing its slot: step 1's tail counts.
+    for r in (s0, s1, s2):
+        r.slot = 0
+    s1.spans += [Span("cpu.wait", 55 * US, 61 * US), Span("cpu.post", 61 * US, 70 * US)]
+    gap = idle_by_cause([s0, s1, s2], 0, 120 * US).gaps[0]
+    assert gap.causes == {"previous_step": 20 * US, "cpu": 10 * US, "h2d": 1 * US}
+    assert gap.cause == "previous_step"
+
+
 def test_busy_window_has_no_gaps_and_bad_window_is_refused() -> None:
     recs = sync_steps()
     b = idle_by_cause(recs, 35 * US, 75 * US)
