@@ -8,7 +8,9 @@ the H2D/D2H copies with neighbouring steps' compute. So, per step,
 
     sync  critical path = the step's own cycle (first span start to the next step's start)
     async critical path = max(device_k, cpu_k)
-        device_k = compute + compute.launch (what the compute stream must run serially)
+        device_k = compute (first kernel to last: what the GPU must run serially; the
+                   launch latency before it overlaps the previous step once async keeps
+                   the stream queued)
         cpu_k    = schedule + prepare + launch + post (the CPU's own work; not its wait)
 
 and the prediction is the sum of max(device_k, cpu_k) over the window's steps. The CPU's
@@ -28,7 +30,8 @@ from dataclasses import dataclass
 from telemetry.records import StepRecord
 
 _CPU_LANES = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.post")
-_DEVICE_LANES = ("compute", "compute.launch")
+# Only compute: with the stream kept busy, a graph's launch latency overlaps the step before.
+_DEVICE_LANES = ("compute",)
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,7 +40,7 @@ class AsyncPrediction:
     sync_s: float  # the window's sync steps, first span start to last span end
     predicted_async_s: float
     cpu_s: float  # CPU work per step, summed: all of it on the sync critical path
-    device_s: float  # compute (+ launch) per step, summed
+    device_s: float  # compute per step (first kernel to last), summed
     cpu_exposed_async_s: float  # CPU work that would still outlast the device in async
 
     @property
