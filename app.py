@@ -71,6 +71,8 @@ def gauges(client: EngineClient, max_num_seqs: int) -> None:
             nvml=client.nvml(),
             nvml_reason=client.nvml_reason(),
             max_num_seqs=max_num_seqs,
+            # In-step gaps from the Step anatomy page's latest recording, if any.
+            calibration=(st.session_state.get("anatomy.result") or {}).get("calibration"),
         )
         st.plotly_chart(gauges_figure(values), key="live.gauges", config={"displaylogo": False})
 

@@ -25,6 +25,9 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from telemetry.metrics import busy_intervals, spans_of
+from telemetry.records import StepRecord
+
 STEP_MARKER = "gapless.step "
 DEVICE_CATS: tuple[str, ...] = ("kernel", "gpu_memcpy", "gpu_memset")
 FAMILIES: tuple[str, ...] = ("gemm", "attention", "norm", "rotary", "elementwise", "sampling",
@@ -264,6 +267,31 @@ def kernel_busy_estimate(step_busy_ns: float, steps: Iterable[tuple[StepKey, int
     return max(0.0, step_busy_ns - gaps) / window_ns
 
 
+def kernel_busy_of_window(records: Iterable[StepRecord], window_start_ns: int,
+                         window_end_ns: int, cal: GapCalibration) -> float:
+    """kernel_busy_estimate over a window of step records: step busy (union of compute
+    spans, telemetry.metrics) less each step's calibrated in-step gap, prorated for a step
+    that lies partly outside the window."""
+    records = list(records)
+    starts, ends = busy_intervals(spans_of(records), window_start_ns, window_end_ns)
+    window = window_end_ns - window_start_ns
+    if window <= 0:
+        return 0.0
+    gaps = 0.0
+    for r in records:
+        for s in r.spans:
+            if s.lane != "compute" or s.end_ns <= s.start_ns:
+                continue
+            inside = min(s.end_ns, window_end_ns) - max(s.start_ns, window_start_ns)
+            if inside <= 0:
+                continue
+            full = s.end_ns - s.start_ns
+            gap = cal.gap_ns.get(step_key(r.graph_bucket, r.num_tokens))
+            gap = min(gap, full) if gap is not None else cal.gap_fraction * full
+            gaps += gap * inside / full
+    return max(0.0, float((ends - starts).sum()) - gaps) / window
+
+
 def anatomy_chrome_trace(steps: Sequence[StepKernels]) -> dict[str, Any]:
     """A compact Chrome trace of recorded steps: one row per kernel family, one row for the
     steps themselves (first kernel to last), times in microseconds as recorded."""
@@ -287,10 +315,12 @@ def anatomy_chrome_trace(steps: Sequence[StepKernels]) -> dict[str, Any]:
 
 def summary_dict(steps: Sequence[StepKernels], *, device: str, first_step: int,
                  trace_path: str | None = None, floor_bytes: int | None = None,
-                 peak_bw: float | None = None) -> dict[str, Any]:
-    """A recording as plain data (picklable, JSON-able) for a client or a page: per-step
-    timing, the family table, the compact per-family Chrome trace, the full trace's path,
-    and with ``floor_bytes``/``peak_bw`` each step against its byte floor."""
+                 peak_bw: float | None = None,
+                 calibration: GapCalibration | None = None) -> dict[str, Any]:
+    """A recording as plain data (picklable) for a client or a page: per-step timing, the
+    family table, the compact per-family Chrome trace, the full trace's path, with
+    ``floor_bytes``/``peak_bw`` each step against its byte floor, and the gap calibration
+    (``calibration``: a GapCalibration, for kernel_busy_estimate) when given."""
     steps = [s for s in steps if s.kernels]
     out: dict[str, Any] = {
         "device": device,
@@ -301,6 +331,7 @@ def summary_dict(steps: Sequence[StepKernels], *, device: str, first_step: int,
         "families": [{"family": r.family, "count": r.count, "time_us": r.time_us,
                       "share": r.share} for r in family_table(steps)],
         "trace": anatomy_chrome_trace(steps),
+        "calibration": calibration,
     }
     if floor_bytes is not None and peak_bw is not None:
         for row, s in zip(out["steps"], steps, strict=True):

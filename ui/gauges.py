@@ -20,6 +20,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from telemetry.anatomy import GapCalibration, kernel_busy_of_window
 from telemetry.gaps import CAUSE_LABELS, idle_by_cause
 from telemetry.metrics import busy_fraction, spans_of, step_gauges, tokens_per_second
 from telemetry.records import StepRecord
@@ -94,11 +95,14 @@ def gauge_values(
     nvml: Mapping[str, Any] | None = None,
     nvml_reason: str | None = None,
     max_num_seqs: int = 0,
+    calibration: GapCalibration | None = None,
 ) -> GaugeValues:
     """Gauge values over ``window`` from the records, the engine's stats and NVML.
 
     ``stats`` (EngineClient.stats()) is preferred for running/waiting/KV because it is
     current even when no step ran lately; without it the newest record's gauges are used.
+    ``calibration`` (from a step-anatomy recording) turns step busy into an estimate of
+    kernel busy; without it kernel busy is None (not measured live).
     """
     start_ns, end_ns = window
     spans = spans_of(records)
@@ -138,6 +142,8 @@ def gauge_values(
         largest_gap_cause=largest.cause if largest else None,
         dram_bw_util_pct=None if dram is None else float(dram),
         gpm_reason=None if dram is not None else gpm_reason,
+        kernel_busy=None if calibration is None
+        else kernel_busy_of_window(records, start_ns, end_ns, calibration),
     )
 
 
@@ -227,7 +233,8 @@ def gauges_figure(v: GaugeValues, height_px: int = 440) -> go.Figure:
                subtitle=f"first kernel to last (graphs), {window}"),
         _gauge("kernel busy", None if v.kernel_busy is None else 100 * v.kernel_busy,
                axis_max=100, suffix="%", row=0, col=1, colour="#006d2c",
-               subtitle="inside kernels" if v.kernel_busy is not None
+               subtitle="estimated: step busy less the step anatomy's in-step gaps"
+               if v.kernel_busy is not None
                else "not measured live: record a step anatomy"),
         _gauge("NVML utilisation", v.nvml_util_pct, axis_max=100, suffix="%", row=0, col=2,
                colour="#756bb1", subtitle=nvml_sub),

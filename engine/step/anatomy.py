@@ -28,7 +28,15 @@ from typing import Any
 
 import torch
 
-from telemetry.anatomy import STEP_MARKER, StepKernels, group_by_step, summary_dict
+from telemetry.anatomy import (
+    STEP_MARKER,
+    GapCalibration,
+    StepKernels,
+    gap_calibration,
+    group_by_step,
+    step_key,
+    summary_dict,
+)
 
 MAX_STEPS = 256
 
@@ -44,6 +52,9 @@ class AnatomyRecording:
     first_step: int
     device: str
     wall_s: float
+    # In-step gaps per step key, for estimating kernel busy from step busy (None when the
+    # recorded steps' records were not on the bus: telemetry off).
+    calibration: GapCalibration | None = None
 
 
 @dataclass(slots=True)
@@ -190,8 +201,14 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
     device = "cuda" if any(e.get("cat") == "kernel" for e in events) else "cpu"
     cats = ("kernel", "gpu_memcpy", "gpu_memset") if device == "cuda" else ("cpu_op",)
     steps = group_by_step(events, device_cats=cats)
+    wanted = {s.step for s in steps}
+    bus = getattr(engine, "bus", None)
+    records = bus.snapshot_steps(4 * n_steps + 16) if bus is not None else []
+    key_of = {r.step: step_key(r.graph_bucket, r.num_tokens) for r in records
+              if r.step in wanted}
+    cal = gap_calibration(steps, key_of)
     return AnatomyRecording(n_steps, trace_path, events, steps, req.first_step, device,
-                            time.perf_counter() - req.t0)
+                            time.perf_counter() - req.t0, cal if cal.steps else None)
 
 
 def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
@@ -199,4 +216,5 @@ def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
     """Plain data (picklable, JSON-able) for a client across the process boundary: see
     telemetry.anatomy.summary_dict."""
     return summary_dict(rec.steps, device=rec.device, first_step=rec.first_step,
-                        trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw)
+                        trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw,
+                        calibration=rec.calibration)

@@ -112,3 +112,19 @@ def test_compact_trace_has_a_row_per_family_and_the_step_spans() -> None:
     assert {"step", "gemm", "attention", "copies"} <= names
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == 1]
     assert [(e["name"], e["dur"]) for e in spans] == [("step 7", 68.0), ("step 8", 68.0)]
+
+
+def test_kernel_busy_of_a_live_window_prorates_steps_cut_by_the_window() -> None:
+    from telemetry.anatomy import GapCalibration, kernel_busy_of_window
+    from telemetry.records import Span, StepRecord
+
+    def rec(n: int, a_us: int, b_us: int) -> StepRecord:
+        return StepRecord(step=n, mode="async", slot=0, num_requests=1, prefill_tokens=0,
+                          decode_tokens=32, graph_bucket=32,
+                          spans=[Span("compute", a_us * 1000, b_us * 1000)])
+
+    cal = GapCalibration({32: 10_000.0}, 0.1, 4)  # 10 us of every bucket-32 step is gaps
+    recs = [rec(0, 0, 100), rec(1, 100, 200)]
+    assert kernel_busy_of_window(recs, 0, 200_000, cal) == pytest.approx(180 / 200)
+    # Half of step 1 inside the window: half its gap is subtracted.
+    assert kernel_busy_of_window(recs, 0, 150_000, cal) == pytest.approx(135 / 150)

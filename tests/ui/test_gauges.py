@@ -126,5 +126,16 @@ def test_gpm_bandwidth_and_idle_causes_are_shown() -> None:
     assert "Hopper or newer" in titles(gauges_figure(no_gpm))[3]
 
 
+def test_kernel_busy_is_estimated_only_from_an_anatomy_calibration() -> None:
+    from telemetry.anatomy import GapCalibration
+
+    recs = [rec(0, (0, 10)), rec(1, (10, 20))]
+    assert gauge_values(recs, (0, 20 * MS)).kernel_busy is None
+    cal = GapCalibration({("eager", 2): 1 * MS}, 0.1, 2)  # 1 ms of each 10 ms step is gaps
+    v = gauge_values(recs, (0, 20 * MS), calibration=cal)
+    assert v.gpu_busy == pytest.approx(1.0) and v.kernel_busy == pytest.approx(0.9)
+    assert "estimated" in titles(gauges_figure(v))[1]
+
+
 def test_nice_ceiling() -> None:
     assert [nice_ceiling(x) for x in (1, 3, 7, 100, 101, 2500)] == [1, 5, 10, 100, 200, 5000]
