@@ -53,7 +53,7 @@ from telemetry.anatomy import (  # noqa: E402
     family_table,
     floor_figures,
     gap_calibration,
-    kernel_busy_estimate,
+    kernel_busy_of_window,
     step_key,
     union_us,
 )
@@ -143,11 +143,8 @@ def ours(records: list, cal=None) -> dict[str, Any]:
     out = {"window_s": (hi - lo) / 1e9, "step_busy": busy_ns / (hi - lo),
            "stream_event_busy": float((oe - os_).sum()) / (hi - old_lo),
            "steps": len(records)}
-    if cal is not None:
-        per_step = [(step_key(r.graph_bucket, r.num_tokens),
-                     sum(s.duration_ns for s in r.spans if s.lane == "compute"))
-                    for r in records]
-        out["kernel_busy_est"] = kernel_busy_estimate(busy_ns, per_step, hi - lo, cal)
+    if cal is not None:  # the same estimate the Live page shows after a recording
+        out["kernel_busy_est"] = kernel_busy_of_window(records, lo, hi, cal)
     idle = idle_by_cause(records, lo, hi)
     out["idle_by_cause_s"] = {c: ns / 1e9 for c, ns in idle.by_cause.items() if ns}
     return out
