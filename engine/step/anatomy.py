@@ -69,11 +69,14 @@ class _Request:
 
 
 class AnatomyRecorder:
-    """The loop-thread half: the pipeline calls `step_range(step)` around each launch."""
+    """The loop-thread half: while ``active``, the pipeline calls `begin_step` before each
+    launch and `step_done` once each step's results are read. ``cuda`` says whether the
+    engine's streams are CUDA streams (else host-emulated: work runs on their threads)."""
 
-    __slots__ = ("_lock", "_pending", "_active", "_prof", "active")
+    __slots__ = ("_lock", "_pending", "_active", "_prof", "active", "cuda")
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
+        self.cuda = cuda
         self._lock = threading.Lock()
         self._pending: _Request | None = None
         self._active: _Request | None = None
@@ -110,11 +113,11 @@ class AnatomyRecorder:
                     self._active.t0 = time.perf_counter()
                     self._start()
                 req = self._active
+                if req is None:
+                    self.active = self._pending is not None
+                    return None
         except BaseException as e:  # never leave the profiler running behind an error
             self._finish(e)
-            return None
-        if req is None:
-            self.active = self._pending is not None
             return None
         assert req.first_step is not None
         return f"{STEP_MARKER}{step}" if step - req.first_step < req.n_steps else None
@@ -130,7 +133,7 @@ class AnatomyRecorder:
     def _start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        if torch.cuda.is_available():
+        if self.cuda:
             prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         else:
             # Host-emulated streams run the work on their own threads, which a profiler

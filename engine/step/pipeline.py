@@ -108,7 +108,7 @@ class Pipeline:
         # With telemetry off, no timing events are recorded around the step's work.
         self.timing = timing
         # Step anatomy on demand; inactive it costs one attribute test per step.
-        self.anatomy = AnatomyRecorder()
+        self.anatomy = AnatomyRecorder(cuda=streams.is_cuda)
         self.slots: list[Slot] = []
         self.resize(num_slots)
 
