@@ -21,7 +21,7 @@ from telemetry.export import chrome_trace_json
 from telemetry.records import StepRecord
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import engine_controls, load_generator, mode_summary
-from ui.gauges import gauge_values, gauges_figure, live_window
+from ui.gauges import gauge_values, gauges_figure, live_window, steps_in_flight
 from ui.timeline import recent_window, timeline_figure
 
 if TYPE_CHECKING:
@@ -60,14 +60,19 @@ def gauges(client: EngineClient, max_num_seqs: int) -> None:
         st.rerun()  # the full run shows the dead-engine banner with its restart button
     with engine_errors(client, "Reading the engine's gauges"):
         records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
-        window = live_window(records[-16:], time.perf_counter_ns(), GAUGE_WINDOW_MS)
+        stats = client.stats()
+        # A step still in flight (or still on the wire) is not idle time.
+        window = live_window(records[-16:], time.perf_counter_ns(), GAUGE_WINDOW_MS,
+                             in_flight=steps_in_flight(records[-16:], stats))
         values = gauge_values(
             recent_window(records, GAUGE_WINDOW_MS, end_ns=window[1]),
             window,
-            stats=client.stats(),
+            stats=stats,
             nvml=client.nvml(),
             nvml_reason=client.nvml_reason(),
             max_num_seqs=max_num_seqs,
+            # In-step gaps from the Step anatomy page's latest recording, if any.
+            calibration=(st.session_state.get("anatomy.result") or {}).get("calibration"),
         )
         st.plotly_chart(gauges_figure(values), key="live.gauges", config={"displaylogo": False})
 
@@ -195,6 +200,7 @@ def main() -> None:
         st.Page("pages/playground.py", title="Playground", icon=":material/chat:"),
         st.Page("pages/benchmark.py", title="Benchmark", icon=":material/speed:"),
         st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
+        st.Page("pages/anatomy.py", title="Step anatomy", icon=":material/biotech:"),
     ]
     st.navigation(pages).run()
 

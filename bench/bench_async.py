@@ -28,6 +28,7 @@ from model_shapes import build_model, weight_bytes  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from engine.model.hf_config import kv_cache_shape  # noqa: E402
+from telemetry.collect import StepCollector  # noqa: E402
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of  # noqa: E402
 from telemetry.records import Span  # noqa: E402
 
@@ -52,12 +53,13 @@ def workload(n: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 def run(eng: Engine, prompts: list[list[int]], new: int) -> dict:
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True, detokenize=False)
-    reader = eng.bus.reader(from_now=True)
-    t0 = time.perf_counter()
-    outs = eng.generate(prompts, params)
-    wall = time.perf_counter() - t0
+    with StepCollector(eng.bus) as collector:  # every step, not the ring's last 4,096
+        t0 = time.perf_counter()
+        outs = eng.generate(prompts, params)
+        wall = time.perf_counter() - t0
     assert all(len(o.token_ids) == new for o in outs)
-    recs = reader.steps()
+    assert collector.dropped_steps == 0, f"{collector.dropped_steps} step records lost"
+    recs = collector.records
     res = {"wall_s": wall, "tokens": len(prompts) * new, "tok_s": len(prompts) * new / wall,
            "steps": len(recs), "outputs": [o.token_ids for o in outs]}
     if recs:

@@ -6,7 +6,7 @@ Measures, as the median over many timed runs:
 - publish_step of a prebuilt record with 8 spans (what the engine pays per step), and
   building that record + publishing it (the engine's full per-step telemetry cost on CPU);
 - reading a full ring of 4096 steps through a BusReader;
-- busy_fraction and idle_gaps over 5,000 spans;
+- busy_fraction and idle_gaps over 5,000 spans, idle_by_cause over the same 625 steps;
 - chrome_trace (dict) and chrome_trace_json (dict + serialisation) of 5,000 spans.
 Prints a small table. Touches no GPU.
 """
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from telemetry.bus import TelemetryBus  # noqa: E402
 from telemetry.export import chrome_trace, chrome_trace_json, orjson  # noqa: E402
+from telemetry.gaps import idle_by_cause  # noqa: E402
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of  # noqa: E402
 from telemetry.records import LANES, Span, StepRecord  # noqa: E402
 
@@ -33,10 +34,11 @@ STEP_NS = 5_000_000  # a 5 ms decode step
 
 
 def make_record(step: int) -> StepRecord:
-    """A realistic async decode step: one span on each of the 8 lanes."""
+    """A realistic async decode step: one span on each of 8 lanes."""
     t0 = step * STEP_NS
+    lanes = [lane for lane in LANES if lane != "compute.launch"]  # an eager step: 8 lanes
     spans = [
-        Span(lane, t0 + i * 400_000, t0 + i * 400_000 + 350_000) for i, lane in enumerate(LANES)
+        Span(lane, t0 + i * 400_000, t0 + i * 400_000 + 350_000) for i, lane in enumerate(lanes)
     ]
     return StepRecord(
         step=step,
@@ -104,6 +106,8 @@ def main() -> None:
         ("BusReader.steps() of a full 4096 ring", median_ns(lambda: full.reader().steps(), runs)),
         ("busy_fraction, 5,000 spans", median_ns(lambda: busy_fraction(spans_5k, *window), runs)),
         ("idle_gaps, 5,000 spans", median_ns(lambda: idle_gaps(spans_5k, *window), runs)),
+        ("idle_by_cause, 625 steps (5,000 spans)",
+         median_ns(lambda: idle_by_cause(records_5k, *window), max(runs // 10, 3))),
         ("chrome_trace dict, 5,000 spans", median_ns(lambda: chrome_trace(records_5k), runs)),
         (
             f"chrome_trace_json, 5,000 spans ({'orjson' if orjson else 'json'})",

@@ -92,7 +92,7 @@ class Engine:
                                     config.max_num_batched_tokens),
                                 self.runner.compute,
                                 self.streams.compute.stream,  # type: ignore[attr-defined]
-                                config.max_num_seqs)
+                                config.max_num_seqs, timing=config.telemetry)
         self.bus = TelemetryBus(enabled=config.telemetry)
         self._sink = HandleSink()
         gen = getattr(model, "generation_config", None)

@@ -54,9 +54,12 @@ def results_table(results: list[Any]) -> list[dict[str, Any]]:
             "mode": r.mode_label,
             "total s": round(r.total_s, 3),
             "tokens/s": round(r.tokens_per_s, 1),
-            "GPU busy %": round(100 * r.gpu_busy, 1),
+            "step busy %": round(100 * r.gpu_busy, 1),  # first kernel to last, per step
             "idle s": round(r.idle_total_s, 3),
             "idle gaps": r.idle_gaps,
+            # From a sync run: its time less what async would save (telemetry.predict).
+            "predicted async s": None if getattr(r, "predicted_async_s", None) is None
+            else round(r.predicted_async_s, 3),
         }
         for r in results
     ]
@@ -99,7 +102,8 @@ def show_results(results: list[Any]) -> None:
                 help="Total time from the first request queued to the last one finished.",
             )
             st.metric("tokens/s", f"{r.tokens_per_s:,.0f}")
-            st.metric("GPU busy", f"{100 * r.gpu_busy:.1f}%")
+            st.metric("step busy", f"{100 * r.gpu_busy:.1f}%",
+                      help="Share of the run the GPU was executing a step (first kernel to last).")
             st.metric("idle time", f"{r.idle_total_s * 1000:,.0f} ms ({r.idle_gaps} gaps)")
     st.subheader("Timelines")
     for r in results:

@@ -109,9 +109,11 @@ def busy_fraction(
 ) -> float:
     """Length of the union of ``lane``'s spans inside the window / the window's length.
 
-    Overlapping spans count once, so the result is in [0, 1]. This is DESIGN.md's GPU busy
-    when lane="compute"; NVML's utilisation reads higher (it counts sample periods in which
-    any kernel ran). A zero-length window gives 0.0.
+    Overlapping spans count once, so the result is in [0, 1]. With lane="compute" this is
+    *step busy* (a graph step's span runs from its first kernel to its last; time inside
+    kernels, *kernel busy*, needs a kernel recording: telemetry.anatomy). NVML's utilisation
+    reads higher (it counts sample periods in which any kernel ran). A zero-length window
+    gives 0.0.
     """
     starts, ends = busy_intervals(spans, window_start_ns, window_end_ns, lane)
     length = window_end_ns - window_start_ns

@@ -13,6 +13,9 @@ Utilisation comes from ``nvmlDeviceGetSamples(h, NVML_GPU_UTILIZATION_SAMPLES, l
 where the driver supports it: the mean of the driver's own samples (~200 ms each on an
 H200) taken since the previous reading, which loses nothing between our polls. Where it is
 not supported we fall back to ``nvmlDeviceGetUtilizationRates``.
+
+Each poll also reads the GPM counters (telemetry.gpm: memory bandwidth used, SM activity)
+where the GPU has them, into the same reading; ``gpm_reason`` says why they are missing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
+
+from telemetry.gpm import GpmSampler
 
 UtilSource = Literal["samples", "rates"]
 
@@ -43,6 +48,12 @@ class NvmlReading:
     memory_total_bytes: int | None
     sm_clock_mhz: int | None
     power_w: float | None
+    # GPM counters over the interval since the previous poll (percent), None where missing.
+    dram_bw_util_pct: float | None = None  # memory bandwidth used, % of peak
+    sm_util_pct: float | None = None
+    graphics_util_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    gpm_reason: str | None = None  # why the GPM fields are None (None when they are read)
 
 
 def _error_name(exc: BaseException) -> str:
@@ -85,6 +96,7 @@ class NvmlSampler:
         history_len: int = 2400,
         nvml: ModuleType | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
+        gpm: bool = True,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
@@ -106,6 +118,8 @@ class NvmlSampler:
         self._last_sample_us = 0  # NVML sample timestamps are microseconds
         self._last_util: float | None = None
         self.device_name: str | None = None
+        self._want_gpm = gpm
+        self._gpm: GpmSampler | None = None
         self.last_error: str | None = None  # the latest failed query while sampling
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -146,9 +160,19 @@ class NvmlSampler:
                 self._shutdown_quietly()
                 return
             self._use_samples = self._samples_supported()
+            if self._want_gpm:
+                self._gpm = GpmSampler(nvml, self._handle, self.device_name)
             self._available = True
             source = "samples" if self._use_samples else "utilisation rates"
             self._reason = f"NVML: {self.device_name} (index {self.device_index}), {source}"
+
+    @property
+    def gpm_reason(self) -> str:
+        """Why GPM counters are missing, or which device they come from ("GPM: ...")."""
+        self._probe()
+        if self._gpm is None:
+            return self._reason if not self._available else "GPM sampling is off"
+        return self._gpm.reason
 
     def _samples_supported(self) -> bool:
         nvml = self._nvml
@@ -180,14 +204,28 @@ class NvmlSampler:
         mem = self._query(lambda: nvml.nvmlDeviceGetMemoryInfo(h))
         clock = self._query(lambda: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))
         power_mw = self._query(lambda: nvml.nvmlDeviceGetPowerUsage(h))
+        t_ns = self._clock()
+        gpm = self._gpm.sample(t_ns) if self._gpm is not None else None
+        if self._gpm is None:
+            gpm_reason: str | None = "GPM sampling is off"
+        elif gpm is None:
+            gpm_reason = (self._gpm.last_error or "GPM: first sample, no interval yet"
+                          if self._gpm.available else self._gpm.reason)
+        else:
+            gpm_reason = None
         reading = NvmlReading(
-            t_ns=self._clock(),
+            t_ns=t_ns,
             gpu_util_pct=util,
             util_source=source,
             memory_used_bytes=int(mem.used) if mem is not None else None,
             memory_total_bytes=int(mem.total) if mem is not None else None,
             sm_clock_mhz=int(clock) if clock is not None else None,
             power_w=power_mw / 1000.0 if power_mw is not None else None,
+            dram_bw_util_pct=gpm.dram_bw_util_pct if gpm else None,
+            sm_util_pct=gpm.sm_util_pct if gpm else None,
+            graphics_util_pct=gpm.graphics_util_pct if gpm else None,
+            sm_occupancy_pct=gpm.sm_occupancy_pct if gpm else None,
+            gpm_reason=gpm_reason,
         )
         with self._lock:
             self._history.append(reading)
@@ -277,6 +315,8 @@ class NvmlSampler:
         self.stop()
         with self._lock:
             if self._available:
+                if self._gpm is not None:
+                    self._gpm.close()
                 self._shutdown_quietly()
                 self._available = False
                 self._reason = "NVML sampler closed"

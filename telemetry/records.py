@@ -11,7 +11,10 @@ from typing import Literal
 
 # Lanes of the timeline, in the order a dashboard draws them (top to bottom).
 CPU_LANES: tuple[str, ...] = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.wait", "cpu.post")
-DEVICE_LANES: tuple[str, ...] = ("h2d", "compute", "d2h")
+# "compute" runs from a step's first kernel to its last where the engine can see kernels (a
+# CUDA graph carries timing events inside it); "compute.launch" is the stretch before it,
+# from the compute stream reaching the step to that first kernel (graph launch latency).
+DEVICE_LANES: tuple[str, ...] = ("h2d", "compute.launch", "compute", "d2h")
 LANES: tuple[str, ...] = CPU_LANES + DEVICE_LANES
 
 Mode = Literal["sync", "async"]

@@ -1,9 +1,14 @@
-"""The Live page's gauges: GPU busy beside NVML, tokens/s, requests, KV cache, idle time.
+"""The Live page's gauges: step busy beside NVML and GPM, tokens/s, requests, KV, idle by cause.
 
 Owns turning a window of step records (plus the engine's NVML reading) into gauge values,
 and the plotly figure of ``go.Indicator`` gauges in a grid. The arithmetic itself (busy
 fraction, idle gaps, tokens/s) is telemetry.metrics': this module only picks the window and
 lays the numbers out. Pure functions: no streamlit, no engine, no clock reads.
+
+What each figure measures, as the gauges say: *step busy* is the union of compute spans
+(a CUDA-graph step from its first kernel to its last, an eager step from when the stream
+reached it); *kernel busy* (time inside kernels) needs a kernel recording (step anatomy) and
+is not measured live; *memory bandwidth used* is NVML GPM's DRAM_BW_UTIL (Hopper+).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from telemetry.metrics import busy_fraction, idle_gaps, spans_of, step_gauges, tokens_per_second
+from telemetry.anatomy import GapCalibration, kernel_busy_of_window
+from telemetry.gaps import CAUSE_LABELS, idle_by_cause
+from telemetry.metrics import busy_fraction, spans_of, step_gauges, tokens_per_second
 from telemetry.records import StepRecord
 
 # Records whose latest span is further than this from the dashboard's clock are taken to be
@@ -28,7 +35,7 @@ class GaugeValues:
     """What the gauges show. ``None`` means "not known" and is drawn as such."""
 
     window_ms: float
-    gpu_busy: float  # fraction of the window with a compute span, 0..1
+    gpu_busy: float  # step busy: fraction of the window with a compute span, 0..1
     nvml_util_pct: float | None  # None without a GPU (see nvml_reason)
     nvml_reason: str | None
     tokens_per_s: float
@@ -40,13 +47,22 @@ class GaugeValues:
     idle_ms: float  # compute-idle time inside the window
     idle_gaps: int
     largest_gap_ms: float
+    idle_by_cause_ms: dict[str, float] | None = None  # telemetry.gaps cause -> ms
+    largest_gap_cause: str | None = None
+    dram_bw_util_pct: float | None = None  # GPM memory bandwidth used, None without GPM
+    gpm_reason: str | None = None
+    kernel_busy: float | None = None  # only from a kernel recording; None live
 
 
-def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float) -> tuple[int, int]:
+def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float,
+                in_flight: bool = False) -> tuple[int, int]:
     """The ``(start_ns, end_ns)`` of the gauge window ending now.
 
-    Ends at ``now_ns`` (so an idle engine reads idle, not its last busy moment) unless the
-    records are in a different clock domain, when it ends at their latest span.
+    Ends at ``now_ns`` (so an idle engine reads idle, not its last busy moment), except:
+    with ``in_flight`` (the engine has launched steps not yet published) it ends at the
+    latest compute span published, because the time after it belongs to a step still
+    running (or on its way over the wire) and must not read as idle; and when the records
+    are in a different clock domain, it ends at their latest span.
     """
     if window_ms <= 0:
         raise ValueError(f"window_ms must be > 0, got {window_ms}")
@@ -54,7 +70,21 @@ def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float) ->
     end = now_ns
     if last is not None and abs(now_ns - last) > _CLOCK_SKEW_LIMIT_NS:
         end = last
+    elif in_flight and last is not None:
+        compute = [s.end_ns for r in records for s in r.spans if s.lane == "compute"]
+        end = min(now_ns, max(compute, default=last))
     return end - int(window_ms * 1e6), end
+
+
+def steps_in_flight(records: Sequence[StepRecord], stats: Mapping[str, Any] | None) -> bool:
+    """Whether the engine has work the records do not show yet: unfinished requests, or
+    more steps launched (stats["steps"]) than the newest published step accounts for."""
+    if stats is None:
+        return False
+    if int(stats.get("unfinished", 0)) > 0 or int(stats.get("running", 0)) > 0:
+        return True
+    newest = max((r.step for r in records), default=-1)
+    return int(stats.get("steps", 0)) > newest + 1
 
 
 def gauge_values(
@@ -65,15 +95,19 @@ def gauge_values(
     nvml: Mapping[str, Any] | None = None,
     nvml_reason: str | None = None,
     max_num_seqs: int = 0,
+    calibration: GapCalibration | None = None,
 ) -> GaugeValues:
     """Gauge values over ``window`` from the records, the engine's stats and NVML.
 
     ``stats`` (EngineClient.stats()) is preferred for running/waiting/KV because it is
     current even when no step ran lately; without it the newest record's gauges are used.
+    ``calibration`` (from a step-anatomy recording) turns step busy into an estimate of
+    kernel busy; without it kernel busy is None (not measured live).
     """
     start_ns, end_ns = window
     spans = spans_of(records)
-    gaps = idle_gaps(spans, start_ns, end_ns)
+    idle = idle_by_cause(records, start_ns, end_ns)
+    largest = idle.largest()
     latest = step_gauges(records)
     if stats is not None:
         running, waiting = int(stats.get("running", 0)), int(stats.get("waiting", 0))
@@ -85,6 +119,11 @@ def gauge_values(
         running = waiting = 0
         kv = 0.0
     util = None if nvml is None else nvml.get("gpu_util_pct")
+    dram = None if nvml is None else nvml.get("dram_bw_util_pct")
+    if nvml is None:
+        gpm_reason = nvml_reason or "no NVML reading yet"
+    else:
+        gpm_reason = nvml.get("gpm_reason") or (None if dram is not None else "no GPM reading")
     return GaugeValues(
         window_ms=(end_ns - start_ns) / 1e6,
         gpu_busy=busy_fraction(spans, start_ns, end_ns),
@@ -96,10 +135,23 @@ def gauge_values(
         waiting=waiting,
         max_num_seqs=max_num_seqs,
         kv_usage=kv,
-        idle_ms=gaps.total_ns / 1e6,
-        idle_gaps=gaps.count,
-        largest_gap_ms=gaps.largest_ns / 1e6,
+        idle_ms=idle.idle_ns / 1e6,
+        idle_gaps=len(idle.gaps),
+        largest_gap_ms=(largest.end_ns - largest.start_ns) / 1e6 if largest else 0.0,
+        idle_by_cause_ms={c: ns / 1e6 for c, ns in idle.by_cause.items()},
+        largest_gap_cause=largest.cause if largest else None,
+        dram_bw_util_pct=None if dram is None else float(dram),
+        gpm_reason=None if dram is not None else gpm_reason,
+        kernel_busy=None if calibration is None
+        else kernel_busy_of_window(records, start_ns, end_ns, calibration),
     )
+
+
+def top_causes(v: GaugeValues, n: int = 2) -> str:
+    """"CPU schedule/prepare/launch 1.2 ms, H2D copy 0.3 ms": the biggest idle causes."""
+    causes = sorted(((ms, c) for c, ms in (v.idle_by_cause_ms or {}).items() if ms > 0),
+                    reverse=True)[:n]
+    return ", ".join(f"{CAUSE_LABELS.get(c, c)} {ms:,.1f} ms" for ms, c in causes)
 
 
 def nice_ceiling(x: float) -> float:
@@ -166,7 +218,8 @@ def _number(
 
 
 def gauges_figure(v: GaugeValues, height_px: int = 440) -> go.Figure:
-    """Eight indicators on a 2 x 4 grid; GPU busy and NVML utilisation side by side."""
+    """Ten indicators on a 2 x 5 grid: step busy, kernel busy, NVML utilisation and memory
+    bandwidth used (GPM) side by side on the first row."""
     window = f"last {v.window_ms / 1000:.1f} s"
     if v.nvml_util_pct is None:
         nvml_sub = v.nvml_reason or "no reading yet"
@@ -174,73 +227,39 @@ def gauges_figure(v: GaugeValues, height_px: int = 440) -> go.Figure:
         nvml_sub = "periods with any kernel running"
     tok_axis = nice_ceiling(max(v.tokens_per_s, 100.0))
     seq_axis = float(max(v.max_num_seqs, v.running, 1))
+    causes = top_causes(v)
     indicators = [
-        _gauge(
-            "GPU busy (timeline)",
-            100 * v.gpu_busy,
-            axis_max=100,
-            suffix="%",
-            row=0,
-            col=0,
-            subtitle=f"compute spans, {window}",
-        ),
-        _gauge(
-            "NVML utilisation",
-            v.nvml_util_pct,
-            axis_max=100,
-            suffix="%",
-            row=0,
-            col=1,
-            colour="#756bb1",
-            subtitle=nvml_sub,
-        ),
-        _gauge(
-            "tokens/s",
-            v.tokens_per_s,
-            axis_max=tok_axis,
-            suffix="",
-            row=0,
-            col=2,
-            colour="#3182bd",
-            subtitle=f"decode {v.decode_tokens_per_s:,.0f}/s, {window}",
-            fmt=",.0f",
-        ),
-        _gauge(
-            "KV cache used",
-            100 * v.kv_usage,
-            axis_max=100,
-            suffix="%",
-            row=0,
-            col=3,
-            colour="#e6550d",
-        ),
-        _gauge(
-            "running requests",
-            float(v.running),
-            axis_max=seq_axis,
-            suffix="",
-            row=1,
-            col=0,
-            colour="#3182bd",
-            subtitle=f"of max {v.max_num_seqs}" if v.max_num_seqs else None,
-            fmt=",.0f",
-        ),
-        _number("waiting requests", float(v.waiting), row=1, col=1, subtitle="queued"),
-        _number(
-            "GPU idle",
-            v.idle_ms,
-            row=1,
-            col=2,
-            suffix=" ms",
-            fmt=",.1f",
-            subtitle=f"{v.idle_gaps} gaps, {window}",
-        ),
-        _number("largest idle gap", v.largest_gap_ms, row=1, col=3, suffix=" ms", fmt=",.2f"),
+        _gauge("step busy", 100 * v.gpu_busy, axis_max=100, suffix="%", row=0, col=0,
+               subtitle=f"first kernel to last (graphs), {window}"),
+        _gauge("kernel busy", None if v.kernel_busy is None else 100 * v.kernel_busy,
+               axis_max=100, suffix="%", row=0, col=1, colour="#006d2c",
+               subtitle="estimated: step busy less the step anatomy's in-step gaps"
+               if v.kernel_busy is not None
+               else "not measured live: record a step anatomy"),
+        _gauge("NVML utilisation", v.nvml_util_pct, axis_max=100, suffix="%", row=0, col=2,
+               colour="#756bb1", subtitle=nvml_sub),
+        _gauge("memory bandwidth used (GPM)", v.dram_bw_util_pct, axis_max=100, suffix="%",
+               row=0, col=3, colour="#9e9ac8",
+               subtitle=v.gpm_reason if v.dram_bw_util_pct is None else "DRAM, % of peak"),
+        _gauge("tokens/s", v.tokens_per_s, axis_max=tok_axis, suffix="", row=0, col=4,
+               colour="#3182bd", subtitle=f"decode {v.decode_tokens_per_s:,.0f}/s, {window}",
+               fmt=",.0f"),
+        _gauge("KV cache used", 100 * v.kv_usage, axis_max=100, suffix="%", row=1, col=0,
+               colour="#e6550d"),
+        _gauge("running requests", float(v.running), axis_max=seq_axis, suffix="", row=1,
+               col=1, colour="#3182bd",
+               subtitle=f"of max {v.max_num_seqs}" if v.max_num_seqs else None, fmt=",.0f"),
+        _number("waiting requests", float(v.waiting), row=1, col=2, subtitle="queued"),
+        _number("GPU idle", v.idle_ms, row=1, col=3, suffix=" ms", fmt=",.1f",
+                subtitle=f"{v.idle_gaps} gaps: {causes}" if causes
+                else f"{v.idle_gaps} gaps, {window}"),
+        _number("largest idle gap", v.largest_gap_ms, row=1, col=4, suffix=" ms", fmt=",.2f",
+                subtitle=CAUSE_LABELS.get(v.largest_gap_cause or "", None)),
     ]
     fig = go.Figure(indicators)
     fig.update_layout(
         # Room above each row for its two-line title.
-        grid={"rows": 2, "columns": 4, "pattern": "independent", "ygap": 0.45, "xgap": 0.2},
+        grid={"rows": 2, "columns": 5, "pattern": "independent", "ygap": 0.45, "xgap": 0.2},
         height=height_px,
         margin={"l": 30, "r": 30, "t": 70, "b": 10},
     )

@@ -27,6 +27,7 @@ LANE_COLOURS: dict[str, str] = {
     "cpu.wait": "#bdbdbd",
     "cpu.post": "#08519c",
     "h2d": "#fd8d3c",
+    "compute.launch": "#a1d99b",
     "compute": "#31a354",
     "d2h": "#e6550d",
 }

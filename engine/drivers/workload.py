@@ -2,9 +2,10 @@
 
 Owns BenchmarkSpec (the workload and the modes to run it in), the mode labels the dashboard
 shows, and run_benchmark, which for each mode sets the engine's live settings, runs the
-same seeded prompts (greedy, EOS ignored, a fixed max_tokens), reads that run's step records
-from the telemetry bus and computes throughput, GPU busy fraction and idle gaps with
-telemetry.metrics, so the dashboard and bench/ quote the same arithmetic.
+same seeded prompts (greedy, EOS ignored, a fixed max_tokens), keeps every step record of
+that run (telemetry.collect, however long the run) and computes throughput, GPU busy
+fraction and idle gaps with telemetry.metrics, so the dashboard and bench/ quote the same
+arithmetic.
 
 It must never run beside other requests (their steps would mix into the figures: it refuses
 with ValueError), never leave the engine in a benchmark mode (the caller's settings are
@@ -24,7 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import SamplingParams
 from engine.drivers.loadgen import prompt_vocab, random_prompt
+from telemetry.collect import StepCollector
+from telemetry.gaps import idle_by_cause
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of
+from telemetry.predict import predict_async
 from telemetry.records import RequestEvent, StepRecord
 
 if TYPE_CHECKING:  # the dashboard imports this module's specs; keep torch out of it
@@ -133,6 +137,11 @@ class BenchmarkResult:
     generated_tokens: int = 0
     idle_largest_s: float = 0.0
     tokens_digest: int = 0
+    steps_dropped: int = 0  # step records the bus overwrote before they were read (0: all kept)
+    # Sync modes: total_s less what async would save (telemetry.predict), to set beside
+    # the measured async mode. None for async modes.
+    predicted_async_s: float | None = None
+    idle_by_cause_s: dict[str, float] = field(default_factory=dict)  # telemetry.gaps causes
 
 
 def benchmark_prompts(engine: Engine, spec: BenchmarkSpec) -> list[list[int]]:
@@ -188,19 +197,22 @@ def _run(engine: Engine, spec: BenchmarkSpec, modes: list[dict[str, Any]],
                 warm = SamplingParams(max_tokens=min(WARMUP_TOKENS, spec.max_tokens),
                                       temperature=0.0, ignore_eos=True)
                 for _ in _wait(engine, _submit(engine, prompts, warm, f"{prefix}-w"),
-                               None, spec.timeout_s, cancel, label):
+                               False, spec.timeout_s, cancel, label):
                     pass
             params = SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
                                     ignore_eos=True)
-            reader = engine.bus.reader(from_now=True)
-            records: list[StepRecord] = []
-            events: list[RequestEvent] = []
-            handles = _submit(engine, prompts, params, prefix)
-            yield from _wait(engine, handles, (reader, records, events), spec.timeout_s,
-                             cancel, label)
-            records += reader.steps()
-            events += reader.events()
-            yield _result(label, settings, handles, records, events, prefix)
+            # Drained on its own thread: every step of the run is kept, however long the
+            # run and however slowly the caller iterates this generator.
+            collector = StepCollector(engine.bus).start()
+            try:
+                handles = _submit(engine, prompts, params, prefix)
+                yield from _wait(engine, handles, True, spec.timeout_s, cancel, label)
+            finally:
+                collector.stop()
+            result = _result(label, settings, handles, collector.records, collector.events,
+                             prefix)
+            result.steps_dropped = collector.dropped_steps
+            yield result
     finally:
         engine.configure(**original)
 
@@ -210,15 +222,14 @@ def _submit(engine: Engine, prompts: list[list[int]], params: SamplingParams,
     return [engine.submit(p, params, request_id=f"{prefix}-{i}") for i, p in enumerate(prompts)]
 
 
-def _wait(engine: Engine, handles: list[RequestHandle],
-          sink: tuple[Any, list[StepRecord], list[RequestEvent]] | None, timeout_s: float,
+def _wait(engine: Engine, handles: list[RequestHandle], progress: bool, timeout_s: float,
           cancel: threading.Event | None, label: str) -> Iterator[BenchmarkProgress]:
-    """Wait for every handle, draining the bus reader so a long run cannot overflow it."""
+    """Wait for every handle, yielding progress (when ``progress``) as they finish."""
     total = len(handles)
     deadline = time.monotonic() + timeout_s
     done = 0
     try:
-        if sink is not None:
+        if progress:
             yield BenchmarkProgress(label, 0, total)
         for h in handles:
             while not h.done:
@@ -231,12 +242,8 @@ def _wait(engine: Engine, handles: list[RequestHandle],
                     h.result(timeout=0.1)
                 except TimeoutError:
                     pass
-                if sink is not None:
-                    reader, records, events = sink
-                    records += reader.steps()
-                    events += reader.events()
             now_done = sum(1 for x in handles if x.done)
-            if sink is not None and now_done != done:
+            if progress and now_done != done:
                 done = now_done
                 yield BenchmarkProgress(label, done, total)
     except BaseException:
@@ -275,6 +282,10 @@ def _result(label: str, settings: dict[str, Any], handles: list[RequestHandle],
                and min(s.start_ns for s in r.spans) < end]
     spans = spans_of(records)
     gaps = idle_gaps(spans, start, end)
+    causes = idle_by_cause(records, start, end).by_cause
+    predicted = None
+    if records and all(r.mode == "sync" for r in records):
+        predicted = (end - start) / 1e9 - predict_async(records).saving_s
     generated = sum(len(o.token_ids) for o in outs)
     total_s = (end - start) / 1e9
     digest = 0
@@ -293,4 +304,6 @@ def _result(label: str, settings: dict[str, Any], handles: list[RequestHandle],
         generated_tokens=generated,
         idle_largest_s=gaps.largest_ns / 1e9,
         tokens_digest=digest,
+        predicted_async_s=predicted,
+        idle_by_cause_s={c: ns / 1e9 for c, ns in causes.items()},
     )

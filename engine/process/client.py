@@ -333,6 +333,12 @@ class EngineClient:
     def stats(self) -> dict[str, int]:
         return dict(self._call(Command.STATS))
 
+    def record_anatomy(self, n_steps: int = 8, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Record the kernels of the next n_steps steps in the engine process: the dict of
+        engine.step.anatomy.anatomy_summary (per-step timing, family table, Chrome trace)."""
+        return dict(self._call(Command.RECORD_ANATOMY, timeout=timeout_s + 30.0,
+                               n_steps=n_steps, timeout_s=timeout_s))
+
     def process_info(self) -> dict[str, Any]:
         """pid, parent pid, whether streamlit / ui were imported in the engine process,
         listen (the socket path or None), clients (connected now), owner (this client)."""

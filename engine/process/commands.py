@@ -61,8 +61,16 @@ class CommandsMixin:
             Command.LOAD_RUNNING: lambda link: self.load_running(),
             Command.LOAD_STATS: lambda link: self.load_stats(),
             Command.PROCESS_INFO: self.process_info,
+            Command.RECORD_ANATOMY: self.record_anatomy,
             Command.CANCEL_BENCHMARK: lambda link: self.bench_cancel.set(),
         }
+
+    def record_anatomy(self, link: ClientLink, n_steps: int = 8,
+                       timeout_s: float = 30.0) -> dict[str, Any]:
+        """Kernels of the next n_steps steps (engine.step.anatomy); blocks this thread."""
+        from engine.step.anatomy import anatomy_summary, record_anatomy
+
+        return anatomy_summary(record_anatomy(self.engine, n_steps, timeout_s))
 
     def process_info(self, link: ClientLink) -> dict[str, Any]:
         raise NotImplementedError

@@ -242,8 +242,7 @@ class StepLoop:
     def _compute_fn(self, slot: Slot, t: int, s: int, greedy: bool,
                     bucket: int | None) -> Callable[[], None]:
         if bucket is not None and self.graphs is not None:
-            graphs, index = self.graphs, slot.index
-            return lambda: graphs.replay(index, bucket, greedy)
+            return self.graphs.replay_fn(slot.index, bucket, greedy)  # carries in-graph timing
         runner, view = self.runner, slot.dev
 
         def run() -> None:

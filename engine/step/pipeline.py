@@ -10,6 +10,12 @@ output) and the events that say when a slot may be reused, and the launch order:
 The CPU blocks only in `wait_results` (one d2h_done per step) and, when a slot is reused
 before its last step's results were read (one slot in async mode), in `wait_host_input`.
 It never decides what runs: see engine.loop.
+
+Timing (telemetry on): each op is timed by events on its stream; a CUDA-graph replay also
+hands over the events recorded inside its graph, so its compute span starts at the graph's
+first kernel and the launch latency before it is a compute.launch span. A step-anatomy
+recording (engine.step.anatomy), when one is asked for, wraps the recorded steps' launches
+in profiler ranges; otherwise it costs one attribute test per step.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 from engine.core.batch import BufferLayout, HostView, StepMeta
 from engine.core.scheduler import SchedulerOutput
+from engine.step.anatomy import AnatomyRecorder, marked
 from engine.step.runner import DeviceView
 from engine.step.streams import Event, Stream, StreamSet, TimedOp
 from telemetry.records import StepRecord
@@ -67,6 +74,27 @@ class InflightStep:
     error: BaseException | None = None
 
 
+class TimedLaunch:
+    """The launch-latency part of a timed op that has inner events: the loop reads it as a
+    span of its own lane ("compute.launch") beside the op's span."""
+
+    __slots__ = ("lane", "op")
+
+    def __init__(self, lane: str, op: TimedOp) -> None:
+        self.lane = lane
+        self.op = op
+
+    def span_ns(self) -> tuple[int, int]:
+        span = self.op.launch_span_ns()
+        if span is None:  # the op fell back to its stream events: nothing before it
+            start, _ = self.op.span_ns()
+            return start, start
+        return span
+
+    def launch_span_ns(self) -> tuple[int, int] | None:
+        return None
+
+
 class Pipeline:
     def __init__(
         self,
@@ -79,6 +107,8 @@ class Pipeline:
         self.layout = layout
         # With telemetry off, no timing events are recorded around the step's work.
         self.timing = timing
+        # Step anatomy on demand; inactive it costs one attribute test per step.
+        self.anatomy = AnatomyRecorder(cuda=streams.is_cuda)
         self.slots: list[Slot] = []
         self.resize(num_slots)
 
@@ -101,6 +131,24 @@ class Pipeline:
             slot.h2d_done.synchronize()
 
     def launch(
+        self,
+        slot: Slot,
+        sched: SchedulerOutput,
+        meta: StepMeta,
+        record: StepRecord,
+        compute_fn: Callable[[], None],
+    ) -> InflightStep:
+        if self.anatomy.active:  # a step-anatomy recording (engine.step.anatomy) is on
+            name = self.anatomy.begin_step(record.step)
+            if name is not None and self.streams.is_cuda:
+                # Kernels find their step through the launch calls made inside this range.
+                with torch.profiler.record_function(name):
+                    return self._launch(slot, sched, meta, record, compute_fn)
+            if name is not None:  # host streams: the work runs on the stream's thread
+                compute_fn = marked(name, compute_fn)
+        return self._launch(slot, sched, meta, record, compute_fn)
+
+    def _launch(
         self,
         slot: Slot,
         sched: SchedulerOutput,
@@ -140,7 +188,14 @@ class Pipeline:
     def _queue(self, stream: Stream, lane: str, fn: Callable[[], None],
                ops: list[TimedOp]) -> None:
         if self.timing:
-            ops.append(stream.timed(lane, fn))
+            # A graph replay (engine.step.graphs.GraphReplay) carries events recorded inside
+            # its graph: the span then starts at its first kernel, and the launch latency
+            # before it becomes a span of its own (see TimedLaunch).
+            inner = getattr(fn, "device_events", None) if self.streams.is_cuda else None
+            op = stream.timed(lane, fn, inner)
+            ops.append(op)
+            if inner is not None:
+                ops.append(TimedLaunch(lane + ".launch", op))
         else:
             stream.submit(fn)
 
@@ -151,6 +206,8 @@ class Pipeline:
             step.d2h_done.synchronize()
         finally:
             step.slot.inflight = None  # read, or failed: either way the slot is free again
+            if self.anatomy.active:
+                self.anatomy.step_done(step.step)
         if step.error is not None:
             raise step.error
         return step.slot.host_out_np[: step.meta.num_samples].copy()

@@ -8,6 +8,15 @@ free: an earlier step's failure must not fail the next step that merely reuses i
 `Stream.timed(lane, fn)` queues fn and returns a TimedOp whose start/end host-clock times
 can be read once the work is known to be done (telemetry adds no sync).
 
+Where the work is a CUDA graph replay that carries its own timing events (recorded inside
+the captured graph, see engine.step.graphs), `timed(lane, fn, inner=...)` reads the span
+from those: it then starts at the graph's first node and ends after its last kernel, and
+`TimedOp.launch_span_ns()` gives the stretch before it (the stream reached the step, the
+graph had not started yet: launch latency). Events recorded on the stream around an eager
+compute fn fire when the stream reaches them; the first kernel follows as soon as the CPU
+has launched it, so eager spans start up to one op's CPU dispatch time (~10 us) early when
+the stream was idle, and exactly at the first kernel when it was busy (async).
+
 On CUDA, work is launched from the calling thread inside `torch.cuda.stream(s)`. Without
 CUDA, a stream is a worker thread running its queue in order, an event is a threading event
 with a timestamp: the same pipeline code runs and really overlaps on a CPU-only machine.
@@ -35,13 +44,15 @@ class TimedOp(Protocol):
     lane: str
 
     def span_ns(self) -> tuple[int, int]: ...
+    def launch_span_ns(self) -> tuple[int, int] | None: ...
 
 
 class Stream(Protocol):
     name: str
 
     def submit(self, fn: Callable[[], None]) -> None: ...
-    def timed(self, lane: str, fn: Callable[[], None]) -> TimedOp: ...
+    def timed(self, lane: str, fn: Callable[[], None], inner: tuple[Event, Event] | None = None,
+              ) -> TimedOp: ...
     def record(self, event: Event) -> None: ...
     def wait(self, event: Event) -> None: ...
     def order_after(self, event: Event) -> None: ...
@@ -84,6 +95,9 @@ class HostTimedOp:
 
     def span_ns(self) -> tuple[int, int]:
         return self.start_ns, self.end_ns
+
+    def launch_span_ns(self) -> tuple[int, int] | None:
+        return None  # a host stream has no launch latency to show
 
 
 class HostStream:
@@ -128,8 +142,9 @@ class HostStream:
 
         self._queue.put(self._guard(run))
 
-    def timed(self, lane: str, fn: Callable[[], None]) -> HostTimedOp:
-        op = HostTimedOp(lane)
+    def timed(self, lane: str, fn: Callable[[], None], inner: tuple[Event, Event] | None = None,
+              ) -> HostTimedOp:
+        op = HostTimedOp(lane)  # inner device events exist only on CUDA
 
         def run() -> None:
             op.start_ns = time.perf_counter_ns()
@@ -175,16 +190,41 @@ class HostStream:
 
 # ------------------------------------------------------------------------------- CUDA
 class CudaTimedOp:
-    __slots__ = ("lane", "start", "end", "clock")
+    """Events recorded on the stream around an op, and optionally the op's own events
+    (``inner``: first and last, recorded inside a CUDA graph). Read only after the op is
+    known to be done, and for ``inner`` before the same graph is replayed again (the loop
+    reads a step's spans as soon as its results are in, before its slot is reused)."""
 
-    def __init__(self, lane: str, clock: CudaClock) -> None:
+    __slots__ = ("lane", "start", "end", "clock", "inner")
+
+    def __init__(self, lane: str, clock: CudaClock,
+                 inner: tuple[torch.cuda.Event, torch.cuda.Event] | None = None) -> None:
         self.lane = lane
         self.clock = clock
         self.start = torch.cuda.Event(enable_timing=True)
         self.end = torch.cuda.Event(enable_timing=True)
+        self.inner = inner
 
     def span_ns(self) -> tuple[int, int]:
-        return self.clock.to_host_ns(self.start), self.clock.to_host_ns(self.end)
+        to_host = self.clock.to_host_ns
+        if self.inner is not None:
+            try:
+                return to_host(self.inner[0]), to_host(self.inner[1])
+            except RuntimeError:  # a driver that cannot time in-graph events: stream events
+                self.inner = None
+        return to_host(self.start), to_host(self.end)
+
+    def launch_span_ns(self) -> tuple[int, int] | None:
+        """From the stream reaching the op to the op's first event (graph launch latency);
+        None without inner events."""
+        if self.inner is None:
+            return None
+        try:
+            first = self.clock.to_host_ns(self.inner[0])
+        except RuntimeError:
+            return None
+        start = self.clock.to_host_ns(self.start)
+        return start, max(start, first)
 
 
 class CudaClock:
@@ -219,8 +259,9 @@ class CudaStream:
         with torch.cuda.stream(self.stream):
             fn()
 
-    def timed(self, lane: str, fn: Callable[[], None]) -> CudaTimedOp:
-        op = CudaTimedOp(lane, self.clock)
+    def timed(self, lane: str, fn: Callable[[], None], inner: tuple[Event, Event] | None = None,
+              ) -> CudaTimedOp:
+        op = CudaTimedOp(lane, self.clock, inner)  # type: ignore[arg-type]
         with torch.cuda.stream(self.stream):
             op.start.record(self.stream)
             fn()

@@ -73,6 +73,11 @@ def test_one_result_per_mode_with_progress_and_records(engine):
     assert sync.idle_gaps >= sync.num_steps - 1 and sync.gpu_busy < 1
     assert results[0].settings["async_batching"] is False
     assert results[1].settings["async_batching"] is True
+    # The sync run predicts its async time (less than its own), idle split by cause.
+    sync, asyn = results
+    assert 0 < sync.predicted_async_s < sync.total_s and asyn.predicted_async_s is None
+    for r in results:
+        assert sum(r.idle_by_cause_s.values()) == pytest.approx(r.idle_total_s, abs=1e-6)
     assert results[0].tokens_digest == results[1].tokens_digest, "greedy output changed by mode"
     assert live(engine) == (True, 3, False), "the caller's settings were not restored"
 
@@ -132,3 +137,29 @@ def test_stopping_early_aborts_and_restores(engine):
     while engine.stats()["running"] + engine.stats()["waiting"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.stats()["running"] == 0, "the benchmark's requests were left running"
+
+
+def test_a_run_longer_than_the_bus_ring_keeps_every_step(tiny_model_dir):
+    """The bus keeps 32 steps here; the run has ~80, and the caller takes its time between
+    progress items (as a dashboard does): the result still covers every step."""
+    from telemetry.bus import TelemetryBus
+
+    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), **SMALL))
+    try:
+        eng.bus = eng.loop.bus = TelemetryBus(step_capacity=32)
+        spec = BenchmarkSpec(num_requests=2, prompt_len=12, max_tokens=80, warmup=False,
+                             modes=[{"async_batching": False}])
+        results = []
+        for item in run_benchmark(eng, spec):
+            if isinstance(item, BenchmarkResult):
+                results.append(item)
+            else:
+                time.sleep(0.3)  # a slow consumer
+        (r,) = results
+    finally:
+        eng.shutdown()
+    steps = [rec.step for rec in r.records]
+    assert r.steps_dropped == 0 and r.num_steps == len(steps) > 32
+    assert steps == list(range(steps[0], steps[0] + len(steps)))  # no step missing
+    assert sum(rec.prefill_tokens for rec in r.records) == 2 * 12
+    assert sum(rec.decode_tokens for rec in r.records) == 2 * 79

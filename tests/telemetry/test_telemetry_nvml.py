@@ -164,6 +164,7 @@ def test_present_gpu_samples_utilisation_from_driver_samples(fake: FakeNvml) -> 
         memory_total_bytes=141 * 2**30,
         sm_clock_mhz=1980,
         power_w=350.5,
+        gpm_reason="nvidia-ml-py too old: no GPM API (nvmlGpmMetricsGet)",  # the fake has none
     )
     fake.buffer += [(400, 50), (500, 70)]
     assert s.sample_once().gpu_util_pct == 60.0  # mean of the samples since the last poll

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, default_modes, mode_label
 from engine.process.client import EngineDead
+from telemetry.anatomy import Kernel, StepKernels, kernel_family, summary_dict
 from telemetry.bus import TelemetryBus
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
@@ -217,6 +218,16 @@ class FakeEngineClient:
         return self._load
 
     # -- benchmark
+    def record_anatomy(self, n_steps: int = 8, timeout_s: float = 30.0) -> dict[str, Any]:
+        """A canned recording: each step one GEMM, one attention, one norm kernel."""
+        self._check()
+        if not 1 <= n_steps <= 256:
+            raise ValueError(f"n_steps must be an integer in 1..256, got {n_steps!r}")
+        names = ("nvjet_tst_gemm", "_paged_attention_kernel", "rms_norm_kernel")
+        steps = [StepKernels(100 + k, [Kernel(nm, kernel_family(nm), 1000.0 * k + 30 * i, 25.0)
+                                       for i, nm in enumerate(names)]) for k in range(n_steps)]
+        return summary_dict(steps, device="cuda", first_step=100)
+
     def run_benchmark(self, spec: Any) -> Iterator[BenchmarkProgress | BenchmarkResult]:
         self._check()
         labels = [mode_label(m) for m in spec.modes or default_modes(self.graphs_available)]

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import pytest
 
 from telemetry.records import Span, StepRecord
-from ui.gauges import gauge_values, gauges_figure, live_window, nice_ceiling
+from ui.gauges import gauge_values, gauges_figure, live_window, nice_ceiling, steps_in_flight
 
 MS = 1_000_000
 
@@ -68,19 +68,73 @@ def test_live_window_ends_now_unless_the_clocks_differ() -> None:
         live_window(recs, now_ns=0, window_ms=0)
 
 
-def test_figure_shows_busy_beside_nvml_and_says_why_nvml_is_missing() -> None:
+def test_a_step_in_flight_is_never_counted_idle() -> None:
+    """Steps 0-2 published (compute back to back until 30 ms); the engine has launched
+    step 3, still running at now = 55 ms. Ending the window at now would make 25 ms of a
+    running step read as an idle gap."""
+    recs = [rec(0, (0, 10)), rec(1, (10, 20)), rec(2, (20, 30))]
+    recs[2].spans.append(Span("cpu.post", 30 * MS, 34 * MS))
+    stats = {"running": 2, "waiting": 0, "steps": 4, "unfinished": 2}
+    assert steps_in_flight(recs, stats)
+    window = live_window(recs, now_ns=55 * MS, window_ms=30, in_flight=True)
+    assert window == (0, 30 * MS)  # ends at the last published compute, not at cpu.post
+    v = gauge_values(recs, window, stats=stats)
+    assert v.idle_ms == 0 and v.largest_gap_ms == 0 and v.gpu_busy == pytest.approx(1.0)
+    # Nothing in flight: the time after the last step is real idle and is shown.
+    idle_stats = {"running": 0, "waiting": 0, "steps": 3, "unfinished": 0}
+    assert not steps_in_flight(recs, idle_stats)
+    window = live_window(recs, now_ns=55 * MS, window_ms=30, in_flight=False)
+    v = gauge_values(recs, window, stats=idle_stats)
+    assert v.largest_gap_ms == pytest.approx(25.0) and v.largest_gap_cause == "no_work"
+    # Launched but not yet published (the wire is behind): still in flight.
+    assert steps_in_flight(recs, {"running": 0, "steps": 5, "unfinished": 0})
+
+
+def test_figure_shows_busy_beside_nvml_and_gpm_and_says_why_they_are_missing() -> None:
     v = gauge_values([rec(0, (0, 10))], (0, 20 * MS), nvml_reason="no GPU: NVML library not found")
     fig = gauges_figure(v)
     names = titles(fig)
-    assert len(fig.data) == 8
-    assert names[0].startswith("GPU busy") and names[1].startswith("NVML utilisation")
+    assert len(fig.data) == 10
+    assert names[0].startswith("step busy") and names[1].startswith("kernel busy")
+    assert names[2].startswith("NVML utilisation")
+    assert names[3].startswith("memory bandwidth used (GPM)")
     assert (fig.data[0].domain.row, fig.data[0].domain.column) == (0, 0)
-    assert (fig.data[1].domain.row, fig.data[1].domain.column) == (0, 1)
+    assert (fig.data[2].domain.row, fig.data[2].domain.column) == (0, 2)
     assert fig.data[0].value == pytest.approx(50.0)
-    assert "no GPU: NVML library not found" in names[1]
-    assert fig.data[1].mode == "gauge"  # no number drawn for a reading that does not exist
+    assert "no GPU: NVML library not found" in names[2]
+    assert "no GPU: NVML library not found" in names[3]
+    assert "not measured live" in names[1]
+    for k in (1, 2, 3):
+        assert fig.data[k].mode == "gauge"  # no number drawn for a reading that does not exist
     for label in ("tokens/s", "KV cache", "running", "waiting", "idle"):
         assert any(label in n for n in names), label
+
+
+def test_gpm_bandwidth_and_idle_causes_are_shown() -> None:
+    recs = [rec(0, (0, 10)), rec(1, (15, 20))]
+    recs[1].spans.append(Span("cpu.prepare", 10 * MS, 14 * MS))
+    v = gauge_values(recs, (0, 20 * MS),
+                     nvml={"gpu_util_pct": 99.0, "dram_bw_util_pct": 71.5, "gpm_reason": None})
+    assert v.dram_bw_util_pct == 71.5 and v.gpm_reason is None
+    assert v.idle_by_cause_ms["cpu"] == pytest.approx(5.0)  # 10-14 prepare, 14-15 between
+    names = titles(gauges_figure(v))
+    assert gauges_figure(v).data[3].value == 71.5
+    assert "CPU schedule/prepare/launch 5.0 ms" in names[8]
+    no_gpm = gauge_values(recs, (0, 20 * MS), nvml={
+        "gpu_util_pct": 99.0, "dram_bw_util_pct": None,
+        "gpm_reason": "GPM not supported on A100 (Hopper or newer needed)"})
+    assert "Hopper or newer" in titles(gauges_figure(no_gpm))[3]
+
+
+def test_kernel_busy_is_estimated_only_from_an_anatomy_calibration() -> None:
+    from telemetry.anatomy import GapCalibration
+
+    recs = [rec(0, (0, 10)), rec(1, (10, 20))]
+    assert gauge_values(recs, (0, 20 * MS)).kernel_busy is None
+    cal = GapCalibration({("eager", 2): 1 * MS}, 0.1, 2)  # 1 ms of each 10 ms step is gaps
+    v = gauge_values(recs, (0, 20 * MS), calibration=cal)
+    assert v.gpu_busy == pytest.approx(1.0) and v.kernel_busy == pytest.approx(0.9)
+    assert "estimated" in titles(gauges_figure(v))[1]
 
 
 def test_nice_ceiling() -> None:

@@ -1,0 +1,223 @@
+"""Step anatomy on demand: record the kernels of the next N steps with torch.profiler.
+
+Owns the engine-side recording. A caller (any thread) asks for N steps with
+`record_anatomy(engine, n_steps)`; the pipeline, on the loop thread, starts torch.profiler
+(Kineto: CPU ops and CUDA kernels) at the next step's launch, wraps each of the N steps'
+launches in a ``gapless.step <n>`` range, and stops the profiler once the last of them has
+had its results read (so all its kernels are done; in async mode the launch of the step
+after it falls inside the recording too, unmarked). The caller then gets the Chrome trace
+(Perfetto opens it) and the steps grouped into kernels and families (telemetry.anatomy).
+
+Zero cost when off: the pipeline tests one attribute per step. While recording, the profiler
+slows the engine (CUPTI callbacks, and the stop synchronises): figures measured during a
+recording are the recording's, not normal serving's. It must never start a recording
+while one is running (ValueError), and never leave the profiler running (an error in the
+loop stops it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from telemetry.anatomy import (
+    STEP_MARKER,
+    GapCalibration,
+    StepKernels,
+    gap_calibration,
+    group_by_step,
+    step_key,
+    summary_dict,
+)
+
+MAX_STEPS = 256
+
+
+@dataclass(slots=True)
+class AnatomyRecording:
+    """What a recording gave: the raw trace events, their path, and the grouped steps."""
+
+    n_steps: int
+    trace_path: str
+    events: list[dict[str, Any]]
+    steps: list[StepKernels]
+    first_step: int
+    device: str
+    wall_s: float
+    # In-step gaps per step key, for estimating kernel busy from step busy (None when the
+    # recorded steps' records were not on the bus: telemetry off).
+    calibration: GapCalibration | None = None
+
+
+@dataclass(slots=True)
+class _Request:
+    n_steps: int
+    trace_dir: str
+    done: threading.Event = field(default_factory=threading.Event)
+    first_step: int | None = None
+    prof: Any = None
+    error: BaseException | None = None
+    t0: float = 0.0
+
+
+class AnatomyRecorder:
+    """The loop-thread half: while ``active``, the pipeline calls `begin_step` before each
+    launch and `step_done` once each step's results are read. ``cuda`` says whether the
+    engine's streams are CUDA streams (else host-emulated: work runs on their threads)."""
+
+    __slots__ = ("_lock", "_pending", "_active", "_prof", "active", "cuda")
+
+    def __init__(self, cuda: bool = False) -> None:
+        self.cuda = cuda
+        self._lock = threading.Lock()
+        self._pending: _Request | None = None
+        self._active: _Request | None = None
+        self._prof: Any = None
+        self.active = False  # the one attribute the hot path reads
+
+    def request(self, n_steps: int, trace_dir: str) -> _Request:
+        if isinstance(n_steps, bool) or not isinstance(n_steps, int) or not (
+                1 <= n_steps <= MAX_STEPS):
+            raise ValueError(f"n_steps must be an integer in 1..{MAX_STEPS}, got {n_steps!r}")
+        with self._lock:
+            if self._pending is not None or self._active is not None:
+                raise ValueError("a step-anatomy recording is already running; wait for it")
+            req = _Request(n_steps, trace_dir)
+            self._pending = req
+            self.active = True
+        return req
+
+    def cancel(self, req: _Request) -> None:
+        with self._lock:
+            if self._pending is req:
+                self._pending = None
+                self.active = self._active is not None
+
+    def begin_step(self, step: int) -> str | None:
+        """Called on the loop thread before a step's launch, only while ``active``: starts
+        a pending recording, and returns the range name to wrap this step's work in (None
+        when the step is not recorded)."""
+        try:
+            with self._lock:
+                if self._active is None and self._pending is not None:
+                    self._active, self._pending = self._pending, None
+                    self._active.first_step = step
+                    self._active.t0 = time.perf_counter()
+                    self._start()
+                req = self._active
+                if req is None:
+                    self.active = self._pending is not None
+                    return None
+        except BaseException as e:  # never leave the profiler running behind an error
+            self._finish(e)
+            return None
+        assert req.first_step is not None
+        return f"{STEP_MARKER}{step}" if step - req.first_step < req.n_steps else None
+
+    def step_done(self, step: int) -> None:
+        """Called on the loop thread once a step's results are read, only while ``active``:
+        the recording stops after its last step (all that step's kernels are done)."""
+        req = self._active
+        if req is not None and req.first_step is not None and (
+                step - req.first_step >= req.n_steps - 1):
+            self._finish(None)
+
+    def _start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.cuda:
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        else:
+            # Host-emulated streams run the work on their own threads, which a profiler
+            # started here sees only with profile_all_threads (torch >= 2.6 or so).
+            try:
+                from torch._C._profiler import _ExperimentalConfig
+
+                cfg = _ExperimentalConfig(profile_all_threads=True)
+                prof = profile(activities=[ProfilerActivity.CPU], experimental_config=cfg)
+            except TypeError:
+                prof = profile(activities=[ProfilerActivity.CPU])
+        prof.__enter__()
+        self._prof = prof
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:
+            req, self._active = self._active, None
+            prof, self._prof = self._prof, None
+            self.active = self._pending is not None
+        if req is None:
+            return
+        try:
+            if prof is not None:
+                prof.__exit__(None, None, None)  # stop here, on the thread that started it
+                req.prof = prof  # the caller's thread writes the trace: the loop goes on
+        except BaseException as e:
+            error = error or e
+        req.error = error
+        req.done.set()
+
+
+
+def marked(name: str, fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` run inside a profiler range ``name`` (for work run on a host stream's thread)."""
+
+    def run() -> None:
+        with torch.profiler.record_function(name):
+            fn()
+
+    return run
+
+
+def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
+                   trace_dir: str | None = None) -> AnatomyRecording:
+    """Record the next ``n_steps`` steps the engine runs (it must be serving requests, or
+    get some within ``timeout_s``). Returns the trace path and the grouped steps. Raises
+    ValueError for bad arguments or a recording already running, TimeoutError when the
+    steps did not come."""
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    recorder: AnatomyRecorder = engine.loop.pipeline.anatomy
+    req = recorder.request(n_steps, trace_dir or tempfile.gettempdir())
+    if not req.done.wait(timeout_s):
+        recorder.cancel(req)
+        if not req.done.wait(5.0):  # started meanwhile: let the loop finish it
+            raise TimeoutError(
+                f"step anatomy: {n_steps} steps did not run within {timeout_s:g} s; "
+                "is the engine serving requests?")
+    if req.error is not None:
+        raise RuntimeError(f"step anatomy recording failed: {req.error}") from req.error
+    assert req.prof is not None and req.first_step is not None
+    fd, trace_path = tempfile.mkstemp(prefix="gapless-anatomy-", suffix=".json",
+                                      dir=req.trace_dir)
+    os.close(fd)
+    req.prof.export_chrome_trace(trace_path)
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    device = "cuda" if any(e.get("cat") == "kernel" for e in events) else "cpu"
+    cats = ("kernel", "gpu_memcpy", "gpu_memset") if device == "cuda" else ("cpu_op",)
+    steps = group_by_step(events, device_cats=cats)
+    wanted = {s.step for s in steps}
+    bus = getattr(engine, "bus", None)
+    records = bus.snapshot_steps(4 * n_steps + 16) if bus is not None else []
+    key_of = {r.step: step_key(r.graph_bucket, r.num_tokens) for r in records
+              if r.step in wanted}
+    cal = gap_calibration(steps, key_of)
+    return AnatomyRecording(n_steps, trace_path, events, steps, req.first_step, device,
+                            time.perf_counter() - req.t0, cal if cal.steps else None)
+
+
+def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
+                    peak_bw: float | None = None) -> dict[str, Any]:
+    """Plain data (picklable, JSON-able) for a client across the process boundary: see
+    telemetry.anatomy.summary_dict."""
+    return summary_dict(rec.steps, device=rec.device, first_step=rec.first_step,
+                        trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw,
+                        calibration=rec.calibration)

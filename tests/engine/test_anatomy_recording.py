@@ -1,0 +1,107 @@
+"""Step anatomy on demand, end to end on a CPU: record_anatomy profiles the next N steps
+the engine runs (host-emulated streams), groups each step's ops, writes a Chrome trace, and
+leaves the engine serving with the profiler off."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.step.anatomy import anatomy_summary, record_anatomy
+from telemetry.anatomy import family_table
+
+CFG = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
+           num_blocks=40, max_model_len=96)
+
+
+@pytest.mark.parametrize("async_batching", [False, True])
+def test_records_the_next_n_steps_while_serving(tiny_model_dir, tmp_path, async_batching):
+    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), async_batching=async_batching,
+                              **CFG))
+    try:
+        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        handles = [eng.submit([3, 4, 5, 6 + i], params) for i in range(4)]
+        rec = record_anatomy(eng, 3, timeout_s=60, trace_dir=str(tmp_path))
+        for h in handles:
+            assert len(h.result(timeout=60).token_ids) == 24  # serving went on
+    finally:
+        eng.shutdown()
+    assert rec.device == "cpu" and rec.n_steps == 3
+    assert [s.step for s in rec.steps] == [rec.first_step + k for k in range(3)]
+    for s in rec.steps:
+        assert s.kernels, f"step {s.step} has no recorded ops"
+        assert 0 < s.kernel_us <= s.span_us
+    assert any(r.family == "gemm" for r in family_table(rec.steps))
+    with open(rec.trace_path) as f:
+        assert json.load(f)["traceEvents"]
+    assert rec.trace_path.startswith(str(tmp_path))
+    assert not torch.autograd.profiler._is_profiler_enabled
+    summary = anatomy_summary(rec, floor_bytes=10_000, peak_bw=1e9)
+    cal = summary.pop("calibration")  # the rest is plain data
+    json.dumps(summary)
+    assert cal is not None and cal.steps >= 1 and cal.gap_ns  # steps matched to the bus
+    assert [row["step"] for row in summary["steps"]] == [s.step for s in rec.steps]
+    assert summary["steps"][0]["floor_us"] == pytest.approx(10.0)
+    assert summary["families"] and summary["trace"]["traceEvents"]
+
+
+def test_refuses_bad_requests_and_times_out_on_an_idle_engine(tiny_model_dir, tmp_path):
+    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), **CFG))
+    try:
+        with pytest.raises(ValueError, match="n_steps must be an integer in 1..256"):
+            record_anatomy(eng, 0)
+        with pytest.raises(TimeoutError, match="serving requests"):
+            record_anatomy(eng, 2, timeout_s=0.2, trace_dir=str(tmp_path))
+        # The abandoned request is gone: a new one can start and complete.
+        done = threading.Event()
+        out = {}
+
+        def rec() -> None:
+            out["r"] = record_anatomy(eng, 2, timeout_s=60, trace_dir=str(tmp_path))
+            done.set()
+
+        t = threading.Thread(target=rec)
+        t.start()
+        eng.generate([[1, 2, 3]], SamplingParams(max_tokens=30, temperature=0.0,
+                                                 ignore_eos=True))
+        t.join(60)
+        assert done.is_set() and len(out["r"].steps) == 2
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("graphs", [True, False])
+def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_model_dir,
+                                                                        tmp_path, graphs):
+    """The recorded kernels of each step (grouped by the launch calls' correlation ids: one
+    cudaGraphLaunch for a graph step) lie within what our compute span measured for that
+    step: a graph step's in-graph events bracket its kernels tightly; an eager step's stream
+    events may start early by the first op's CPU dispatch (documented in streams.py)."""
+    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), device="cuda",
+                              dtype="bfloat16", max_num_seqs=4, max_num_batched_tokens=32,
+                              block_size=16, num_blocks=64, max_model_len=128,
+                              cuda_graphs=graphs))
+    try:
+        assert eng.settings()["cuda_graphs"] is graphs, eng.settings()["cuda_graphs_reason"]
+        handles = [eng.submit([3, 4, 5, 6 + i], SamplingParams(
+            max_tokens=60, temperature=0.0, ignore_eos=True)) for i in range(4)]
+        rec = record_anatomy(eng, 6, timeout_s=60, trace_dir=str(tmp_path))
+        for h in handles:
+            h.result(timeout=60)
+        ours = {r.step: r for r in eng.bus.snapshot_steps(1000)}
+    finally:
+        eng.shutdown()
+    assert rec.device == "cuda" and len(rec.steps) == 6
+    for s in rec.steps:
+        assert len(s.kernels) > 5, f"step {s.step}: kernels not found by correlation"
+        r = ours[s.step]
+        assert (r.graph_bucket is not None) is graphs
+        (comp,) = [x for x in r.spans if x.lane == "compute"]
+        early_us = comp.duration_ns / 1000 - s.span_us
+        slack = max(0.1 * s.span_us, 30) if graphs else max(0.25 * s.span_us, 200)
+        assert -2 <= early_us <= slack, (early_us, s.span_us)

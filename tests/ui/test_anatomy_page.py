@@ -1,0 +1,52 @@
+"""The step-anatomy figures from a recording summary, and the page on a stand-in engine:
+record on click, the step and family tables, one step's kernel timeline, the trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import streamlit as st
+from fake_engine import FakeEngineClient
+from streamlit.testing.v1 import AppTest
+
+import ui.client
+from ui.anatomy import family_rows, step_rows, step_timeline_figure
+
+APP = Path(__file__).resolve().parents[2] / "app.py"
+
+
+def test_timeline_has_a_row_per_family_from_the_first_kernel() -> None:
+    summary = FakeEngineClient().record_anatomy(3)
+    fig = step_timeline_figure(summary, 101)
+    assert {t.name for t in fig.data} == {"gemm", "attention", "norm"}
+    starts = sorted(float(b) for t in fig.data for b in t.base)
+    assert starts == [0.0, 30.0, 60.0]  # microseconds from the step's first kernel
+    assert [r["step"] for r in step_rows(summary)] == [100, 101, 102]
+    assert step_rows(summary)[0]["between kernels (us)"] == pytest.approx(10.0)
+    assert {r["family"] for r in family_rows(summary)} == {"gemm", "attention", "norm"}
+    with pytest.raises(ValueError, match="recorded steps: \\[100, 101, 102\\]"):
+        step_timeline_figure(summary, 7)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
+    client = FakeEngineClient()
+    st.cache_resource.clear()
+    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    yield client
+    st.cache_resource.clear()
+
+
+def test_page_records_on_click_and_shows_tables_and_timeline(fake: FakeEngineClient) -> None:
+    at = AppTest.from_file(str(APP), default_timeout=30).run()
+    at.switch_page("pages/anatomy.py").run()
+    assert not at.exception
+    assert len(at.dataframe) == 0  # nothing recorded until asked
+    at.number_input(key="anatomy.n").set_value(4).run()
+    at.button(key="anatomy.record").click().run()
+    assert not at.exception and not at.error
+    assert len(at.dataframe) == 2
+    assert list(at.dataframe[0].value["step"]) == [100, 101, 102, 103]
+    assert at.selectbox(key="anatomy.step").value == 102

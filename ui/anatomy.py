@@ -1,0 +1,71 @@
+"""Step anatomy figures: one recorded step as a kernel timeline, and the family table.
+
+Owns turning an anatomy summary (engine.step.anatomy.anatomy_summary's plain dict: per-step
+timing, kernel families, a compact Chrome trace with one row per family) into rows and a
+plotly figure. Pure functions: no streamlit, no engine, no clock reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+FAMILY_COLOURS: dict[str, str] = {
+    "gemm": "#3182bd", "attention": "#e6550d", "norm": "#31a354", "rotary": "#756bb1",
+    "elementwise": "#636363", "sampling": "#d6616b", "copies": "#fdae6b", "other": "#bdbdbd",
+}
+
+
+def family_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The family table for display: per-step means, biggest time first."""
+    return [{"family": f["family"], "kernels/step": round(f["count"], 1),
+             "time/step (us)": round(f["time_us"], 1), "share %": round(100 * f["share"], 1)}
+            for f in summary.get("families", [])]
+
+
+def step_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per recorded step: first kernel to last, time inside kernels, gaps."""
+    rows = []
+    for s in summary.get("steps", []):
+        row = {"step": s["step"], "kernels": s["kernels"],
+               "first to last kernel (us)": round(s["span_us"], 1),
+               "inside kernels (us)": round(s["kernel_us"], 1),
+               "between kernels (us)": round(s["gap_us"], 1)}
+        if "times_floor" in s:
+            row["x byte floor"] = round(s["times_floor"], 2)
+        rows.append(row)
+    return rows
+
+
+def step_timeline_figure(summary: Mapping[str, Any], step: int,
+                         height_px: int = 380) -> go.Figure:
+    """The kernels of ``step``: one row per family, microseconds from its first kernel.
+    Raises ValueError when the summary holds no kernels for that step."""
+    events = summary.get("trace", {}).get("traceEvents", [])
+    names = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    mine = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("step") == step]
+    if not mine:
+        recorded = [s["step"] for s in summary.get("steps", [])]
+        raise ValueError(f"no kernels recorded for step {step}; recorded steps: {recorded}")
+    t0 = min(e["ts"] for e in mine)
+    fig = go.Figure()
+    for tid in sorted({e["tid"] for e in mine}):
+        fam = [e for e in mine if e["tid"] == tid]
+        family = names.get(tid, str(tid))
+        fig.add_trace(go.Bar(
+            orientation="h", name=family, y=[family] * len(fam),
+            base=np.array([e["ts"] - t0 for e in fam]), x=np.array([e["dur"] for e in fam]),
+            marker={"color": FAMILY_COLOURS.get(family, "#888888"), "line": {"width": 0}},
+            hovertext=[f"{e['name'][:80]}<br>{e['dur']:.2f} us" for e in fam],
+            hoverinfo="text",
+        ))
+    fig.update_layout(
+        title=f"Step {step}: {len(mine)} kernels",
+        barmode="overlay", height=height_px, showlegend=False,
+        xaxis={"title": "us from the step's first kernel"},
+        margin={"l": 90, "r": 20, "t": 40, "b": 40},
+    )
+    return fig
