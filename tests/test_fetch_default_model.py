@@ -9,6 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+from engine import EngineConfig
+from engine.model.loader import load_model_and_tokenizer
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "fetch_default_model.py"
 
@@ -44,3 +50,13 @@ def test_a_missing_gguf_is_named(tmp_path: Path) -> None:
     assert p.returncode == 1
     assert f"--gguf {missing} is not a file" in p.stderr
     assert list((tmp_path / "m").iterdir()) == []
+
+
+def test_a_missing_model_folder_is_named_at_once_with_what_makes_it(monkeypatch) -> None:
+    """"models/X" with a local models/ folder is a missing folder, not a hub id to retry for
+    a minute (that path ends in a different message, about connecting to the hub)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    cfg = EngineConfig(model="models/No-such-model", device="cpu")
+    with pytest.raises(ValueError, match="no such folder.*scripts/setup.sh"):
+        load_model_and_tokenizer(cfg, torch.device("cpu"), torch.float32)

@@ -43,6 +43,15 @@ def load_model_and_tokenizer(cfg: EngineConfig, device: torch.device, dtype: tor
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     if local.exists() and not local.is_dir():
         raise ValueError(f"model {source!r} is a file; give a model folder or a hub id")
+    if (not local.exists() and not local.is_absolute() and len(local.parts) > 1
+            and Path(local.parts[0]).is_dir()):
+        # "models/X" with a local models/ folder means a local folder, not a hub id: say so
+        # now instead of retrying the hub for a minute.
+        raise ValueError(
+            f"could not load model {source!r}: there is no such folder (scripts/setup.sh makes "
+            "the default model, models/SmolLM2-135M-Instruct; models/gapless-tiny-python "
+            "ships with the repository)"
+        )
     kwargs: dict[str, Any] = {"trust_remote_code": cfg.trust_remote_code}
     if local.is_dir():
         source = str(local)
