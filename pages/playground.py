@@ -215,24 +215,24 @@ def main() -> None:
     history: list[Reply] = st.session_state.setdefault(HISTORY_KEY, [])
     if history and st.sidebar.button("Clear the conversation", key="play.clear"):
         history.clear()
-    for reply in history:
-        with st.chat_message("user"):
-            st.text(reply.prompt)
-        with st.chat_message("assistant"):
-            draw_reply(st, reply.text, reply.chat)
-            st.caption(reply.figures)
     if chat:
         turns = sum(reply.chat for reply in history)
         st.caption(
-            f"Chat: the system prompt, the {turns} earlier turn{'s' if turns != 1 else ''} "
-            "and your message go to the model through its chat template. Open more tabs "
-            "to run several conversations at once."
+            "Chat: your message goes to the model through its chat template, after the "
+            f"system prompt (if any) and the {turns} earlier turn{'s' if turns != 1 else ''} "
+            "of this conversation. Open more tabs to run several conversations at once."
         )
     else:
         st.caption(
             "Each prompt is a separate request (no chat template): the model continues the "
             "text. Open more tabs to run several prompts at once."
         )
+    for reply in history:
+        with st.chat_message("user"):
+            st.text(reply.prompt)
+        with st.chat_message("assistant"):
+            draw_reply(st, reply.text, reply.chat)
+            st.caption(reply.figures)
     prompt = st.chat_input("Type a prompt and press Enter", key="play.prompt")
     if prompt is None:
         return
