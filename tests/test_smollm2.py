@@ -43,8 +43,8 @@ FIXED_PROMPT = (
 
 
 def default_config(**overrides: object) -> EngineConfig:
-    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", device="cpu", max_num_seqs=2,
-                                 **overrides)
+    settings = {"device": "cpu", "max_num_seqs": 2, **overrides}
+    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", **settings)
     assert Path(cfg.model).resolve() == MODEL_DIR.resolve(), "config.yaml's default changed"
     return cfg
 
@@ -80,9 +80,22 @@ def test_dashboard_template_rendering_matches_the_tokenizer() -> None:
         assert template.render(messages) == want
 
 
+@pytest.mark.cuda
+def test_engine_answers_on_the_gpu_in_bf16() -> None:
+    """The dashboard's GPU default (dtype auto: bf16, triton attention, CUDA graphs)."""
+    with Engine(default_config(device="cuda")) as eng:
+        assert eng.settings()["dtype"] == "bfloat16"
+        prompt = eng.tokenizer.apply_chat_template(QUESTION, tokenize=False,
+                                                   add_generation_prompt=True)
+        out = eng.generate([prompt], SamplingParams(max_tokens=48, temperature=0.0))[0]
+    assert "Paris" in out.text and out.finish_reason == "stop", out
+
+
 @pytest.fixture(scope="module")
 def gguf_model() -> torch.nn.Module:
     pytest.importorskip("gguf", reason="the gguf package is missing (requirements.txt)")
+    pytest.importorskip("accelerate", reason="accelerate is missing (requirements.txt): "
+                        "from_pretrained(gguf_file=...) refuses to run without it")
     from transformers import AutoModelForCausalLM
 
     if not GGUF.is_file():
