@@ -335,8 +335,11 @@ def test_benchmark_page_completes_and_compares(page: sync_api.Page) -> None:
     goto_page(page, "Benchmark")
     page.get_by_role("button", name="Run the benchmark").click()
     page.get_by_role("heading", name="Timelines").wait_for(timeout=600_000)
+    # The results table and charts draw after the heading arrives; on a loaded 2-core
+    # machine with the default model that took more than the 1.5 s once allowed here.
+    page.wait_for_function("() => document.body.innerText.includes('tokens/s')",
+                           timeout=60_000)
     page.wait_for_timeout(1500)
-    assert "tokens/s" in body_text(page)
     shoot(page, "benchmark")
 
 
