@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def fetch_and_convert(dest: Path, gguf: Path | None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.partial-*"):  # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
     # Beside the destination (same file system, so the final rename is atomic); the leading
     # dot and .gitignore keep it out of git if a crash leaves it behind.
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))

@@ -38,10 +38,12 @@ def test_a_wrong_gguf_fails_with_the_reason_and_leaves_nothing(tmp_path: Path) -
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + bytes(1000))
     models = tmp_path / "models"
+    (models / ".SmolLM2-135M-Instruct.partial-killed" / "half").mkdir(parents=True)
     p = fetch("--dest", str(models / "SmolLM2-135M-Instruct"), "--gguf", str(bad))
     assert p.returncode == 1
     assert "sha256" in p.stderr and "run scripts/setup.sh again" in p.stderr, p.stderr
-    assert list(models.iterdir()) == []  # no destination, no partial folder beside it
+    # No destination, and no partial folder beside it (neither its own nor a killed run's).
+    assert list(models.iterdir()) == []
 
 
 def test_a_missing_gguf_is_named(tmp_path: Path) -> None:
