@@ -1,7 +1,12 @@
-"""Tokens/s of the shipped default model through the engine on this machine (issue 6).
+"""Time to first token and tokens/s of the default model through the engine on this machine.
 
-Batch 1 and batch 16, greedy, 64 new tokens per request, no EOS, in async mode (the
-default) and sync mode. Usage: .venv/bin/python bench/bench_default_model.py
+The default model (config.yaml: SmolLM2-135M-Instruct since issue 13; --model names another,
+e.g. models/gapless-tiny-python) at batch 1 and 16, in async and sync mode: chat questions
+through the model's chat template (plain code prompts for a model without one), greedy,
+--new tokens per request, no EOS. Prints a markdown table: median over --repeats runs of
+the time to first token (per request, then the median request), the whole batch's tokens/s
+and the median request's decode tokens/s (after its first token).
+Usage: .venv/bin/python bench/bench_default_model.py [--device cpu] [--model DIR]
 """
 
 from __future__ import annotations
@@ -17,36 +22,58 @@ sys.path.insert(0, str(ROOT))
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 
-PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "    for i in range(",
-           "def read_config(path):", "try:\n    import json\nexcept", "if __name__ ==",
-           "    return self."]
+QUESTIONS = [
+    "What is the capital of France?", "Write a Python function that reverses a string.",
+    "Explain what a hash table is.", "Give me three tips for writing clear code.",
+    "What does HTTP stand for?", "How do I read a file line by line in Python?",
+    "Why is the sky blue?", "Summarise the plot of Hamlet in two sentences.",
+]
+CODE_PROMPTS = ["def fibonacci(n):", "import os\n", "class Stack:", "    for i in range(",
+                "def read_config(path):", "try:\n    import json\nexcept", "if __name__ ==",
+                "    return self."]
+
+
+def prompts_for(tokenizer: object, batch: int) -> list[str]:
+    if getattr(tokenizer, "chat_template", None):
+        return [tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+            tokenize=False, add_generation_prompt=True) for i in range(batch)]
+    return [CODE_PROMPTS[i % len(CODE_PROMPTS)] for i in range(batch)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", help="a model folder instead of config.yaml's")
     args = ap.parse_args()
     params = SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True)
-    print("| mode | batch | tok/s (median of runs) | per-request decode tok/s |")
-    print("|---|---:|---:|---:|")
+    overrides = {"model": args.model} if args.model else {}
+    print("| mode | batch | TTFT ms (median request) | tok/s (whole batch) "
+          "| per-request decode tok/s |")
+    print("|---|---:|---:|---:|---:|")
     for mode in ("async", "sync"):
-        cfg = EngineConfig.from_yaml(ROOT / "config.yaml", device="cpu",
-                                     async_batching=mode == "async")
+        cfg = EngineConfig.from_yaml(ROOT / "config.yaml", device=args.device,
+                                     async_batching=mode == "async", **overrides)
         with Engine(cfg) as eng:
-            eng.generate(PROMPTS[:2], SamplingParams(max_tokens=8))  # warm-up
+            eng.generate(prompts_for(eng.tokenizer, 2), SamplingParams(max_tokens=8))  # warm-up
             for batch in (1, 16):
-                prompts = [PROMPTS[i % len(PROMPTS)] for i in range(batch)]
-                rates, per_req = [], []
+                prompts = prompts_for(eng.tokenizer, batch)
+                ttfts, rates, per_req = [], [], []
                 for _ in range(args.repeats):
                     t = time.perf_counter()
                     outs = eng.generate(prompts, params)
                     wall = time.perf_counter() - t
+                    ttfts.append(statistics.median(o.metrics["ttft_s"] for o in outs))
                     rates.append(sum(len(o.token_ids) for o in outs) / wall)
                     per_req.append(statistics.median(o.metrics["decode_tokens_per_s"]
                                                      for o in outs))
-                print(f"| {mode} | {batch} | {statistics.median(rates):.0f} | "
-                      f"{statistics.median(per_req):.1f} |", flush=True)
+                print(f"| {mode} | {batch} | {1000 * statistics.median(ttfts):.0f} | "
+                      f"{statistics.median(rates):.0f} | {statistics.median(per_req):.1f} |",
+                      flush=True)
+    print(f"\nmodel {cfg.model}, device {args.device}, {args.new} new tokens, greedy, no EOS, "
+          f"median of {args.repeats} runs")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ NUM_SLOTS = (1, 2, 3)
 class EngineConfig:
     """Every engine knob; config.yaml documents each one."""
 
-    model: str = "models/gapless-tiny-python"
+    model: str = "models/SmolLM2-135M-Instruct"
     tokenizer: str | None = None
     trust_remote_code: bool = False
     device: str = "auto"

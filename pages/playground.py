@@ -1,12 +1,16 @@
 """Playground page: type prompts, watch tokens stream back, read each request's figures.
 
 Owns the chat history of one browser tab (session state), the sampling parameter widgets and
-the per-request figures measured here (time to first token, tokens/s). Several tabs may
-stream at once: each tab's script thread reads its own request while the engine batches
-them all. A prompt the engine rejects shows the engine's message; leaving the page while a
-reply streams aborts that request.
+the per-request figures measured here (time to first token, tokens/s). Two modes: chat,
+when the model folder has a chat template (an optional system prompt and the whole history
+sent as messages, rendered by ui.chat as transformers would), and plain completion (each
+prompt a separate request the model continues), with a switch. Several tabs may stream at
+once: each tab's script thread reads its own request while the engine batches them all. A
+prompt the engine rejects shows the engine's message; leaving the page while a reply
+streams aborts that request. The engine ends a reply at the model's EOS (its generation
+config) and at the stop strings given here.
 
-It must never call st.* from a thread other than the script's.
+It must never call st.* from a thread other than the script's, and never import torch.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import jinja2
 import streamlit as st
 
+from ui.chat import ChatTemplate, load_chat_template
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import mode_summary
 
@@ -34,6 +40,7 @@ class Reply:
     prompt: str
     text: str
     figures: str
+    chat: bool = False  # sent as a chat turn (the reply is drawn as markdown)
 
 
 def sampling_params() -> dict[str, Any]:
@@ -60,7 +67,10 @@ def sampling_params() -> dict[str, Any]:
         )
         top_p = st.slider("Top-p", 0.05, 1.0, 1.0, step=0.05, key="play.top_p")
         seed_text = st.text_input("Seed (blank: random)", "", key="play.seed")
-        ignore_eos = st.toggle("Ignore end-of-sequence", False, key="play.ignore_eos")
+        ignore_eos = st.toggle("Ignore end-of-sequence", False, key="play.ignore_eos",
+                               help="Go on past the model's end-of-sequence token(s).")
+        stop_text = st.text_input("Stop strings (comma-separated)", "", key="play.stop",
+                                  help="The reply ends before the first of these.")
     params: dict[str, Any] = {
         "max_tokens": int(max_tokens),
         "temperature": float(temperature),
@@ -68,6 +78,9 @@ def sampling_params() -> dict[str, Any]:
         "top_p": float(top_p),
         "ignore_eos": bool(ignore_eos),
     }
+    stop = [s for s in (part.strip() for part in stop_text.split(",")) if s]
+    if stop:
+        params["stop"] = stop
     if seed_text.strip():
         try:
             params["seed"] = int(seed_text)
@@ -98,8 +111,19 @@ def figures_line(
     return " · ".join(parts)
 
 
-def stream_reply(client: EngineClient, prompt: str, params: dict[str, Any]) -> Reply | None:
-    """Submit, stream the text into an assistant message, return the finished reply."""
+def draw_reply(box: Any, text: str, chat: bool) -> None:
+    """A chat reply as markdown (models answer in it); a completion verbatim."""
+    if chat:
+        box.markdown(text)
+    else:
+        box.code(text, language=None, wrap_lines=True)
+
+
+def stream_reply(
+    client: EngineClient, prompt: str, params: dict[str, Any], shown: str, chat: bool
+) -> Reply | None:
+    """Submit `prompt` (the templated conversation in chat mode), stream the text into an
+    assistant message, return the finished reply (`shown` is what the user typed)."""
     with engine_errors(client, "The engine rejected the prompt") as submitted:
         t_submit = time.perf_counter()
         rid = client.submit(prompt, params)
@@ -116,7 +140,7 @@ def stream_reply(client: EngineClient, prompt: str, params: dict[str, Any]) -> R
                     t_first = now if t_first is None else t_first
                     text += delta
                     if now - t_drawn >= STREAM_REDRAW_S:  # a redraw per token floods the socket
-                        box.code(text, language=None, wrap_lines=True)
+                        draw_reply(box, text, chat)
                         t_drawn = now
                 done = True
         finally:
@@ -132,40 +156,96 @@ def stream_reply(client: EngineClient, prompt: str, params: dict[str, Any]) -> R
         if read.failed:
             return None
         t_end = time.perf_counter()
-        box.code(out.text, language=None, wrap_lines=True)
+        draw_reply(box, out.text, chat)
         if out.finish_reason == "error":
             st.error(f"The request failed: {out.error or 'the engine stopped'}")
         line = figures_line(t_submit, t_first, t_end, len(out.token_ids), out.finish_reason)
         st.caption(line)
-        return Reply(prompt=prompt, text=out.text, figures=line)
+        return Reply(prompt=shown, text=out.text, figures=line, chat=chat)
+
+
+def chat_controls(template: ChatTemplate | None) -> tuple[bool, str]:
+    """The mode switch and the system prompt (in the sidebar): (chat on, system prompt)."""
+    with st.sidebar:
+        st.subheader("Mode")
+        chat = st.toggle(
+            "Chat (the model's chat template)",
+            value=template is not None,
+            key="play.chat",
+            disabled=template is None,
+            help="On: the conversation goes to the model as messages through its chat "
+            "template. Off: each prompt is plain text the model continues."
+            if template is not None
+            else "This model has no chat template: prompts are plain text it continues.",
+        )
+        chat = bool(chat) and template is not None
+        system = st.text_area(
+            "System prompt (optional)",
+            "",
+            key="play.system",
+            disabled=not chat,
+            help="Blank: none (the template may put in its own default).",
+        )
+    return chat, system.strip()
+
+
+def conversation(history: list[Reply], prompt: str, system: str) -> list[dict[str, str]]:
+    """The messages of a chat turn: the system prompt, the earlier chat turns, the prompt."""
+    messages = [{"role": "system", "content": system}] if system else []
+    for reply in history:
+        if reply.chat:
+            messages.append({"role": "user", "content": reply.prompt})
+            messages.append({"role": "assistant", "content": reply.text})
+    messages.append({"role": "user", "content": prompt})
+    return messages
 
 
 def main() -> None:
     client = engine_client()
     show_flashes()
     st.title("Playground")
+    model = ""
     with engine_errors(client, "Reading the engine's settings"):
-        st.markdown(mode_summary(client.settings()))
+        settings = client.settings()
+        model = str(settings.get("model", ""))
+        st.markdown(mode_summary(settings))
+    template = load_chat_template(model) if model else None
+    chat, system = chat_controls(template)
     params = sampling_params()
     history: list[Reply] = st.session_state.setdefault(HISTORY_KEY, [])
     if history and st.sidebar.button("Clear the conversation", key="play.clear"):
         history.clear()
+    if chat:
+        turns = sum(reply.chat for reply in history)
+        st.caption(
+            "Chat: your message goes to the model through its chat template, after the "
+            f"system prompt (if any) and the {turns} earlier turn{'s' if turns != 1 else ''} "
+            "of this conversation. Open more tabs to run several conversations at once."
+        )
+    else:
+        st.caption(
+            "Each prompt is a separate request (no chat template): the model continues the "
+            "text. Open more tabs to run several prompts at once."
+        )
     for reply in history:
         with st.chat_message("user"):
             st.text(reply.prompt)
         with st.chat_message("assistant"):
-            st.code(reply.text, language=None, wrap_lines=True)
+            draw_reply(st, reply.text, reply.chat)
             st.caption(reply.figures)
-    st.caption(
-        "Each prompt is a separate request (no chat template): the model continues the "
-        "text. Open more tabs to run several prompts at once."
-    )
     prompt = st.chat_input("Type a prompt and press Enter", key="play.prompt")
     if prompt is None:
         return
     with st.chat_message("user"):
         st.text(prompt)
-    reply = stream_reply(client, prompt, params)
+    text = prompt
+    if chat and template is not None:
+        try:
+            text = template.render(conversation(history, prompt, system))
+        except (ValueError, jinja2.TemplateError) as exc:
+            st.error(f"The model's chat template refused the conversation: {exc}")
+            return
+    reply = stream_reply(client, text, params, prompt, chat)
     if reply is not None:
         history.append(reply)
 

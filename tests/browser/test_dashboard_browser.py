@@ -3,8 +3,9 @@
 
 Checks what only a browser shows: the timeline renders (with bars once load runs), the
 async switch changes the mode the page reports, and a prompt typed into the Playground
-streams back text in several visible steps. Saves a screenshot of every page to
-artifacts/screenshots/ (ignored by git) and docs/screenshots/ (for the README).
+streams back text in several visible steps (a chat reply: the default model has a chat
+template). Saves a screenshot of every page to artifacts/screenshots/ (ignored by git; a
+test never writes tracked files: copy them to docs/screenshots/ by hand after looking).
 
 Needs Debian's `chromium` package (/usr/bin/chromium); Playwright cannot download its own
 browsers here. Skips with the reason when either is missing.
@@ -28,7 +29,7 @@ from ui import headless
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = [*headless.CHROMIUM_ARGS, *headless.BACKGROUND_TAB_ARGS]  # two-tab test
-SHOT_DIRS = (REPO / "artifacts" / "screenshots", REPO / "docs" / "screenshots")
+SHOT_DIRS = (REPO / "artifacts" / "screenshots",)
 SERVER_START_S = 60
 ENGINE_START_S = 240  # the first page waits for the engine process to load the model
 VIEWPORT = {"width": 1500, "height": 2000}  # tall: Streamlit scrolls inside its own box
@@ -229,24 +230,35 @@ def test_switching_async_changes_the_reported_mode(page: sync_api.Page) -> None:
     page.get_by_role("button", name="Start load").wait_for()
 
 
+# The text of each assistant reply on the page, oldest first: its first block (markdown in
+# chat mode, code in completion mode), not the figures line under it.
+REPLY_TEXT_JS = """
+  const replyTexts = () => [...document.querySelectorAll('[data-testid="stChatMessage"]')]
+    .filter(m => m.querySelector('[data-testid="stChatMessageAvatarAssistant"]'))
+    .map(m => {
+      const block = m.querySelector('code, [data-testid="stMarkdownContainer"]');
+      return block ? block.textContent : '';
+    })"""
+
+
 def test_playground_prompt_streams_back_text(page: sync_api.Page) -> None:
     goto_page(page, "Playground")
     # Record every length the streaming reply takes, in the browser, as it changes.
     page.evaluate(
-        """() => {
+        "() => {"
+        + REPLY_TEXT_JS
+        + """;
           window.__replyLengths = [];
           const seen = () => {
-            const msgs = document.querySelectorAll('[data-testid="stChatMessage"]');
-            const last = msgs[msgs.length - 1];
-            const code = last && last.querySelector('code');
-            if (code) window.__replyLengths.push(code.textContent.length);
+            const texts = replyTexts();
+            if (texts.length) window.__replyLengths.push(texts[texts.length - 1].length);
           };
           new MutationObserver(seen).observe(document.body,
             {subtree: true, childList: true, characterData: true});
         }"""
     )
     box = page.locator('[data-testid="stChatInputTextArea"]')
-    box.fill("def fibonacci(n):")
+    box.fill("Write a Python function that reverses a string.")
     box.press("Enter")
     # Done when the figures line is shown and the final text has been drawn.
     page.wait_for_function(
@@ -257,22 +269,23 @@ def test_playground_prompt_streams_back_text(page: sync_api.Page) -> None:
     distinct = sorted({n for n in lengths if n > 0})
     assert distinct, "no reply text appeared"
     assert len(distinct) >= 2, f"the reply appeared at once, not streamed: lengths {distinct}"
-    assert "def fibonacci(n):" in body_text(page)
+    assert "Write a Python function that reverses a string." in body_text(page)
     shoot(page, "playground")
 
 
 REPLY_TIMES_JS = """() => {
   // Times (ms, shared clock of the browser) when the newest reply first shows text and
   // when its figures line appears.
-  const replies = () => document.querySelectorAll('[data-testid="stChatMessage"] code').length;
+""" + REPLY_TEXT_JS + """;
+  const replies = () => replyTexts().length;
   const figures = () => document.body.innerText.split('TTFT').length - 1;
   const before = {replies: replies(), figures: figures()};
   window.__firstText = null; window.__done = null;
   if (window.__replyObserver) window.__replyObserver.disconnect();
   window.__replyObserver = new MutationObserver(() => {
     if (window.__firstText === null && replies() > before.replies) {
-      const codes = document.querySelectorAll('[data-testid="stChatMessage"] code');
-      if (codes[codes.length - 1].textContent.length) window.__firstText = Date.now();
+      const texts = replyTexts();
+      if (texts[texts.length - 1].length) window.__firstText = Date.now();
     }
     if (window.__done === null && figures() > before.figures) window.__done = Date.now();
   });
@@ -322,8 +335,11 @@ def test_benchmark_page_completes_and_compares(page: sync_api.Page) -> None:
     goto_page(page, "Benchmark")
     page.get_by_role("button", name="Run the benchmark").click()
     page.get_by_role("heading", name="Timelines").wait_for(timeout=600_000)
+    # The results table and charts draw after the heading arrives; on a loaded 2-core
+    # machine with the default model that took more than the 1.5 s once allowed here.
+    page.wait_for_function("() => document.body.innerText.includes('tokens/s')",
+                           timeout=60_000)
     page.wait_for_timeout(1500)
-    assert "tokens/s" in body_text(page)
     shoot(page, "benchmark")
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_shipped_config_loads_and_points_at_the_shipped_model():
     cfg = EngineConfig.from_yaml(ROOT / "config.yaml")
-    assert Path(cfg.model).name == "gapless-tiny-python"
+    assert Path(cfg.model).name == "SmolLM2-135M-Instruct"
     assert cfg.async_batching is True and cfg.num_slots == 2
 
 

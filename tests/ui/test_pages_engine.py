@@ -1,4 +1,6 @@
-"""Every page under AppTest on the real engine (default config and model, CPU here).
+"""Every page under AppTest on the real engine (config.yaml's settings, CPU here), on the
+tiny model: any model will do for the pages' wiring, and it is fast (the default model's
+chat mode is tested in test_playground_chat.py).
 
 One engine process serves the whole module through the dashboard's own cached client
 (ui.client), exactly as under `streamlit run app.py`. Fragment timers (run_every) are not
@@ -15,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import streamlit as st
+import yaml
 from streamlit.testing.v1 import AppTest
 
 from engine.process.client import EngineClient
-from ui.client import _shared_client
+from ui.client import CONFIG_ENV, _shared_client
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "app.py"
@@ -28,9 +31,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[EngineClient]:
-    cwd = os.getcwd()
-    os.chdir(REPO)  # config.yaml and models/ are found from the repository root
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineClient]:
+    config = tmp_path_factory.mktemp("config") / "tiny.yaml"
+    settings = yaml.safe_load((REPO / "config.yaml").read_text())
+    settings["model"] = str(REPO / "models" / "gapless-tiny-python")
+    config.write_text(yaml.safe_dump(settings))
+    cwd, env = os.getcwd(), os.environ.get(CONFIG_ENV)
+    os.chdir(REPO)  # .streamlit/ and the pages are found from the repository root
+    os.environ[CONFIG_ENV] = str(config)
     st.cache_resource.clear()
     try:
         at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
@@ -41,6 +49,10 @@ def engine() -> Iterator[EngineClient]:
     finally:
         st.cache_resource.clear()  # on_release shuts the engine down
         os.chdir(cwd)
+        if env is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = env
 
 
 def app() -> AppTest:

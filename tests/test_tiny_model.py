@@ -1,4 +1,7 @@
-"""The shipped default model (models/gapless-tiny-python/) loads and still knows Python.
+"""The shipped tiny model (models/gapless-tiny-python/) loads and still knows Python.
+
+It is the model tests use where any model will do (config.yaml's default is SmolLM2, made by
+scripts/setup.sh and tested in tests/test_smollm2.py).
 
 A broken weight file, a mismatched tokenizer or a lossy decode would each show up here as a
 user would see it: a loss far above what training measured, or source text that comes back
@@ -35,16 +38,16 @@ SNIPPET_LOSS_BOUND = 2.45
 MAX_FOLDER_BYTES = 25_000_000
 
 
-def load_default_model() -> tuple[PreTrainedModel, Tokenizer]:
-    """Through the engine's own loader and config.yaml (the path `streamlit run` takes)."""
-    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", device="cpu", dtype="float32")
-    assert Path(cfg.model).resolve() == MODEL_DIR.resolve()
+def load_tiny_model() -> tuple[PreTrainedModel, Tokenizer]:
+    """Through the engine's own loader, with config.yaml's other settings."""
+    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", model=str(MODEL_DIR), device="cpu",
+                                 dtype="float32")
     return load_model_and_tokenizer(cfg, torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer() -> tuple[PreTrainedModel, Tokenizer]:
-    return load_default_model()
+    return load_tiny_model()
 
 
 def test_heldout_snippet_loss_stays_under_the_recorded_bound(model_and_tokenizer) -> None:
@@ -87,10 +90,10 @@ def test_folder_is_a_small_standard_hf_model() -> None:
     assert size <= MAX_FOLDER_BYTES, f"{size:,} bytes > {MAX_FOLDER_BYTES:,}"
 
 
-def test_the_engine_serves_the_default_model_with_real_text() -> None:
-    """config.yaml's default model through the engine: the greedy completion recorded in
-    TRAINING.md (fp32, model.generate) comes back, as text."""
-    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", device="cpu")
+def test_the_engine_serves_the_tiny_model_with_real_text() -> None:
+    """The tiny model through the engine: the greedy completion recorded in TRAINING.md
+    (fp32, model.generate) comes back, as text."""
+    cfg = EngineConfig.from_yaml(ROOT / "config.yaml", model=str(MODEL_DIR), device="cpu")
     with Engine(cfg) as eng:
         out = eng.generate(["def fibonacci(n):"], SamplingParams(max_tokens=12, temperature=0.0))
     assert out[0].text.startswith('\n    """Return the textual representation'), out[0].text
