@@ -103,6 +103,9 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
+_HOST_COPY = re.compile(r"Memcpy (HtoD|DtoH)|Memcpy .*Pinned|Memcpy .*Pageable")
+
+
 def _corr(ev: Mapping[str, Any]) -> Any:
     args = ev.get("args") or {}
     return args.get("correlation", args.get("correlation id"))
@@ -143,11 +146,15 @@ def group_by_step(events: Sequence[Mapping[str, Any]],
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in device_cats:
             continue
+        name = str(e.get("name", ""))
+        if _HOST_COPY.search(name):
+            # The step's H2D/D2H copies run on their own streams, overlapping the previous
+            # and next steps' kernels in async mode: a step's span is its compute work.
+            continue
         corr = _corr(e)
         n = launch_step.get(corr) if corr is not None else step_at(e)
         if n is None:
             continue
-        name = str(e.get("name", ""))
         steps[n].kernels.append(Kernel(name, kernel_family(name), float(e["ts"]),
                                        float(e.get("dur", 0))))
     return [steps[n] for n in sorted(steps)]

@@ -48,6 +48,21 @@ def kineto_two_graph_steps() -> list[dict]:
     return out
 
 
+def test_a_steps_host_copies_do_not_stretch_its_span() -> None:
+    """Async: step 8's H2D copy (its own stream) runs while step 7's graph computes, and
+    step 7's D2H after it; seen on the H200 as a step 'span' twice its kernels. A step's
+    span is its compute work only."""
+    events = kineto_two_graph_steps() + [
+        ev("cuda_runtime", "cudaMemcpyAsync", 101, 2, corr=21),
+        ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 70, 3, corr=21, tid=8),
+        ev("cuda_runtime", "cudaMemcpyAsync", 26, 2, corr=11),
+        ev("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 112, 2, corr=11, tid=9),
+    ]
+    s7, s8 = group_by_step(events)
+    assert s7.span_us == pytest.approx(68) and s8.span_us == pytest.approx(68)
+    assert len(s7.kernels) == len(s8.kernels) == 5
+
+
 def test_kernels_join_the_step_whose_graph_launched_them() -> None:
     steps = group_by_step(kineto_two_graph_steps())
     assert [s.step for s in steps] == [7, 8]
