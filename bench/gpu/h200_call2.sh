@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Second call on the lent H200 (issue 11's figures): the seed workload 32 x (256 + 8192),
-# the 8B workload with both model impls and transformers' own generate_batch, and async vs
-# sync at the 0.6B, 1B and 8B shapes, batch 32 and 256. One tarball back ($OUT/call2.tgz).
+# Second call on the lent H200: the CUDA tests fixed after call 1 (anatomy grouping, Qwen
+# references), the telemetry truth run again, the 8B workload with both model impls, and the
+# seed workload 32 x (256 + 8192). One tarball back ($OUT/call2.tgz).
 set -u
 W=/tmp/gapless-call2; rm -rf $W; mkdir -p $W
 export PYTHONUNBUFFERED=1 PY=${PY:-python3} OUT_DIR=$OUT
@@ -12,17 +12,12 @@ part() {  # part NAME LIMIT_S CMD...
   for f in bench_async.json bench_transformers_cb.json; do
     [ -f "$W/$f" ] && mv "$W/$f" "$W/$name.$f"; done
 }
-part async_8b 110 $PY bench/bench_async.py --preset llama-8b --requests 32 --prompt 256 \
-  --new 1024 --modes sync-graphs,async-graphs --model-impls gapless,transformers
-part seed_8192 170 $PY bench/bench_async.py --preset llama-8b --requests 32 --prompt 256 \
+part cuda_recheck 130 $PY -m pytest -q -p no:cacheprovider -m cuda \
+  tests/model/test_fused_cuda.py tests/engine/test_anatomy_recording.py \
+  tests/telemetry/test_telemetry_ingraph_cuda.py
+TAIL=14 part telemetry_truth 90 $PY bench/bench_telemetry_truth.py --modes sync-graphs,async-graphs
+part async_8b 100 $PY bench/bench_async.py --preset llama-8b --requests 32 --prompt 256 \
+  --new 1024 --modes async-graphs --model-impls gapless,transformers
+part seed_8192 160 $PY bench/bench_async.py --preset llama-8b --requests 32 --prompt 256 \
   --new 8192 --modes async-graphs --model-impls gapless
-part transformers_cb_8b 100 $PY bench/bench_transformers_cb.py --preset llama-8b \
-  --requests 32 --prompt 256 --new 1024 --modes async
-for preset in qwen3-0.6b llama-1b llama-8b; do
-  for batch in 32 256; do
-    part "avs_${preset}_b${batch}" 45 $PY bench/bench_async.py --preset $preset \
-      --requests $batch --prompt 256 --new 128 --budget 4096 \
-      --modes sync-graphs,async-graphs --model-impls gapless
-  done
-done
 tar czf $OUT_DIR/call2.tgz -C $W . && ls -la $OUT_DIR
