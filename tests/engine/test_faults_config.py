@@ -62,14 +62,15 @@ def test_path_like_model_strings_and_hub_ids():
 
 
 def test_an_empty_config_in_another_folder_fails_at_once(tmp_path, monkeypatch):
-    """The default model is the relative folder models/gapless-tiny-python: from a folder
+    """The default model is a relative folder (models/SmolLM2-135M-Instruct): from a folder
     without it, that is a missing folder, said at once (not a Hub lookup)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     cfg = EngineConfig.from_yaml(write(tmp_path, ""), device="cpu")
     t0 = time.monotonic()
-    with pytest.raises(ValueError, match="could not load model 'models/gapless-tiny-python': "
-                                         "no such folder"):
+    default = EngineConfig().model
+    assert default.startswith("models/")
+    with pytest.raises(ValueError, match=f"could not load model '{default}': no such folder"):
         Engine(cfg, start=False)
     assert time.monotonic() - t0 < 5
 
