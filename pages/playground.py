@@ -19,11 +19,13 @@ import streamlit as st
 
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import mode_summary
+from ui.validation import parse_seed, sampling_error
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
 HISTORY_KEY = "play.history"
+INVALID_KEY = "play.invalid"
 STREAM_REDRAW_S = 0.05  # redraw a streaming reply at most 20 times a second
 
 
@@ -68,11 +70,13 @@ def sampling_params() -> dict[str, Any]:
         "top_p": float(top_p),
         "ignore_eos": bool(ignore_eos),
     }
-    if seed_text.strip():
-        try:
-            params["seed"] = int(seed_text)
-        except ValueError:
-            st.sidebar.error(f"Seed must be a whole number, got {seed_text!r}; using none.")
+    seed, seed_error = parse_seed(seed_text)
+    if seed is not None:
+        params["seed"] = seed
+    # The engine's own rules (top-k 0, a negative seed...): refuse here, not after submit.
+    st.session_state[INVALID_KEY] = seed_error or sampling_error(params)
+    if st.session_state[INVALID_KEY]:
+        st.sidebar.error(st.session_state[INVALID_KEY])
     return params
 
 
@@ -160,7 +164,11 @@ def main() -> None:
         "Each prompt is a separate request (no chat template): the model continues the "
         "text. Open more tabs to run several prompts at once."
     )
-    prompt = st.chat_input("Type a prompt and press Enter", key="play.prompt")
+    prompt = st.chat_input(
+        "Type a prompt and press Enter",
+        key="play.prompt",
+        disabled=bool(st.session_state.get(INVALID_KEY)),
+    )
     if prompt is None:
         return
     with st.chat_message("user"):

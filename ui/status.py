@@ -1,0 +1,107 @@
+"""Is the engine alive, hung or dead, and what does it run: one answer for every page.
+
+Owns the adapter over the engine client's health (``engine_status``: the client's
+``status()`` heartbeat where it has one, otherwise ``alive()`` / ``death_reason()`` and the
+outcome of a short call), the settings remembered across a restart, and the banner each page
+draws at its top once a second (``status_banner``): the engine's actual settings, "not
+responding" with a kill-and-restart button, and a running benchmark.
+
+It must never block a page for longer than one short call (UI_CALL_TIMEOUT_S), and never
+call st.* from a thread other than the script's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from engine.process.client import EngineClient
+
+log = logging.getLogger("gapless.ui")
+
+State = Literal["alive", "not_responding", "dead"]
+# Every call a page makes waits at most this long: a hung engine must not freeze a page.
+UI_CALL_TIMEOUT_S = 2.0
+BANNER_PERIOD_S = 1.0
+LIVE_KEYS = ("async_batching", "num_slots", "cuda_graphs")
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStatus:
+    state: State
+    reason: str | None = None  # why not alive
+
+
+def engine_status(client: Any) -> EngineStatus:
+    """The client's own heartbeat verdict when it has ``status()``; else alive() / dead."""
+    status = getattr(client, "status", None)
+    if callable(status):
+        try:
+            state = status()
+        except Exception as exc:  # a broken status() must not take the page down
+            log.exception("client.status() failed")
+            return EngineStatus("not_responding", f"status check failed: {exc}")
+        if state == "dead":
+            return EngineStatus("dead", client.death_reason())
+        if state == "not_responding":
+            return EngineStatus("not_responding", "no heartbeat from the engine for over 2 s")
+        return EngineStatus("alive")
+    if not client.alive():
+        return EngineStatus("dead", client.death_reason())
+    return EngineStatus("alive")
+
+
+class Remembered:
+    """The engine's live settings as last seen, to put back after a restart (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.settings: dict[str, Any] = {}
+
+    def remember(self, settings: dict[str, Any]) -> None:
+        with self._lock:
+            self.settings = {k: settings[k] for k in (*LIVE_KEYS, "cuda_graphs_available")
+                             if k in settings}
+
+    def live(self) -> dict[str, Any]:
+        with self._lock:
+            s = dict(self.settings)
+        if not s.get("cuda_graphs_available"):
+            s.pop("cuda_graphs", None)  # cannot be turned on here anyway
+        return {k: s[k] for k in LIVE_KEYS if k in s}
+
+
+REMEMBERED = Remembered()  # one engine per Streamlit server (ui/client.py)
+
+
+def restart_keeping_settings(client: EngineClient) -> dict[str, Any]:
+    """client.restart(), then the live settings it had before (async, slots, graphs)."""
+    live = REMEMBERED.live()
+    client.restart()
+    if live:
+        try:
+            return dict(client.configure(**live))
+        except ValueError:  # e.g. graphs no longer available: keep what the engine allows
+            live.pop("cuda_graphs", None)
+            return dict(client.configure(**live)) if live else client.settings()
+    return client.settings()
+
+
+def kill_and_restart(client: EngineClient) -> None:
+    """SIGKILL a hung engine (a SIGSTOPped one cannot answer a shutdown), then restart it."""
+    pid = client.pid
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5.0
+        while client.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the client notices the exit within about a second
+    restart_keeping_settings(client)
