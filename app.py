@@ -44,6 +44,7 @@ DEFAULT_WINDOW_MS = 1000  # a few CPU steps, a few hundred GPU steps
 SNAPSHOT_STEPS = 4000  # the newest steps taken from the bus per refresh (a slice, no copy)
 TIMELINE_WIDTH_PX = 1600  # for merging sub-pixel spans; about a wide browser window
 FAVICON = Path(__file__).resolve().parent / "ui" / "frontend" / "favicon.png"
+TOP_PADDING = "4rem"
 HISTORY_HEIGHT_PX = 150
 TIMELINE_HEIGHT_PX = 380
 
@@ -238,6 +239,8 @@ def main() -> None:
         st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
     ]
     page = st.navigation(pages, position="top")
+    # Less empty space under the top bar, so the timeline fits a 1280x800 window unscrolled.
+    st.html(f"<style>.stMainBlockContainer {{ padding-top: {TOP_PADDING}; }}</style>")
     if page.title != "Recordings":  # recordings need no engine: they open without one
         status_banner(engine_client())
     page.run()

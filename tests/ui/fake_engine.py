@@ -248,7 +248,7 @@ class FakeEngineClient:
     def run_benchmark(self, spec: Any) -> Iterator[BenchmarkProgress | BenchmarkResult]:
         self._check()
         labels = [mode_label(m) for m in spec.modes or default_modes(self.graphs_available)]
-        for j, label in enumerate(labels):
+        for label in labels:
             rep = int(label.rpartition("#")[2]) if "#" in label else 1
             for done in range(0, spec.num_requests + 1, max(1, spec.num_requests // 4)):
                 yield BenchmarkProgress(label, done, spec.num_requests)

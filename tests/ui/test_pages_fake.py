@@ -8,37 +8,17 @@ test_pages_engine.py runs the same pages on the real engine.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import streamlit as st
-from fake_engine import FakeClientWithoutHeartbeat, FakeEngineClient
+from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
 
-import ui.bench_runner
 import ui.client
-import ui.status
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 TIMEOUT = 30
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
-    client = FakeEngineClient()
-    st.cache_resource.clear()
-    reset_shared_state()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
-    yield client
-    st.cache_resource.clear()
-    reset_shared_state()
-
-
-def reset_shared_state() -> None:
-    """Server-wide state (one per Streamlit process) must not leak between tests."""
-    ui.bench_runner.RUNS.current = None
-    ui.status.REMEMBERED.settings = {}
 
 
 def app() -> AppTest:

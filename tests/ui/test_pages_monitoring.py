@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import reset_shared_state
 from fake_engine import FakeClientWithoutHeartbeat, FakeEngineClient
 from streamlit.testing.v1 import AppTest
-from test_pages_fake import app, fake, live_figures, reset_shared_state, texts  # noqa: F401
+from test_pages_fake import app, texts
 
 import ui.bench_runner
 import ui.client
