@@ -31,6 +31,7 @@ from ui.gauges import gauge_values, gauges_figure, live_window
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.lanes import ASYNC_NOTE
 from ui.live_plot import live_plot
+from ui.status import engine_status
 from ui.timeline import recent_window, timeline_figure
 
 if TYPE_CHECKING:
@@ -102,19 +103,36 @@ def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> 
     return recent
 
 
+def frozen_records(client: EngineClient) -> list[StepRecord]:
+    """What a pause froze (taken now when the pause came before any live refresh)."""
+    frozen = st.session_state.get(FROZEN_KEY) or client.telemetry().snapshot_steps(
+        SNAPSHOT_STEPS
+    )
+    st.session_state[FROZEN_KEY] = frozen
+    return frozen
+
+
 def live_view(client: EngineClient, settings: dict) -> None:
-    """History strip and timeline (run as a fragment every LIVE_PERIOD_S)."""
+    """History strip and timeline (a fragment every LIVE_PERIOD_S). Paused, it draws the
+    frozen snapshot: the same figure each time, so the chart is left alone (and keeps the
+    user's zoom), in the same frame as when live."""
     if not client.alive():
         st.rerun()  # the full run shows the dead-engine banner
     draw_history(client, settings)
+    window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
+    if st.session_state.get(PAUSE_KEY):
+        draw_timeline(frozen_records(client), window, paused=True)
+        return
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     st.session_state[LAST_KEY] = records  # what a pause would freeze
-    draw_timeline(records, float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS)), False)
+    draw_timeline(records, window, paused=False)
 
 
 def controls(client: EngineClient) -> None:
     """Engine controls, load generator and the detailed gauges (a fragment every second:
     the toggles follow the engine's settings whoever changed them)."""
+    if engine_status(client).state != "alive":
+        return  # the banner says why; a call now would only wait for its timeout
     with engine_errors(client, "Reading the engine's settings"):
         settings = client.settings()
     with st.container(border=True):
@@ -135,7 +153,10 @@ def controls(client: EngineClient) -> None:
                 nvml_reason=client.nvml_reason(),
                 max_num_seqs=int(settings.get("max_num_seqs", 0)),
             )
-            live_plot(gauges_figure(values), key="live.gauges", height_px=440)
+            # A plain chart: it is folded away, and each live_plot frame loads its own
+            # plotly.js (the Live page keeps two).
+            st.plotly_chart(gauges_figure(values), key="live.gauges",
+                            config={"displaylogo": False})
 
 
 def freeze() -> None:
@@ -185,20 +206,9 @@ def live_page() -> None:
     with engine_errors(client, "Reading the engine's settings"):
         settings = client.settings()
     paused = bool(st.session_state.get(PAUSE_KEY))
-    if paused:
-        # A frozen snapshot is drawn once by this full run; nothing redraws it until the
-        # pause ends.
-        draw_history(client, settings)
-        frozen = st.session_state.get(FROZEN_KEY) or client.telemetry().snapshot_steps(
-            SNAPSHOT_STEPS
-        )
-        st.session_state[FROZEN_KEY] = frozen
-        shown = draw_timeline(
-            frozen, float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS)), paused=True
-        )
-    else:
-        st.fragment(run_every=LIVE_PERIOD_S)(live_view)(client, settings)
-        shown = []
+    st.fragment(run_every=LIVE_PERIOD_S)(live_view)(client, settings)
+    window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
+    shown = recent_window(frozen_records(client), window) if paused else []
 
     pause_col, window_col, trace_col = st.columns([1, 2, 2], vertical_alignment="bottom")
     with pause_col:

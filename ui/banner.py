@@ -18,7 +18,14 @@ import streamlit as st
 
 from ui.bench_runner import RUNS, base_label
 from ui.controls import mode_summary
-from ui.status import BANNER_PERIOD_S, REMEMBERED, engine_status, kill_and_restart
+from ui.status import (
+    BANNER_PERIOD_S,
+    HANG,
+    REMEMBERED,
+    EngineStatus,
+    engine_status,
+    kill_and_restart,
+)
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -62,6 +69,10 @@ def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
     st.stop()
 
 
+def has_heartbeat(client: Any) -> bool:
+    return callable(getattr(client, "status", None))
+
+
 def benchmark_line() -> str | None:
     run = RUNS.running()
     if run is None:
@@ -82,12 +93,18 @@ def _banner(client: EngineClient, show_settings: bool) -> None:
     if status.state == "dead":
         st.rerun()  # the full run shows the dead-engine message and its restart button
     settings: dict[str, Any] | None = None
-    if status.state == "alive":
+    # The banner's call is the probe: it is made even while HANG suspects a hang, so the
+    # banner notices when the engine answers again (not when a heartbeat says it is hung).
+    if status.state == "alive" or (status.state == "not_responding" and not has_heartbeat(
+            client)):
         try:
             settings = client.settings()
             REMEMBERED.remember(settings)
+            HANG.answered()
+            status = EngineStatus("alive")
         except TimeoutError:
-            status = status.__class__("not_responding", "no answer within 2 s")
+            HANG.timed_out()
+            status = engine_status(client)
         except Exception:
             if not client.alive():
                 st.rerun()

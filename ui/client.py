@@ -133,7 +133,9 @@ def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
         show_dead_engine(client)
     except TimeoutError:
         from ui.banner import stop_not_responding
+        from ui.status import HANG
 
+        HANG.timed_out()
         limit = getattr(client, "call_timeout_s", 2.0)
         stop_not_responding(client, f"{what}: no answer within {limit:g} s")
 
@@ -165,6 +167,9 @@ def in_callback(what: str, action: Callable[[], object]) -> None:
     except EngineDead:
         pass
     except TimeoutError:
+        from ui.status import HANG
+
+        HANG.timed_out()
         flash(f"{what}: the engine did not answer; the change may apply when it resumes.")
     except Exception as exc:  # never a traceback in the browser
         log.exception("%s failed", what)

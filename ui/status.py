@@ -38,8 +38,39 @@ class EngineStatus:
     reason: str | None = None  # why not alive
 
 
+class HangMemo:
+    """Whether a call to the engine timed out lately with no answer since (thread-safe).
+
+    Without a heartbeat a hang shows only as calls that time out; once one has, pages skip
+    their calls (each would block for UI_CALL_TIMEOUT_S) until a call answers again.
+    """
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._since: float | None = None
+
+    def timed_out(self) -> None:
+        with self._lock:
+            if self._since is None:
+                self._since = self._clock()
+
+    def answered(self) -> None:
+        with self._lock:
+            self._since = None
+
+    def hung_for(self) -> float | None:
+        """Seconds since the first unanswered timeout, or None when the engine answers."""
+        with self._lock:
+            return None if self._since is None else self._clock() - self._since
+
+
+HANG = HangMemo()
+
+
 def engine_status(client: Any) -> EngineStatus:
-    """The client's own heartbeat verdict when it has ``status()``; else alive() / dead."""
+    """The client's own heartbeat verdict when it has ``status()``; else alive() / dead,
+    and "not_responding" while a call has timed out with none answered since (HANG)."""
     status = getattr(client, "status", None)
     if callable(status):
         try:
@@ -54,6 +85,9 @@ def engine_status(client: Any) -> EngineStatus:
         return EngineStatus("alive")
     if not client.alive():
         return EngineStatus("dead", client.death_reason())
+    hung = HANG.hung_for()
+    if hung is not None:
+        return EngineStatus("not_responding", f"no answer for {hung + UI_CALL_TIMEOUT_S:.0f} s")
     return EngineStatus("alive")
 
 
@@ -84,6 +118,7 @@ def restart_keeping_settings(client: EngineClient) -> dict[str, Any]:
     """client.restart(), then the live settings it had before (async, slots, graphs)."""
     live = REMEMBERED.live()
     client.restart()
+    HANG.answered()
     if live:
         try:
             return dict(client.configure(**live))

@@ -28,6 +28,7 @@ def reset_shared_state() -> None:
     """Server-wide state (one per Streamlit process) must not leak between tests."""
     ui.bench_runner.RUNS.current = None
     ui.status.REMEMBERED.settings = {}
+    ui.status.HANG.answered()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from ui.controls import load_lengths_error, load_stats_line
 from ui.history import bin_steps, history_figure, series_from_buckets, smooth
 from ui.recordings import RECORDINGS_DIR, load_recording, meta_line, parse_recording
 from ui.replies import reply_tokens
-from ui.status import Remembered, engine_status
+from ui.status import HangMemo, Remembered, engine_status
 from ui.validation import parse_seed, sampling_error
 from ui.window_stats import OTHER_CAUSE, covered, idle_by_cause, window_stats
 
@@ -224,3 +224,15 @@ def test_remembered_settings_leave_graphs_out_where_unavailable() -> None:
     r.remember({"async_batching": False, "num_slots": 3, "cuda_graphs": False,
                 "cuda_graphs_available": False, "device": "cpu"})
     assert r.live() == {"async_batching": False, "num_slots": 3}
+
+
+def test_a_timed_out_call_marks_the_engine_hung_until_one_answers() -> None:
+    now = [100.0]
+    memo = HangMemo(clock=lambda: now[0])
+    assert memo.hung_for() is None
+    memo.timed_out()
+    now[0] += 1.5
+    memo.timed_out()  # a second timeout keeps the first one's time
+    assert memo.hung_for() == pytest.approx(1.5)
+    memo.answered()
+    assert memo.hung_for() is None
