@@ -60,8 +60,9 @@ def ab_figure(a: WindowStats, b: WindowStats, height_px: int = 260) -> go.Figure
             name=cause, marker_color=colour, legendgroup="idle",
             hovertemplate=f"{cause}: %{{y:,.1f}} ms per s<extra></extra>"), 1, 4)
     fig.update_layout(barmode="stack", height=height_px,
-                      margin={"l": 30, "r": 10, "t": 40, "b": 30},
-                      legend={"orientation": "h", "y": -0.15, "font": {"size": 11}})
+                      margin={"l": 30, "r": 10, "t": 40, "b": 60},
+                      legend={"orientation": "h", "y": -0.18, "x": 0.76, "xanchor": "left",
+                              "font": {"size": 10}, "traceorder": "normal"})
     fig.update_annotations(font_size=12)
     fig.update_yaxes(ticksuffix=" ms", row=1, col=2)
     fig.update_yaxes(ticksuffix="%", row=1, col=3)

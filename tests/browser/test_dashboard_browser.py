@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -182,11 +181,6 @@ def wait_draws(frame: sync_api.Frame, more: int, limit_s: float = 30) -> dict:
     return state
 
 
-def slot_button(page: sync_api.Page, n: str) -> sync_api.Locator:
-    return page.locator('[data-testid^="stBaseButton-segmented_control"]',
-                        has_text=re.compile(f"^{n}$")).first
-
-
 def engine_pid(server_pid: int) -> int:
     """The engine process: the streamlit server's child running engine.process.server."""
     for proc in Path("/proc").iterdir():
@@ -308,13 +302,24 @@ def test_a_second_tab_shows_a_mode_change_within_two_seconds(server, browser, pa
         before = "async" if "mode async" in body_text(page) else "sync"
         after = "sync" if before == "async" else "async"
         other.wait_for_function("m => document.body.innerText.includes(m)", arg=f"mode {before}")
-        t0 = time.monotonic()
+        # Both tabs are watched from here at once: the change is made when the first tab
+        # shows it (its click waits for the engine's next step boundary); the other tab
+        # must follow within 2 s of that.
+        for tab in (page, other):
+            tab.evaluate(
+                """m => { window.__seen = null; const o = new MutationObserver(() => {
+                      if (window.__seen === null && document.body.innerText.includes(m))
+                        window.__seen = Date.now(); });
+                      o.observe(document.body, {subtree: true, childList: true,
+                                                characterData: true}); }""",
+                f"mode {after}",
+            )
         page.get_by_text("Async batching").first.click()
-        other.wait_for_function("m => document.body.innerText.includes(m)",
-                                arg=f"mode {after}", timeout=10_000)
-        took = time.monotonic() - t0
-        print(f"the other tab showed mode {after} {took:.2f} s after the click")
-        assert took < 2.0, f"the other tab took {took:.2f} s"
+        for tab in (page, other):
+            tab.wait_for_function("() => window.__seen !== null", timeout=30_000)
+        lag = (other.evaluate("window.__seen") - page.evaluate("window.__seen")) / 1000
+        print(f"the other tab showed mode {after} {lag:.2f} s after the first tab")
+        assert lag < 2.0, f"the other tab followed {lag:.2f} s after the change"
         page.get_by_text("Async batching").first.click()  # back
         page.wait_for_function("m => document.body.innerText.includes(m)", arg=f"mode {before}")
     finally:
@@ -322,8 +327,9 @@ def test_a_second_tab_shows_a_mode_change_within_two_seconds(server, browser, pa
 
 
 def test_a_stopped_engine_is_reported_and_restart_recovers(server, browser, page) -> None:
-    slot_button(page, "3").click()  # 3 slots: kept across the restart
-    page.wait_for_function("() => document.body.innerText.includes('3 slots')")
+    if "mode async" in body_text(page):  # sync: not config.yaml's, so a restart must keep it
+        page.get_by_text("Async batching").first.click()
+    page.wait_for_function("() => document.body.innerText.includes('mode sync')")
     pid = engine_pid(server[1])
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -344,7 +350,7 @@ def test_a_stopped_engine_is_reported_and_restart_recovers(server, browser, page
         page.get_by_role("button", name="Kill and restart the engine").first.click()
         page.wait_for_function(
             "() => !document.body.innerText.includes('not responding') && "
-            "document.body.innerText.includes('3 slots')",
+            "document.body.innerText.includes('mode sync')",
             timeout=ENGINE_START_S * 1000,
         )
     finally:
@@ -354,8 +360,8 @@ def test_a_stopped_engine_is_reported_and_restart_recovers(server, browser, page
             pass
     assert engine_pid(server[1]) != pid
     page.locator(TIMELINE).wait_for()
-    slot_button(page, "2").click()  # back to the default
-    page.wait_for_function("() => document.body.innerText.includes('2 slots')")
+    page.get_by_text("Async batching").first.click()  # back to the default
+    page.wait_for_function("() => document.body.innerText.includes('mode async')")
 
 
 def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
@@ -510,7 +516,7 @@ def test_screenshots_of_every_page(server, browser, page, viewport) -> None:
         for title in PAGES:
             if title != "Live":
                 goto_page(tab, title)
-            tab.wait_for_timeout(2500)
+            tab.wait_for_timeout(4000)  # tables draw a moment after the page
             scroll_top(tab)
             name = title.lower().replace("/", "")
             shoot(tab, f"page-{name}")
