@@ -69,10 +69,6 @@ def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
     st.stop()
 
 
-def has_heartbeat(client: Any) -> bool:
-    return callable(getattr(client, "status", None))
-
-
 def benchmark_line() -> str | None:
     run = RUNS.running()
     if run is None:
@@ -93,10 +89,9 @@ def _banner(client: EngineClient, show_settings: bool) -> None:
     if status.state == "dead":
         st.rerun()  # the full run shows the dead-engine message and its restart button
     settings: dict[str, Any] | None = None
-    # The banner's call is the probe: it is made even while HANG suspects a hang, so the
-    # banner notices when the engine answers again (not when a heartbeat says it is hung).
-    if status.state == "alive" or (status.state == "not_responding" and not has_heartbeat(
-            client)):
+    # While the engine is not responding no call is made here: the client's status() or,
+    # without one, ui.status.Watchdog's probe notices when it answers again.
+    if status.state == "alive":
         try:
             settings = client.settings()
             REMEMBERED.remember(settings)

@@ -96,8 +96,9 @@ def engine_client() -> EngineClient:
         if st.button("Try again", key="ui.retry_start"):
             st.rerun()
         st.stop()
-    from ui.status import engine_status
+    from ui.status import engine_status, watch
 
+    watch(client)  # a stand-in heartbeat while the client has no status() of its own
     status = engine_status(client)
     if status.state == "dead":
         show_dead_engine(client)

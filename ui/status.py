@@ -67,10 +67,86 @@ class HangMemo:
 
 HANG = HangMemo()
 
+HEARTBEAT_S = 0.5  # the watchdog's probe period
+HUNG_AFTER_S = 2.0  # a probe unanswered this long means "not responding"
+
+
+class Watchdog:
+    """A stand-in heartbeat for a client without ``status()``: a daemon thread asks the
+    engine for its stats every HEARTBEAT_S; a question unanswered for HUNG_AFTER_S marks
+    the engine not responding (HANG) at once, without any page waiting on a call. It only
+    ever blocks itself. One per client; ``stop()`` ends it (a new client, or tests).
+    """
+
+    def __init__(self, client: Any, memo: HangMemo, clock: Any = time.monotonic) -> None:
+        self.client = client
+        self.memo = memo
+        self._clock = clock
+        self._stop = threading.Event()
+        self._asked: float | None = None  # when the probe in flight was sent
+        self._thread = threading.Thread(target=self._run, name="gapless-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def overdue(self) -> bool:
+        """A probe has been waiting longer than HUNG_AFTER_S."""
+        asked = self._asked
+        return asked is not None and self._clock() - asked > HUNG_AFTER_S
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.client.alive():
+                self._asked = self._clock()
+                try:
+                    self.client.stats()
+                    self.memo.answered()
+                except TimeoutError:
+                    self.memo.timed_out()
+                except Exception:  # dead or broken: alive() and the pages say so
+                    pass
+                finally:
+                    self._asked = None
+            self._stop.wait(HEARTBEAT_S)
+
+
+_watchdogs: dict[int, Watchdog] = {}
+_watchdog_lock = threading.Lock()
+
+
+def watch(client: Any) -> None:
+    """Make sure ``client`` (and only it) has a watchdog, when it has no status() of its own."""
+    if callable(getattr(client, "status", None)):
+        return
+    with _watchdog_lock:
+        if id(client) in _watchdogs and _watchdogs[id(client)].client is client:
+            return
+        for old in _watchdogs.values():
+            old.stop()
+        _watchdogs.clear()
+        _watchdogs[id(client)] = Watchdog(client, HANG).start()
+
+
+def stop_watchdogs() -> None:
+    with _watchdog_lock:
+        for dog in _watchdogs.values():
+            dog.stop()
+        _watchdogs.clear()
+
+
+def _overdue(client: Any) -> bool:
+    dog = _watchdogs.get(id(client))
+    return dog is not None and dog.client is client and dog.overdue()
+
 
 def engine_status(client: Any) -> EngineStatus:
     """The client's own heartbeat verdict when it has ``status()``; else alive() / dead,
-    and "not_responding" while a call has timed out with none answered since (HANG)."""
+    and "not_responding" while a call has timed out with none answered since (HANG) or the
+    watchdog's probe has waited longer than HUNG_AFTER_S."""
     status = getattr(client, "status", None)
     if callable(status):
         try:
@@ -88,6 +164,8 @@ def engine_status(client: Any) -> EngineStatus:
     hung = HANG.hung_for()
     if hung is not None:
         return EngineStatus("not_responding", f"no answer for {hung + UI_CALL_TIMEOUT_S:.0f} s")
+    if _overdue(client):
+        return EngineStatus("not_responding", f"no answer for over {HUNG_AFTER_S:g} s")
     return EngineStatus("alive")
 
 

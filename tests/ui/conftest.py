@@ -29,6 +29,7 @@ def reset_shared_state() -> None:
     ui.bench_runner.RUNS.current = None
     ui.status.REMEMBERED.settings = {}
     ui.status.HANG.answered()
+    ui.status.stop_watchdogs()
 
 
 @pytest.fixture

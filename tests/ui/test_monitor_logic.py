@@ -16,7 +16,7 @@ from ui.controls import load_lengths_error, load_stats_line
 from ui.history import bin_steps, history_figure, series_from_buckets, smooth
 from ui.recordings import RECORDINGS_DIR, load_recording, meta_line, parse_recording
 from ui.replies import reply_tokens
-from ui.status import HangMemo, Remembered, engine_status
+from ui.status import HUNG_AFTER_S, HangMemo, Remembered, Watchdog, engine_status
 from ui.validation import parse_seed, sampling_error
 from ui.window_stats import OTHER_CAUSE, covered, idle_by_cause, window_stats
 
@@ -236,3 +236,31 @@ def test_a_timed_out_call_marks_the_engine_hung_until_one_answers() -> None:
     assert memo.hung_for() == pytest.approx(1.5)
     memo.answered()
     assert memo.hung_for() is None
+
+
+def test_the_watchdog_calls_an_engine_hung_once_its_probe_waits_too_long() -> None:
+    import threading
+
+    now = [0.0]
+    release = threading.Event()
+    asked = threading.Event()
+
+    class Stopped:
+        def alive(self) -> bool:
+            return True
+
+        def stats(self) -> dict:
+            asked.set()
+            release.wait(5)  # a SIGSTOPped engine: no answer
+            return {}
+
+    memo = HangMemo(clock=lambda: now[0])
+    dog = Watchdog(Stopped(), memo, clock=lambda: now[0]).start()
+    try:
+        assert asked.wait(5)
+        assert not dog.overdue()
+        now[0] += HUNG_AFTER_S + 0.1
+        assert dog.overdue()  # reported before any call times out
+    finally:
+        dog.stop()
+        release.set()
