@@ -31,7 +31,7 @@ from ui.gauges import gauge_values, gauges_figure, live_window
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.lanes import ASYNC_NOTE
 from ui.live_plot import live_plot
-from ui.status import engine_status
+from ui.status import current_settings, engine_status
 from ui.timeline import recent_window, timeline_figure
 
 if TYPE_CHECKING:
@@ -134,7 +134,9 @@ def controls(client: EngineClient) -> None:
     if engine_status(client).state != "alive":
         return  # the banner says why; a call now would only wait for its timeout
     with engine_errors(client, "Reading the engine's settings"):
-        settings = client.settings()
+        # The watchdog's reading when there is one: a live part of the page makes no
+        # call that a hung engine would hold up (fragments of one tab run one at a time).
+        settings = current_settings(client)
     with st.container(border=True):
         with engine_errors(client, "Engine controls"):
             engine_controls(client, settings)

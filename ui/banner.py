@@ -21,8 +21,8 @@ from ui.controls import mode_summary
 from ui.status import (
     BANNER_PERIOD_S,
     HANG,
-    REMEMBERED,
     EngineStatus,
+    current_settings,
     engine_status,
     kill_and_restart,
 )
@@ -93,9 +93,7 @@ def _banner(client: EngineClient, show_settings: bool) -> None:
     # without one, ui.status.Watchdog's probe notices when it answers again.
     if status.state == "alive":
         try:
-            settings = client.settings()
-            REMEMBERED.remember(settings)
-            HANG.answered()
+            settings = current_settings(client)
             status = EngineStatus("alive")
         except TimeoutError:
             HANG.timed_out()

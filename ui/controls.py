@@ -39,7 +39,10 @@ def mode_summary(settings: dict[str, Any]) -> str:
 
 
 def _push(client: EngineClient, what: str, **change: Any) -> None:
-    in_callback(what, lambda: client.configure(**change))
+    from ui.status import REMEMBERED
+
+    # The engine's answer is the new truth at once (the watchdog's copy may be 0.5 s old).
+    in_callback(what, lambda: REMEMBERED.remember(client.configure(**change)))
 
 
 def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:

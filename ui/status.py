@@ -73,9 +73,10 @@ HUNG_AFTER_S = 2.0  # a probe unanswered this long means "not responding"
 
 class Watchdog:
     """A stand-in heartbeat for a client without ``status()``: a daemon thread asks the
-    engine for its stats every HEARTBEAT_S; a question unanswered for HUNG_AFTER_S marks
-    the engine not responding (HANG) at once, without any page waiting on a call. It only
-    ever blocks itself. One per client; ``stop()`` ends it (a new client, or tests).
+    engine for its settings every HEARTBEAT_S (kept in REMEMBERED, which the pages' live
+    parts show instead of calling themselves); a question unanswered for HUNG_AFTER_S marks
+    the engine not responding at once, without any page waiting on a call. It only ever
+    blocks itself. One per client; ``stop()`` ends it (a new client, or tests).
     """
 
     def __init__(self, client: Any, memo: HangMemo, clock: Any = time.monotonic) -> None:
@@ -103,7 +104,7 @@ class Watchdog:
             if self.client.alive():
                 self._asked = self._clock()
                 try:
-                    self.client.stats()
+                    REMEMBERED.remember(self.client.settings())
                     self.memo.answered()
                 except TimeoutError:
                     self.memo.timed_out()
@@ -131,6 +132,23 @@ def watch(client: Any) -> None:
         _watchdogs[id(client)] = Watchdog(client, HANG).start()
 
 
+def watched(client: Any) -> bool:
+    dog = _watchdogs.get(id(client))
+    return dog is not None and dog.client is client
+
+
+def current_settings(client: Any) -> dict[str, Any]:
+    """The engine's settings for a live part of a page: the watchdog's latest reading
+    (at most HEARTBEAT_S old, no call) when it has one, otherwise a call."""
+    if watched(client):
+        latest = REMEMBERED.latest()
+        if latest:
+            return latest
+    settings = dict(client.settings())
+    REMEMBERED.remember(settings)
+    return settings
+
+
 def stop_watchdogs() -> None:
     with _watchdog_lock:
         for dog in _watchdogs.values():
@@ -139,8 +157,7 @@ def stop_watchdogs() -> None:
 
 
 def _overdue(client: Any) -> bool:
-    dog = _watchdogs.get(id(client))
-    return dog is not None and dog.client is client and dog.overdue()
+    return watched(client) and _watchdogs[id(client)].overdue()
 
 
 def engine_status(client: Any) -> EngineStatus:
@@ -170,16 +187,23 @@ def engine_status(client: Any) -> EngineStatus:
 
 
 class Remembered:
-    """The engine's live settings as last seen, to put back after a restart (thread-safe)."""
+    """The engine's settings as last seen (thread-safe): what the pages show without a
+    call of their own while the watchdog reads them, and what a restart puts back."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.settings: dict[str, Any] = {}
+        self.full: dict[str, Any] = {}
 
     def remember(self, settings: dict[str, Any]) -> None:
         with self._lock:
+            self.full = dict(settings)
             self.settings = {k: settings[k] for k in (*LIVE_KEYS, "cuda_graphs_available")
                              if k in settings}
+
+    def latest(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self.full)
 
     def live(self) -> dict[str, Any]:
         with self._lock:

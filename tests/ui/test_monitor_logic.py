@@ -249,7 +249,7 @@ def test_the_watchdog_calls_an_engine_hung_once_its_probe_waits_too_long() -> No
         def alive(self) -> bool:
             return True
 
-        def stats(self) -> dict:
+        def settings(self) -> dict:
             asked.set()
             release.wait(5)  # a SIGSTOPped engine: no answer
             return {}
