@@ -53,6 +53,7 @@ PAUSE_KEY = "live.pause"
 FROZEN_KEY = "live.frozen"
 WINDOW_KEY = "live.window_ms"
 LAST_KEY = "live.last_records"
+SHOWN_KEY = "live.shown"  # the paused steps: drawn, and in the trace download
 
 
 @st.cache_resource
@@ -121,7 +122,11 @@ def live_view(client: EngineClient, settings: dict) -> None:
     draw_history(client, settings)
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
     if st.session_state.get(PAUSE_KEY):
-        draw_timeline(frozen_records(client), window, paused=True)
+        # Exactly the steps the trace download holds (SHOWN_KEY, set by the full run).
+        shown = st.session_state.get(SHOWN_KEY)
+        if shown is None:
+            shown = recent_window(frozen_records(client), window)
+        draw_timeline(shown, window, paused=True)
         return
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     st.session_state[LAST_KEY] = records  # what a pause would freeze
@@ -208,9 +213,10 @@ def live_page() -> None:
     with engine_errors(client, "Reading the engine's settings"):
         settings = client.settings()
     paused = bool(st.session_state.get(PAUSE_KEY))
-    st.fragment(run_every=LIVE_PERIOD_S)(live_view)(client, settings)
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
     shown = recent_window(frozen_records(client), window) if paused else []
+    st.session_state[SHOWN_KEY] = shown if paused else None
+    st.fragment(run_every=LIVE_PERIOD_S)(live_view)(client, settings)
 
     pause_col, window_col, trace_col = st.columns([1, 2, 2], vertical_alignment="bottom")
     with pause_col:
