@@ -17,19 +17,9 @@ if str(REPO_ROOT) not in sys.path:
 
 import pytest  # noqa: E402
 import streamlit as st  # noqa: E402
-from fake_engine import FakeEngineClient  # noqa: E402
+from fake_engine import FakeEngineClient, reset_shared_state  # noqa: E402
 
-import ui.bench_runner  # noqa: E402
 import ui.client  # noqa: E402
-import ui.status  # noqa: E402
-
-
-def reset_shared_state() -> None:
-    """Server-wide state (one per Streamlit process) must not leak between tests."""
-    ui.bench_runner.RUNS.current = None
-    ui.status.REMEMBERED.settings = {}
-    ui.status.HANG.answered()
-    ui.status.stop_watchdogs()
 
 
 @pytest.fixture

@@ -271,3 +271,15 @@ class FakeClientWithoutHeartbeat(FakeEngineClient):
     """An engine client from before the heartbeat: no status(), hangs show as timeouts."""
 
     status = None  # type: ignore[assignment]
+
+
+def reset_shared_state() -> None:
+    """Server-wide dashboard state (one per Streamlit process) must not leak between tests."""
+    import ui.bench_runner
+    import ui.status
+
+    ui.bench_runner.RUNS.current = None
+    ui.status.REMEMBERED.settings = {}
+    ui.status.REMEMBERED.full = {}
+    ui.status.HANG.answered()
+    ui.status.stop_watchdogs()

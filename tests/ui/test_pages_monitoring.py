@@ -12,8 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import reset_shared_state
-from fake_engine import FakeClientWithoutHeartbeat, FakeEngineClient
+from fake_engine import FakeClientWithoutHeartbeat, FakeEngineClient, reset_shared_state
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
