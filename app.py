@@ -1,10 +1,14 @@
 """gapless dashboard: the Streamlit entry point and its Live page.
 
 `streamlit run app.py` starts one engine process (ui/client.py) and shows where every CPU
-and device microsecond goes. This file owns the page list (st.navigation) and the Live page:
-the step timeline, the gauges, the controls acting on the running engine and the Chrome
-trace download. Figures come from ui/ (pure functions); the engine is reached only through
-the shared client.
+and device microsecond goes. This file owns the page list (st.navigation, in the top bar so
+the pages keep the full width), the banner every page shows first (ui/banner.py: the
+engine's actual settings, a hung engine, a running benchmark) and the Live page: a row of
+history sparklines and the step timeline at the top, visible without scrolling, both
+updated in place once a second (ui/live_plot.py keeps one Plotly div, so zoom, pan and hover
+survive), then the controls acting on the running engine and the Chrome trace download.
+Figures come from ui/ (pure functions); the engine is reached only through the shared
+client.
 
 It must never draw from a thread other than the script's, and never rebuild the timeline
 faster than once a second (Plotly work here competes for the CPU with the engine's prep).
@@ -13,32 +17,49 @@ faster than once a second (Plotly work here competes for the CPU with the engine
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from telemetry.export import chrome_trace_json
 from telemetry.records import StepRecord
+from ui.banner import status_banner
 from ui.client import engine_client, engine_errors, show_flashes
-from ui.controls import engine_controls, load_generator, mode_summary
+from ui.controls import engine_controls, load_generator
 from ui.gauges import gauge_values, gauges_figure, live_window, steps_in_flight
+from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
+from ui.lanes import ASYNC_NOTE
+from ui.live_plot import live_plot
+from ui.status import current_settings, engine_status
 from ui.timeline import recent_window, timeline_figure
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
-GAUGE_PERIOD_S = 0.5  # 2 Hz
-TIMELINE_PERIOD_S = 1.0  # 1 Hz, the most DESIGN.md §7 allows
+LIVE_PERIOD_S = 1.0  # history and timeline: 1 Hz, the most DESIGN.md §7 allows
+CONTROLS_PERIOD_S = 1.0  # controls follow the engine's settings (changed from anywhere)
 GAUGE_WINDOW_MS = 2000.0
 TIMELINE_WINDOWS_MS = (50, 100, 250, 500, 1000, 2000, 5000)
 DEFAULT_WINDOW_MS = 1000  # a few CPU steps, a few hundred GPU steps
 SNAPSHOT_STEPS = 4000  # the newest steps taken from the bus per refresh (a slice, no copy)
 TIMELINE_WIDTH_PX = 1600  # for merging sub-pixel spans; about a wide browser window
+FAVICON = Path(__file__).resolve().parent / "ui" / "frontend" / "favicon.png"
+TOP_PADDING = "4rem"
+HISTORY_HEIGHT_PX = 150
+TIMELINE_HEIGHT_PX = 380
 
 PAUSE_KEY = "live.pause"
 FROZEN_KEY = "live.frozen"
 WINDOW_KEY = "live.window_ms"
 LAST_KEY = "live.last_records"
+SHOWN_KEY = "live.shown"  # the paused steps: drawn, and in the trace download
+
+
+@st.cache_resource
+def live_history() -> LiveHistory:
+    """One history per server: every tab draws the same buckets (read with one cursor)."""
+    return LiveHistory()
 
 
 def device_notice(settings: dict, client: EngineClient) -> None:
@@ -46,61 +67,108 @@ def device_notice(settings: dict, client: EngineClient) -> None:
     if settings.get("device") == "cuda":
         return
     reason = client.nvml_reason() or "no GPU: NVML is not available"
-    st.info(
-        f"**No GPU** ({reason}). The engine runs on the CPU; the h2d, compute and d2h lanes "
-        "are the same pipeline with each stream emulated by a worker thread, so sync and "
-        "async still differ. CUDA graphs and NVML utilisation need a GPU.",
-        icon=":material/memory:",
+    st.caption(
+        f":material/memory: **No GPU** ({reason}). The engine runs on the CPU; the h2d, "
+        "compute and d2h lanes are the same pipeline with each stream emulated by a worker "
+        "thread, so sync and async still differ. CUDA graphs, NVML and memory bandwidth need "
+        "a GPU."
     )
 
 
-@st.fragment(run_every=GAUGE_PERIOD_S)
-def gauges(client: EngineClient, max_num_seqs: int) -> None:
-    if not client.alive():
-        st.rerun()  # the full run shows the dead-engine banner with its restart button
-    with engine_errors(client, "Reading the engine's gauges"):
-        records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
-        stats = client.stats()
-        # A step still in flight (or still on the wire) is not idle time.
-        window = live_window(records[-16:], time.perf_counter_ns(), GAUGE_WINDOW_MS,
-                             in_flight=steps_in_flight(records[-16:], stats))
-        values = gauge_values(
-            recent_window(records, GAUGE_WINDOW_MS, end_ns=window[1]),
-            window,
-            stats=stats,
-            nvml=client.nvml(),
-            nvml_reason=client.nvml_reason(),
-            max_num_seqs=max_num_seqs,
-            # In-step gaps from the Step anatomy page's latest recording, if any.
-            calibration=(st.session_state.get("anatomy.result") or {}).get("calibration"),
-        )
-        st.plotly_chart(gauges_figure(values), key="live.gauges", config={"displaylogo": False})
+def draw_history(client: EngineClient, settings: dict) -> None:
+    history = live_history()
+    nvml = client.nvml()
+    now = time.perf_counter_ns()
+    history.update(client.telemetry(), nvml, now)
+    series = history.series(now)
+    series.mem_bw_reason = memory_bandwidth_reason(nvml, client.nvml_reason())
+    series.max_num_seqs = int(settings.get("max_num_seqs", 0))
+    live_plot(history_figure(series, HISTORY_HEIGHT_PX), key="live.history",
+              height_px=HISTORY_HEIGHT_PX)
 
 
 def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> list[StepRecord]:
     """Draw the timeline of the newest ``window_ms``; returns the steps it shows."""
     recent = recent_window(records, window_ms) if records else []
+    state = "Paused" if paused else "Live"
     fig = timeline_figure(
         recent,
         window_ms=window_ms,
         width_px=TIMELINE_WIDTH_PX,
-        title=(
-            f"Paused: {len(recent)} steps (zoom and pan freely)"
-            if paused
-            else f"Live: the last {len(recent)} steps"
-        ),
+        height_px=TIMELINE_HEIGHT_PX,
+        uirevision="live.timeline",
+        title=f"{state}: {len(recent)} steps in the last {window_ms:g} ms"
+        + (" (zoom and pan freely)" if paused else " (zoom, pan and hover stay while live)"),
     )
-    st.plotly_chart(fig, key="live.timeline", config={"displaylogo": False})
+    live_plot(fig, key="live.timeline", height_px=TIMELINE_HEIGHT_PX)
     return recent
 
 
-def live_timeline(client: EngineClient) -> None:
-    """The timeline's live refresh (run as a fragment every TIMELINE_PERIOD_S)."""
+def frozen_records(client: EngineClient) -> list[StepRecord]:
+    """What a pause froze (taken now when the pause came before any live refresh)."""
+    frozen = st.session_state.get(FROZEN_KEY) or client.telemetry().snapshot_steps(
+        SNAPSHOT_STEPS
+    )
+    st.session_state[FROZEN_KEY] = frozen
+    return frozen
+
+
+def live_view(client: EngineClient, settings: dict) -> None:
+    """History strip and timeline (a fragment every LIVE_PERIOD_S). Paused, it draws the
+    frozen snapshot: the same figure each time, so the chart is left alone (and keeps the
+    user's zoom), in the same frame as when live."""
     if not client.alive():
         st.rerun()  # the full run shows the dead-engine banner
+    draw_history(client, settings)
+    window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
+    if st.session_state.get(PAUSE_KEY):
+        # Exactly the steps the trace download holds (SHOWN_KEY, set by the full run).
+        shown = st.session_state.get(SHOWN_KEY)
+        if shown is None:
+            shown = recent_window(frozen_records(client), window)
+        draw_timeline(shown, window, paused=True)
+        return
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     st.session_state[LAST_KEY] = records  # what a pause would freeze
-    draw_timeline(records, float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS)), paused=False)
+    draw_timeline(records, window, paused=False)
+
+
+def controls(client: EngineClient) -> None:
+    """Engine controls, load generator and the detailed gauges (a fragment every second:
+    the toggles follow the engine's settings whoever changed them)."""
+    if engine_status(client).state != "alive":
+        return  # the banner says why; a call now would only wait for its timeout
+    with engine_errors(client, "Reading the engine's settings"):
+        # The watchdog's reading when there is one: a live part of the page makes no
+        # call that a hung engine would hold up (fragments of one tab run one at a time).
+        settings = current_settings(client)
+    with st.container(border=True):
+        with engine_errors(client, "Engine controls"):
+            engine_controls(client, settings)
+    with st.expander("Load generator", expanded=True, icon=":material/speed:"):
+        with engine_errors(client, "Load generator"):
+            load_generator(client, settings)
+    with st.expander("Gauges: the last 2 s in numbers", icon=":material/speed:"):
+        with engine_errors(client, "Reading the engine's gauges"):
+            records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
+            stats = client.stats()
+            # A step still in flight (or still on the wire) is not idle time.
+            window = live_window(records[-16:], time.perf_counter_ns(), GAUGE_WINDOW_MS,
+                                 in_flight=steps_in_flight(records[-16:], stats))
+            values = gauge_values(
+                recent_window(records, GAUGE_WINDOW_MS, end_ns=window[1]),
+                window,
+                stats=stats,
+                nvml=client.nvml(),
+                nvml_reason=client.nvml_reason(),
+                max_num_seqs=int(settings.get("max_num_seqs", 0)),
+                # In-step gaps from the Step anatomy page's latest recording, if any.
+                calibration=(st.session_state.get("anatomy.result") or {}).get("calibration"),
+            )
+            # A plain chart: it is folded away, and each live_plot frame loads its own
+            # plotly.js (the Live page keeps two).
+            st.plotly_chart(gauges_figure(values), key="live.gauges",
+                            config={"displaylogo": False})
 
 
 def freeze() -> None:
@@ -149,60 +217,57 @@ def live_page() -> None:
     show_flashes()
     with engine_errors(client, "Reading the engine's settings"):
         settings = client.settings()
-    st.title("Live")
-    st.markdown(mode_summary(settings), help="What the engine runs right now.")
-    device_notice(settings, client)
+    paused = bool(st.session_state.get(PAUSE_KEY))
+    window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
+    shown = recent_window(frozen_records(client), window) if paused else []
+    st.session_state[SHOWN_KEY] = shown if paused else None
+    st.fragment(run_every=LIVE_PERIOD_S)(live_view)(client, settings)
 
-    with st.container(border=True):
-        with engine_errors(client, "Engine controls"):
-            engine_controls(client, settings)
-    with st.expander("Load generator", expanded=True, icon=":material/speed:"):
-        with engine_errors(client, "Load generator"):
-            load_generator(client, int(settings.get("max_num_seqs", 8)))
-
-    gauges(client, int(settings.get("max_num_seqs", 0)))
-
-    pause_col, window_col = st.columns([1, 3])
+    pause_col, window_col, trace_col = st.columns([1, 2, 2], vertical_alignment="bottom")
     with pause_col:
-        paused = st.toggle(
+        st.toggle(
             "Pause",
             key=PAUSE_KEY,
             on_change=freeze,
-            help="Freeze the timeline so it can be zoomed; the engine keeps running.",
+            help="Freeze the timeline on what is on screen; the engine keeps running.",
         )
     with window_col:
         st.select_slider(
             "Timeline window (ms)", TIMELINE_WINDOWS_MS, value=DEFAULT_WINDOW_MS, key=WINDOW_KEY
         )
-    if paused:
-        # A frozen snapshot is drawn once by this full run; nothing redraws it until the
-        # pause ends, so plotly keeps the user's zoom.
-        frozen = st.session_state.get(FROZEN_KEY) or client.telemetry().snapshot_steps(
-            SNAPSHOT_STEPS
-        )
-        st.session_state[FROZEN_KEY] = frozen
-        shown = draw_timeline(frozen, float(st.session_state[WINDOW_KEY]), paused=True)
-        trace_download(shown)
-    else:
-        st.fragment(run_every=TIMELINE_PERIOD_S)(live_timeline)(client)
-        st.button(
-            "Pause to download the Chrome trace of the steps on screen",
-            key="live.trace_pause",
-            icon=":material/download:",
-            on_click=pause_for_trace,
-        )
+    with trace_col:
+        if paused:
+            trace_download(shown)
+        else:
+            st.button(
+                "Pause to download the Chrome trace of the steps on screen",
+                key="live.trace_pause",
+                icon=":material/download:",
+                on_click=pause_for_trace,
+            )
+    st.caption(ASYNC_NOTE)
+    device_notice(settings, client)
+    st.fragment(run_every=CONTROLS_PERIOD_S)(controls)(client)
 
 
 def main() -> None:
-    st.set_page_config(page_title="gapless", page_icon=":material/timeline:", layout="wide")
+    # A local icon: a ":material/..." favicon is fetched from fonts.gstatic.com.
+    st.set_page_config(page_title="gapless", page_icon=str(FAVICON), layout="wide")
     pages = [
         st.Page(live_page, title="Live", icon=":material/monitoring:", default=True),
         st.Page("pages/playground.py", title="Playground", icon=":material/chat:"),
         st.Page("pages/benchmark.py", title="Benchmark", icon=":material/speed:"),
+        st.Page("pages/ab.py", title="A/B", icon=":material/compare:"),
+        st.Page("pages/recordings.py", title="Recordings", icon=":material/folder_open:"),
         st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
         st.Page("pages/anatomy.py", title="Step anatomy", icon=":material/biotech:"),
     ]
-    st.navigation(pages).run()
+    page = st.navigation(pages, position="top")
+    # Less empty space under the top bar, so the timeline fits a 1280x800 window unscrolled.
+    st.html(f"<style>.stMainBlockContainer {{ padding-top: {TOP_PADDING}; }}</style>")
+    if page.title != "Recordings":  # recordings need no engine: they open without one
+        status_banner(engine_client())
+    page.run()
 
 
 main()

@@ -166,7 +166,8 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
                                             args=list(CHROMIUM_ARGS))
                 page = browser.new_page(viewport={"width": 1500, "height": 1300})
                 page.goto(url)
-                page.wait_for_selector('[data-testid="stPlotlyChart"]', timeout=120_000)
+                # The Live page's timeline (a live_plot frame, ui/live_plot.py).
+                page.wait_for_selector('iframe[title*="live_plot"]', timeout=120_000)
                 time.sleep(2.0)  # the page's first full run and its fragment timers settle
                 phases.append(measure(client, f"Live page open #{r + 1}", spec))
                 print(phases[-1], flush=True)

@@ -25,11 +25,13 @@ import streamlit as st
 from ui.chat import ChatTemplate, load_chat_template
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import mode_summary
+from ui.validation import parse_seed, sampling_error
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
 HISTORY_KEY = "play.history"
+INVALID_KEY = "play.invalid"
 STREAM_REDRAW_S = 0.05  # redraw a streaming reply at most 20 times a second
 
 
@@ -81,11 +83,13 @@ def sampling_params() -> dict[str, Any]:
     stop = [s for s in (part.strip() for part in stop_text.split(",")) if s]
     if stop:
         params["stop"] = stop
-    if seed_text.strip():
-        try:
-            params["seed"] = int(seed_text)
-        except ValueError:
-            st.sidebar.error(f"Seed must be a whole number, got {seed_text!r}; using none.")
+    seed, seed_error = parse_seed(seed_text)
+    if seed is not None:
+        params["seed"] = seed
+    # The engine's own rules (top-k 0, a negative seed...): refuse here, not after submit.
+    st.session_state[INVALID_KEY] = seed_error or sampling_error(params)
+    if st.session_state[INVALID_KEY]:
+        st.sidebar.error(st.session_state[INVALID_KEY])
     return params
 
 
@@ -233,7 +237,11 @@ def main() -> None:
         with st.chat_message("assistant"):
             draw_reply(st, reply.text, reply.chat)
             st.caption(reply.figures)
-    prompt = st.chat_input("Type a prompt and press Enter", key="play.prompt")
+    prompt = st.chat_input(
+        "Type a prompt and press Enter",
+        key="play.prompt",
+        disabled=bool(st.session_state.get(INVALID_KEY)),
+    )
     if prompt is None:
         return
     with st.chat_message("user"):

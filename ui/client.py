@@ -43,11 +43,14 @@ def make_client() -> EngineClient:
     """Attach to the engine named by $GAPLESS_ENGINE_SOCKET (an HTTP `serve`, say), else start
     an engine process (the seam tests replace with a fake)."""
     from engine.process.client import EngineClient
+    from ui.status import UI_CALL_TIMEOUT_S
 
     socket_path = os.environ.get(SOCKET_ENV)
     if socket_path:
-        return EngineClient.attach(socket_path)
-    return EngineClient(config_path=config_path())
+        return EngineClient.attach(socket_path, call_timeout_s=UI_CALL_TIMEOUT_S)
+    # Short calls: a hung engine must not freeze a page (streams and benchmarks don't wait
+    # on this; each of their items has its own wait).
+    return EngineClient(config_path=config_path(), call_timeout_s=UI_CALL_TIMEOUT_S)
 
 
 def _release(client: EngineClient) -> None:
@@ -77,8 +80,10 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None) ->
         st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
 
     def restart() -> None:
+        from ui.status import restart_keeping_settings
+
         try:
-            client.restart()
+            restart_keeping_settings(client)
         except Exception as exc:  # shown on the next run, never as a traceback
             log.exception("engine restart failed")
             st.session_state["ui.restart_error"] = str(exc) or type(exc).__name__
@@ -101,8 +106,16 @@ def engine_client() -> EngineClient:
         if st.button("Try again", key="ui.retry_start"):
             st.rerun()
         st.stop()
-    if not client.alive():
+    from ui.status import engine_status, watch
+
+    watch(client)  # a stand-in heartbeat while the client has no status() of its own
+    status = engine_status(client)
+    if status.state == "dead":
         show_dead_engine(client)
+    if status.state == "not_responding":
+        from ui.banner import stop_not_responding
+
+        stop_not_responding(client, status.reason)
     return client
 
 
@@ -129,8 +142,13 @@ def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
         st.error(f"{what}: {exc}")
     except EngineDead:
         show_dead_engine(client)
-    except EngineNotResponding as exc:
-        show_dead_engine(client, str(exc))
+    except TimeoutError:
+        from ui.banner import stop_not_responding
+        from ui.status import HANG
+
+        HANG.timed_out()
+        limit = getattr(client, "call_timeout_s", 2.0)
+        stop_not_responding(client, f"{what}: no answer within {limit:g} s")
 
 
 FLASH_KEY = "ui.flash"
@@ -159,6 +177,11 @@ def in_callback(what: str, action: Callable[[], object]) -> None:
         flash(f"{what}: {exc}")
     except (EngineDead, EngineNotResponding):
         pass
+    except TimeoutError:
+        from ui.status import HANG
+
+        HANG.timed_out()
+        flash(f"{what}: the engine did not answer; the change may apply when it resumes.")
     except Exception as exc:  # never a traceback in the browser
         log.exception("%s failed", what)
         flash(f"{what} failed: {exc}")

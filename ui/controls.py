@@ -39,7 +39,10 @@ def mode_summary(settings: dict[str, Any]) -> str:
 
 
 def _push(client: EngineClient, what: str, **change: Any) -> None:
-    in_callback(what, lambda: client.configure(**change))
+    from ui.status import REMEMBERED
+
+    # The engine's answer is the new truth at once (the watchdog's copy may be 0.5 s old).
+    in_callback(what, lambda: REMEMBERED.remember(client.configure(**change)))
 
 
 def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
@@ -114,9 +117,40 @@ def load_spec_from_state() -> Any:
     )
 
 
-def load_generator(client: EngineClient, max_num_seqs: int) -> None:
-    """Concurrency or request rate, prompt and output lengths; start and stop."""
-    running = client.load_running()
+def load_lengths_error(prompt_len: int, max_tokens: int, max_model_len: int | None) -> str | None:
+    """The engine's own rule (engine.drivers.loadgen.LoadGenerator): prompt + output tokens
+    must fit in max_model_len. None when they do (or the limit is unknown)."""
+    if max_model_len and prompt_len + max_tokens > max_model_len:
+        return (
+            f"prompt + output = {prompt_len + max_tokens} tokens exceeds the engine's "
+            f"max_model_len of {max_model_len}; make the prompt or the output shorter"
+        )
+    return None
+
+
+def load_stats_line(stats: dict[str, Any]) -> str:
+    """Like "submitted 120 · finished 112 · in flight 8 · dropped 3 · errors 0"."""
+    parts = [
+        f"submitted {stats.get('submitted', 0):,}",
+        f"finished {stats.get('finished', 0):,}",
+        f"in flight {stats.get('inflight', 0):,}",
+        f"dropped arrivals {stats.get('dropped', 0):,}",
+    ]
+    if stats.get("errors"):
+        parts.append(f"errors {stats['errors']:,}")
+    line = " · ".join(parts)
+    if stats.get("stopped_reason"):
+        line += f" · stopped: {stats['stopped_reason']}"
+    return line
+
+
+def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
+    """Concurrency or request rate, prompt and output lengths; start and stop; its counts."""
+    max_num_seqs = int(settings.get("max_num_seqs", 8))
+    max_len = settings.get("max_model_len")
+    cap = int(max_len) - 1 if max_len else 8192
+    stats = client.load_stats()
+    running = bool(stats.get("running"))
     cols = st.columns([1.2, 1, 1, 1, 1.4])
     with cols[0]:
         drive = st.radio("Drive by", DRIVES, key=LOAD_DRIVE_KEY, disabled=running)
@@ -139,25 +173,31 @@ def load_generator(client: EngineClient, max_num_seqs: int) -> None:
                 step=0.5,
                 key=LOAD_RATE_KEY,
                 disabled=running,
+                help=f"At most {4 * max_num_seqs} in flight (4 x max_num_seqs): arrivals "
+                "beyond that are dropped and counted.",
             )
     with cols[2]:
         st.number_input(
             "Prompt tokens",
             min_value=1,
-            max_value=8192,
-            value=DEFAULT_LEN,
+            max_value=max(1, cap),
+            value=min(DEFAULT_LEN, max(1, cap)),
             key=LOAD_PROMPT_KEY,
             disabled=running,
+            help=f"Prompt + output must fit in max_model_len ({max_len or '?'} tokens).",
         )
     with cols[3]:
         st.number_input(
             "Output tokens",
             min_value=1,
-            max_value=8192,
-            value=DEFAULT_LEN,
+            max_value=max(1, cap),
+            value=min(DEFAULT_LEN, max(1, cap)),
             key=LOAD_TOKENS_KEY,
             disabled=running,
+            help=f"Prompt + output must fit in max_model_len ({max_len or '?'} tokens).",
         )
+    spec = load_spec_from_state()
+    error = load_lengths_error(spec.prompt_len, spec.max_tokens, max_len)
     with cols[4]:
         if running:
             st.button(
@@ -166,16 +206,18 @@ def load_generator(client: EngineClient, max_num_seqs: int) -> None:
                 icon=":material/stop:",
                 on_click=lambda: in_callback("Stopping the load generator", client.stop_load),
             )
-            st.caption("load generator running")
         else:
             st.button(
                 "Start load",
                 key="load.start",
                 type="primary",
                 icon=":material/play_arrow:",
+                disabled=error is not None,
                 on_click=lambda: in_callback(
                     "Starting the load generator",
                     lambda: client.start_load(load_spec_from_state()),
                 ),
             )
-            st.caption("load generator stopped")
+        st.caption(("running · " if running else "stopped · ") + load_stats_line(stats))
+    if error and not running:
+        st.error(error)

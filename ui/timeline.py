@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
-from telemetry.records import CPU_LANES, LANES, StepRecord
+from telemetry.records import LANES, StepRecord
+from ui.lanes import CPU_GROUP, lane_group, legend_name
 
 # Lane colours: CPU phases in blues/greys, device streams in warm colours, so a glance tells
 # the CPU rows from the GPU rows.
@@ -204,61 +205,86 @@ def timeline_figure(
     *,
     window_ms: float | None = None,
     end_ns: int | None = None,
+    start_ns: int | None = None,
     width_px: int = DEFAULT_WIDTH_PX,
     height_px: int = 360,
     title: str | None = None,
+    legend: bool = True,
+    uirevision: str | None = None,
+    x_title: str = "ms before the newest span",
 ) -> go.Figure:
     """A Gantt chart of ``records``: one row per lane (LANES order, top to bottom).
 
     The x axis is milliseconds before ``end_ns`` (default: the latest span end). With
-    ``window_ms`` only that much history is drawn; otherwise everything in ``records``.
-    Spans thinner than one pixel of a ``width_px`` wide plot are merged (see merge_thin).
+    ``window_ms`` only that much history is drawn and the axis is exactly
+    ``[-window_ms, 0]``, so a live chart keeps one range (and, with ``uirevision``, the
+    user's zoom) from refresh to refresh. ``start_ns`` without ``window_ms`` draws from
+    there. Spans thinner than one pixel of a ``width_px`` wide plot are merged (see
+    merge_thin). ``legend`` adds one entry per lane with its meaning, grouped CPU / device.
     """
     if width_px < 1:
         raise ValueError(f"width_px must be >= 1, got {width_px}")
+    if window_ms is not None and window_ms <= 0:
+        raise ValueError(f"window_ms must be > 0, got {window_ms}")
     if end_ns is None:
         end_ns = window_end_ns(records)
     first_start = min((s.start_ns for r in records for s in r.spans), default=None)
     if end_ns is None or first_start is None:
-        start_ns = end_ns = 0
+        lo = hi = end_ns or 0
     elif window_ms is not None:
-        start_ns = end_ns - int(window_ms * 1e6)
+        lo, hi = end_ns - int(window_ms * 1e6), end_ns
     else:
-        start_ns = first_start
-    px_ns = max(end_ns - start_ns, 1) / width_px
-    bars = lane_bars(records, start_ns, end_ns, min_ns=px_ns)
+        lo, hi = (first_start if start_ns is None else start_ns), end_ns
+    px_ns = max(hi - lo, 1) / width_px
+    bars = lane_bars(records, lo, hi, min_ns=px_ns)
     facts = np.array([step_facts(r) for r in records] or [""], dtype=object)
 
     fig = go.Figure()
     for lane in LANES:
         lb = bars[lane]
+        group = lane_group(lane)
         fig.add_trace(
             go.Bar(
                 orientation="h",
-                name=lane,
+                name=legend_name(lane),
+                legendgroup=group,
+                legendgrouptitle={"text": group},
                 # Numeric rows (0 = top lane), labelled by tickvals: category strings would
                 # make plotly validate every bar one by one.
                 y=np.full(len(lb), float(lane_row(lane))),
-                base=(lb.start_ns - end_ns) / 1e6,
+                base=(lb.start_ns - hi) / 1e6,
                 # A span is at least a pixel wide on screen, or a 3 µs launch would vanish.
                 x=np.maximum((lb.end_ns - lb.start_ns), px_ns) / 1e6,
                 marker={"color": LANE_COLOURS.get(lane, "#888888"), "line": {"width": 0}},
                 hovertext=_hover_texts(lb, facts, records),
                 hoverinfo="text",
-                showlegend=False,
+                showlegend=legend,
             )
         )
+    if window_ms is not None:
+        x_range = [-float(window_ms), 0.0]
+    else:
+        x_range = [(lo - hi) / 1e6, 0.0] if hi != lo else [-1.0, 0.0]
+    n_cpu = sum(1 for lane in LANES if lane_group(lane) == CPU_GROUP)
     fig.update_layout(
         barmode="overlay",
         bargap=0.25,
         height=height_px,
         margin={"l": 10, "r": 10, "t": 30 if title else 10, "b": 40},
-        title={"text": title} if title else None,
+        title={"text": title, "font": {"size": 14}, "x": 0.01} if title else None,
         hovermode="closest",
+        uirevision=uirevision,
+        legend={
+            "groupclick": "toggleitem",
+            "font": {"size": 11},
+            "tracegroupgap": 6,
+            "itemclick": "toggle",
+        },
         xaxis={
-            "title": {"text": "ms before the newest span"},
-            "range": [(start_ns - end_ns) / 1e6, 0.0] if end_ns != start_ns else [-1.0, 0.0],
+            "title": {"text": x_title},
+            "range": x_range,
             "zeroline": False,
+            "ticksuffix": " ms",
         },
         yaxis={
             "tickmode": "array",
@@ -267,6 +293,7 @@ def timeline_figure(
             "range": [len(LANES) - 0.5, -0.5],  # reversed: the first lane on top
             "fixedrange": True,
             "zeroline": False,
+            "automargin": True,
         },
         # One separator between the CPU rows and the device rows.
         shapes=[
@@ -276,8 +303,8 @@ def timeline_figure(
                 "yref": "y",
                 "x0": 0,
                 "x1": 1,
-                "y0": len(CPU_LANES) - 0.5,
-                "y1": len(CPU_LANES) - 0.5,
+                "y0": n_cpu - 0.5,
+                "y1": n_cpu - 0.5,
                 "line": {"color": "#999999", "width": 1, "dash": "dot"},
             }
         ],

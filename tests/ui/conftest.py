@@ -1,4 +1,5 @@
-"""Shared set-up for the dashboard tests: the repository root on sys.path.
+"""Shared set-up for the dashboard tests: the repository root on sys.path, and the `fake`
+fixture (a stand-in engine swapped in through ui.client.make_client).
 
 pytest's default import mode puts only the test's own folder on sys.path; the dashboard
 tests import app-level packages (ui, telemetry, engine) from the repository root.
@@ -7,8 +8,30 @@ tests import app-level packages (ui, telemetry, engine) from the repository root
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+import pytest  # noqa: E402
+import streamlit as st  # noqa: E402
+from fake_engine import FakeEngineClient, reset_shared_state  # noqa: E402
+
+import ui.client  # noqa: E402
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
+    client = FakeEngineClient()
+    st.cache_resource.clear()
+    reset_shared_state()
+    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    yield client
+    st.cache_resource.clear()
+    reset_shared_state()
+
+
+
+

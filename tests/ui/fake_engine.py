@@ -82,8 +82,12 @@ class FakeEngineClient:
             "dtype": "float32",
             "model_impl": "gapless",
             "max_num_seqs": 8,
+            "max_model_len": 256,
         }
         self._dead: str | None = None
+        self.hung = False  # stopped (SIGSTOP): calls time out, status() says so
+        self.pid = None
+        self.call_timeout_s = 2.0
         self._load = False
         self._ids = itertools.count()
         self._step = 0
@@ -100,6 +104,11 @@ class FakeEngineClient:
     def death_reason(self) -> str | None:
         return self._dead
 
+    def status(self) -> str:
+        if self._dead is not None:
+            return "dead"
+        return "not_responding" if self.hung else "alive"
+
     def kill(self, reason: str = "engine process exited with code -9 (SIGKILL)") -> None:
         self._dead = reason
 
@@ -107,6 +116,10 @@ class FakeEngineClient:
         if self.restart_fails:
             raise RuntimeError("could not start the engine: model folder missing")
         self._dead = None
+        self.hung = False
+        self.restarts = getattr(self, "restarts", 0) + 1
+        # A new engine process starts from the config file's settings.
+        self._settings.update(async_batching=True, num_slots=2, cuda_graphs=False)
 
     def shutdown(self) -> None:
         self.shut_down = True
@@ -114,6 +127,8 @@ class FakeEngineClient:
     def _check(self) -> None:
         if self._dead is not None:
             raise FakeEngineDead(self._dead)
+        if self.hung:
+            raise TimeoutError("the engine did not answer settings within 2 s")
 
     # -- telemetry
     def publish_steps(self, n: int) -> None:
@@ -210,12 +225,26 @@ class FakeEngineClient:
         self._check()
         self.load_spec = spec
         self._load = True
+        self._load_thread = threading.Thread(target=self._drive, daemon=True)
+        self._load_thread.start()
+
+    def _drive(self) -> None:
+        # Steps keep coming while the load runs, in the mode of the moment.
+        while self._load:
+            self.publish_steps(5)
+            time.sleep(0.02)
 
     def stop_load(self) -> None:
         self._load = False
 
     def load_running(self) -> bool:
+        self._check()
         return self._load
+
+    def load_stats(self) -> dict[str, Any]:
+        self._check()
+        return {"running": self._load, "submitted": 40, "finished": 30, "inflight": 8,
+                "dropped": 2, "errors": 0, "stopped_reason": None, "spec": None}
 
     # -- benchmark
     def record_anatomy(self, n_steps: int = 8, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -231,7 +260,8 @@ class FakeEngineClient:
     def run_benchmark(self, spec: Any) -> Iterator[BenchmarkProgress | BenchmarkResult]:
         self._check()
         labels = [mode_label(m) for m in spec.modes or default_modes(self.graphs_available)]
-        for j, label in enumerate(labels):
+        for label in labels:
+            rep = int(label.rpartition("#")[2]) if "#" in label else 1
             for done in range(0, spec.num_requests + 1, max(1, spec.num_requests // 4)):
                 yield BenchmarkProgress(label, done, spec.num_requests)
             recs = fake_steps(0, 30, "async" if "async" in label else "sync", 0)
@@ -239,10 +269,29 @@ class FakeEngineClient:
                 label,
                 settings={},
                 num_steps=len(recs),
-                total_s=2.0 - 0.5 * j,
-                tokens_per_s=512.0 + 100 * j,
-                gpu_busy=0.6 + 0.2 * j,
-                idle_total_s=0.4 - 0.2 * j,
-                idle_gaps=30 - 10 * j,
+                # async clearly faster than sync, a little jitter per repetition
+                total_s=(1.5 if label.startswith("async") else 2.0) + 0.01 * rep,
+                tokens_per_s=(680.0 if label.startswith("async") else 512.0) - rep,
+                gpu_busy=0.8 if label.startswith("async") else 0.6,
+                idle_total_s=0.2 if label.startswith("async") else 0.4,
+                idle_gaps=20 if label.startswith("async") else 30,
                 records=recs,
             )
+
+
+class FakeClientWithoutHeartbeat(FakeEngineClient):
+    """An engine client from before the heartbeat: no status(), hangs show as timeouts."""
+
+    status = None  # type: ignore[assignment]
+
+
+def reset_shared_state() -> None:
+    """Server-wide dashboard state (one per Streamlit process) must not leak between tests."""
+    import ui.bench_runner
+    import ui.status
+
+    ui.bench_runner.RUNS.current = None
+    ui.status.REMEMBERED.settings = {}
+    ui.status.REMEMBERED.full = {}
+    ui.status.HANG.answered()
+    ui.status.stop_watchdogs()

@@ -7,7 +7,7 @@ test_pages_engine.py runs the same pages on the real engine.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from pathlib import Path
 
 import pytest
@@ -21,17 +21,22 @@ APP = Path(__file__).resolve().parents[2] / "app.py"
 TIMEOUT = 30
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
-    client = FakeEngineClient()
-    st.cache_resource.clear()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
-    yield client
-    st.cache_resource.clear()
-
-
 def app() -> AppTest:
     return AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+
+
+def live_figures(at: AppTest) -> dict[str, dict]:
+    """The figures drawn by ui.live_plot components, by key (JSON as the browser gets it)."""
+    out = {}
+    for el in at.get("component_instance"):
+        key = json.loads(el.proto.json_args)["key"]
+        (fig,) = [a.bytes for a in el.proto.special_args if a.key == "figure"]
+        out[key] = json.loads(fig)
+    return out
+
+
+def timeline_title(at: AppTest) -> str:
+    return live_figures(at)["live.timeline"]["layout"]["title"]["text"]
 
 
 def texts(at: AppTest) -> str:
@@ -40,17 +45,32 @@ def texts(at: AppTest) -> str:
     return "\n".join(str(p) for p in parts)
 
 
-def test_live_page_shows_mode_timeline_gauges_and_controls(fake: FakeEngineClient) -> None:
+def test_live_page_shows_history_timeline_and_controls(fake: FakeEngineClient) -> None:
     at = app().run()
     assert not at.exception
-    assert at.title[0].value == "Live"
     assert "mode **async**" in texts(at)
-    charts = at.get("plotly_chart")
-    assert len(charts) == 2  # gauges and timeline
-    assert "compute" in charts[1].proto.spec and "cpu.prepare" in charts[1].proto.spec
+    figs = live_figures(at)
+    # The history strip and the timeline come first, before any widget.
+    assert list(figs)[:2] == ["live.history", "live.timeline"]
+    first_widget = next(i for i, el in enumerate(at.main) if el.type in ("toggle", "button"))
+    first_chart = next(i for i, el in enumerate(at.main) if el.type == "component_instance")
+    assert first_chart < first_widget
+    ticks = figs["live.timeline"]["layout"]["yaxis"]["ticktext"]
+    assert "compute" in ticks and "cpu.prepare" in ticks
     assert at.toggle(key="ctl.async").value is True
     assert at.toggle(key="ctl.graphs").disabled  # no GPU
     assert "No GPU" in texts(at)
+
+
+def test_history_strip_has_the_four_figures_with_units(fake: FakeEngineClient) -> None:
+    at = app().run()
+    titles = [a["text"] for a in live_figures(at)["live.history"]["layout"]["annotations"]]
+    assert any(t.startswith("tokens/s") and "tok/s" in t for t in titles)
+    assert any(t.startswith("step busy") and "%" in t for t in titles)
+    assert any(t.startswith("requests running / waiting") for t in titles)
+    # No GPU: the memory bandwidth figure says why it is missing instead of a number.
+    assert "memory bandwidth used: n/a" in titles
+    assert any("NVML library not found" in t for t in titles)
 
 
 def test_async_toggle_and_slots_change_the_engines_mode(fake: FakeEngineClient) -> None:
@@ -77,24 +97,34 @@ def test_load_generator_starts_and_stops(fake: FakeEngineClient) -> None:
     at.button(key="load.start").click().run()
     assert fake.load_running()
     assert fake.load_spec.concurrency == 4 and fake.load_spec.rate is None
+    assert "dropped arrivals 2" in texts(at)  # the generator's counts are shown
     at.button(key="load.stop").click().run()
     assert not fake.load_running()
+
+
+def test_load_lengths_are_capped_at_max_model_len(fake: FakeEngineClient) -> None:
+    at = app().run()
+    assert at.number_input(key="load.prompt_len").max == 255  # max_model_len 256 - 1
+    at.number_input(key="load.prompt_len").set_value(200).run()
+    at.number_input(key="load.max_tokens").set_value(100).run()
+    assert at.button(key="load.start").disabled
+    assert any("exceeds the engine's max_model_len of 256" in e.value for e in at.error)
 
 
 def test_pause_freezes_the_timeline_and_offers_its_trace(fake: FakeEngineClient) -> None:
     at = app().run()
     at.button(key="live.trace_pause").click().run()
     assert at.toggle(key="live.pause").value is True
-    spec = at.get("plotly_chart")[1].proto.spec
-    assert "Paused" in spec
+    frozen = live_figures(at)["live.timeline"]
+    assert timeline_title(at).startswith("Paused")
     fake.publish_steps(50)
     at.run()
-    assert at.get("plotly_chart")[1].proto.spec == spec  # nothing new drawn while paused
+    assert live_figures(at)["live.timeline"] == frozen  # nothing new drawn while paused
     download = at.get("download_button")[0]
     assert not download.proto.disabled
     assert download.proto.url  # a file is registered, not built on click
     at.toggle(key="live.pause").set_value(False).run()
-    assert "Live" in at.get("plotly_chart")[1].proto.spec
+    assert timeline_title(at).startswith("Live")
     assert not at.get("download_button")
 
 
@@ -106,7 +136,7 @@ def test_dead_engine_shows_a_message_and_restart_brings_it_back(fake: FakeEngine
     assert "SIGKILL" in at.error[0].value
     at.button(key="ui.restart").click().run()
     assert fake.alive()
-    assert at.title[0].value == "Live" and not at.error
+    assert "live.timeline" in live_figures(at) and not at.error
 
 
 def test_failed_restart_is_a_message_not_a_traceback(fake: FakeEngineClient) -> None:
@@ -170,10 +200,24 @@ def test_benchmark_page_runs_every_mode_and_compares(fake: FakeEngineClient) -> 
     at.run()
     at.switch_page("pages/benchmark.py").run()
     at.button(key="bench.run").click().run()
+    run = ui.bench_runner.RUNS.current
+    assert run is not None
+    run._thread.join(10)
+    at.run()
     assert not at.exception
+    assert [r.mode_label for r in run.results] == [
+        "sync #1", "async #1", "sync #2", "async #2", "sync #3", "async #3"
+    ]  # alternated, three repetitions by default
     table = at.dataframe[0].value
     assert list(table["mode"]) == ["sync", "async"]
-    assert len(at.get("plotly_chart")) == 2  # one timeline per mode
+    assert list(table["runs"]) == [3, 3]
+    assert list(table["total s (spread)"]) == ["2.010-2.030", "1.510-1.530"]
+    # async's runs all beat sync's: a measurable difference, said as such.
+    assert any("async is 24.8% better than sync" in s.value for s in at.success), [
+        s.value for s in at.success]
+    charts = [c.proto.spec for c in at.get("plotly_chart")]
+    timelines = [c for c in charts if "cpu.prepare" in c and "ms before the window" in c]
+    assert len(timelines) == 2  # the median runs of both modes, side by side
 
 
 def test_requests_page_lists_requests_with_latencies(fake: FakeEngineClient) -> None:

@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 import pytest
 
 from telemetry.records import LANES, Span, StepRecord
+from ui.lanes import CPU_GROUP, DEVICE_GROUP
 from ui.timeline import lane_bars, lane_row, merge_thin, recent_window, timeline_figure
 
 MS = 1_000_000
@@ -25,13 +26,13 @@ def step(n: int, spans: list[Span], **kw: object) -> StepRecord:
 
 
 def trace_for(fig: go.Figure, lane: str) -> go.Bar:
-    (trace,) = [t for t in fig.data if t.name == lane]
+    (trace,) = [t for t in fig.data if t.name.split(":")[0] == lane]
     return trace
 
 
 def test_one_trace_per_lane_in_lanes_order_top_to_bottom() -> None:
     fig = timeline_figure([step(0, [Span("compute", 0, MS)])])
-    assert [t.name for t in fig.data] == list(LANES)
+    assert [t.name.split(":")[0] for t in fig.data] == list(LANES)
     assert list(fig.layout.yaxis.ticktext) == list(LANES)
     assert list(fig.layout.yaxis.tickvals) == [float(i) for i in range(len(LANES))]
     lo, hi = fig.layout.yaxis.range
@@ -143,7 +144,27 @@ def test_recent_window_keeps_overlapping_steps_in_order() -> None:
 
 def test_unknown_lanes_are_ignored_and_empty_input_draws_every_lane() -> None:
     fig = timeline_figure([step(0, [Span("gpu.mystery", 0, MS)])])
-    assert [t.name for t in fig.data] == list(LANES)
+    assert [t.name.split(":")[0] for t in fig.data] == list(LANES)
     assert all(len(t.x) == 0 for t in fig.data)
     assert "no steps yet" in fig.layout.annotations[0].text
-    assert [t.name for t in timeline_figure([]).data] == list(LANES)
+    assert [t.name.split(":")[0] for t in timeline_figure([]).data] == list(LANES)
+
+
+def test_legend_groups_lanes_cpu_and_device_with_a_meaning_for_each() -> None:
+    fig = timeline_figure([step(0, [Span("compute", 0, MS)])])
+    groups = {t.name.split(":")[0]: t.legendgroup for t in fig.data}
+    assert groups["cpu.wait"] == CPU_GROUP and groups["compute"] == DEVICE_GROUP
+    assert all(t.showlegend for t in fig.data)
+    wait = trace_for(fig, "cpu.wait")
+    assert "waits for the device" in wait.name  # the lane's one-line meaning
+
+
+def test_a_live_window_keeps_one_x_range_so_a_zoom_survives_refreshes() -> None:
+    # The range must not move with the data: plotly keeps a user's zoom across
+    # Plotly.react only while the figure's own range and uirevision stay the same.
+    a = timeline_figure([step(0, [Span("compute", 0, MS)])], window_ms=250, uirevision="x")
+    b = timeline_figure([step(9, [Span("compute", 50 * MS, 90 * MS)])], window_ms=250,
+                        uirevision="x")
+    assert tuple(a.layout.xaxis.range) == tuple(b.layout.xaxis.range) == (-250.0, 0.0)
+    assert a.layout.uirevision == b.layout.uirevision == "x"
+    assert a.layout.xaxis.ticksuffix == " ms"

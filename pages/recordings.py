@@ -1,0 +1,95 @@
+"""Recordings page: open a telemetry recording in the same timeline, figures and A/B view.
+
+Owns choosing a recording (one shipped in docs/recordings/, or a JSON-lines file uploaded
+from the engine's exporter), saying where it was made, and drawing it: one row of figures
+per mode and the A/B view of two of its modes. Needs no engine: it opens with the engine
+stopped, hung or on another machine.
+
+It must never write a recording, and never run anything a file contains (ui/recordings.py
+reads plain JSON values only).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from ui.ab_view import Window, show_ab
+from ui.recordings import Recording, list_recordings, load_recording, parse_recording
+from ui.window_stats import window_stats
+
+PICK_KEY = "rec.pick"
+UPLOAD_KEY = "rec.upload"
+
+
+@st.cache_data(max_entries=8, show_spinner="Reading the recording...")
+def cached_recording(path: str, mtime: float) -> Recording:
+    return load_recording(path)
+
+
+def mode_rows(rec: Recording) -> list[dict]:
+    rows = []
+    for label, steps in rec.by_mode().items():
+        s = window_stats(steps, label)
+        rows.append({
+            "mode": label, "steps": s.steps, "seconds": round(s.duration_s, 3),
+            "steps/s": round(s.steps_per_s, 1), "tokens/s": round(s.tokens_per_s, 1),
+            "step period ms": round(s.step_ms, 3), "compute busy %": round(100 * s.busy, 1),
+            "CPU work per step ms": round(s.cpu_ms, 3),
+            "CPU share of a step %": round(100 * s.cpu_share, 1),
+            "compute idle ms": round(s.idle_ms, 1),
+        })
+    return rows
+
+
+def pick() -> Recording | None:
+    shipped = list_recordings()
+    options = [p.name for p in shipped]
+    col_pick, col_up = st.columns([2, 1])
+    with col_pick:
+        name = st.selectbox("Shipped recordings (docs/recordings/)", options, key=PICK_KEY,
+                            index=0 if options else None,
+                            placeholder="none shipped yet")
+    with col_up:
+        upload = st.file_uploader("…or open a JSON-lines export", type=["jsonl"],
+                                  key=UPLOAD_KEY)
+    try:
+        if upload is not None:
+            text = upload.getvalue().decode("utf-8", errors="replace")
+            return parse_recording(text.splitlines(), name=Path(upload.name).stem)
+        if name:
+            path = next(p for p in shipped if p.name == name)
+            return cached_recording(str(path), path.stat().st_mtime)
+    except ValueError as exc:
+        st.error(f"This file is not a recording: {exc}")
+    return None
+
+
+def main() -> None:
+    st.title("Recordings")
+    st.caption(
+        "A recording is the engine's telemetry as JSON lines (telemetry/export.py), made with "
+        "`bench/record_timeline.py`: every step's spans, one mode after another. It opens "
+        "here without an engine, so a machine with no GPU shows what each mode does on one."
+    )
+    rec = pick()
+    if rec is None:
+        return
+    meta = rec.meta
+    st.markdown(f"**{rec.title()}**" + (f" · {meta['model']}" if meta.get("model") else ""))
+    st.dataframe(mode_rows(rec), hide_index=True, key="rec.modes")
+    windows = rec.by_mode()
+    labels = list(windows)
+    if len(labels) < 2:
+        st.info(f"This recording holds one mode ({labels[0]}): its timeline is below.")
+        steps = windows[labels[0]]
+        show_ab(Window(labels[0], steps), Window(labels[0], steps), key="rec.single")
+        return
+    a_col, b_col = st.columns(2)
+    a = a_col.selectbox("A", labels, index=0, key="rec.a")
+    b = b_col.selectbox("B", labels, index=1, key="rec.b")
+    show_ab(Window(a, windows[a]), Window(b, windows[b]), key="rec.ab")
+
+
+main()

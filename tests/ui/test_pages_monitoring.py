@@ -1,0 +1,163 @@
+"""The dashboard as a monitor (issue 14) under AppTest on the stand-in engine: one truth
+across tabs, a hung engine on every page, restart keeping the settings, widgets that
+validate as the engine does, the A/B view and the recordings.
+
+AppTest does not run fragments' timers; a "second tab" is a second AppTest on the same
+server-wide client, and "within 2 s" is the banner's one-second fragment, checked in the
+browser test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fake_engine import FakeClientWithoutHeartbeat, FakeEngineClient, reset_shared_state
+from streamlit.testing.v1 import AppTest
+from test_pages_fake import app, texts
+
+import ui.bench_runner
+import ui.client
+from ui.recordings import RECORDINGS_DIR
+
+PAGES = ("pages/playground.py", "pages/benchmark.py", "pages/ab.py", "pages/requests.py")
+# AppTest keeps only a file page's own elements, not those app.py draws before running it
+# (the banner): the banner on those pages is checked in the browser test.
+
+
+def on_page(page: str | None) -> AppTest:
+    at = app().run()
+    if page is not None:
+        at.switch_page(page).run()
+    return at
+
+
+@pytest.mark.parametrize("page", [None, "pages/playground.py"])
+def test_the_settings_shown_follow_a_change_made_elsewhere(
+    fake: FakeEngineClient, page: str | None
+) -> None:
+    at = on_page(page)
+    assert "mode **async**" in texts(at)
+    fake.configure(async_batching=False, num_slots=1)  # another tab, or an API call
+    at.run()
+    assert "mode **sync** · 1 slot ·" in texts(at)
+
+
+@pytest.mark.parametrize("page", [None, *PAGES])
+def test_a_hung_engine_is_reported_on_every_page_with_kill_and_restart(
+    fake: FakeEngineClient, page: str | None
+) -> None:
+    at = on_page(page)
+    fake.hung = True
+    at.run()
+    assert not at.exception
+    assert any("not responding" in e.value for e in at.error)
+    assert at.button(key="ui.kill_restart_page").label == "Kill and restart the engine"
+
+
+def test_without_a_heartbeat_a_call_that_times_out_says_not_responding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import streamlit as st
+
+    client = FakeClientWithoutHeartbeat()
+    st.cache_resource.clear()
+    reset_shared_state()
+    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    at = app().run()
+    client.hung = True
+    at.run()
+    assert not at.exception
+    assert any("not responding" in e.value for e in at.error)
+    st.cache_resource.clear()
+
+
+def test_kill_and_restart_recovers_and_keeps_the_live_settings(fake: FakeEngineClient) -> None:
+    at = app().run()
+    at.toggle(key="ctl.async").set_value(False).run()
+    at.button_group(key="ctl.slots").set_value(3).run()
+    fake.hung = True
+    at.run()
+    at.button(key="ui.kill_restart_page").click().run()
+    assert fake.alive() and not fake.hung and fake.restarts == 1
+    assert fake.settings()["async_batching"] is False and fake.settings()["num_slots"] == 3
+    assert "mode **sync** · 3 slots" in texts(at)
+
+
+def test_restart_after_a_death_keeps_the_live_settings(fake: FakeEngineClient) -> None:
+    at = app().run()
+    at.button_group(key="ctl.slots").set_value(1).run()
+    fake.kill()
+    at.run()
+    at.button(key="ui.restart").click().run()
+    assert fake.settings()["num_slots"] == 1
+
+
+def test_a_running_benchmark_is_announced_in_the_banner(fake: FakeEngineClient) -> None:
+    class Endless:
+        running = True
+        started = 0.0
+
+        def __init__(self) -> None:
+            import threading
+
+            self.lock = threading.Lock()
+            self.progress = ui.bench_runner.Progress(run_index=1, runs=6, label="async #1")
+
+    ui.bench_runner.RUNS.current = Endless()  # type: ignore[assignment]
+    at = on_page(None)
+    assert any("A benchmark is running" in w.value and "run 2 of 6" in w.value
+               for w in at.warning)
+
+
+@pytest.mark.parametrize(
+    ("widget", "value", "message"),
+    [("play.top_k", 0, "top_k must be -1 (off) or an integer >= 1"),
+     ("play.seed", "-5", "seed must be None or an integer >= 0")],
+)
+def test_playground_widgets_refuse_what_the_engine_would(
+    fake: FakeEngineClient, widget: str, value: object, message: str
+) -> None:
+    at = on_page("pages/playground.py")
+    if widget == "play.seed":
+        at.text_input(key=widget).set_value(value).run()
+    else:
+        at.number_input(key=widget).set_value(value).run()
+    assert any(message in e.value for e in at.error)
+    assert at.chat_input(key="play.prompt").proto.disabled
+
+
+def test_ab_one_click_captures_sync_then_async_and_restores(fake: FakeEngineClient) -> None:
+    at = on_page("pages/ab.py")
+    at.select_slider(key="ab.seconds").set_value(1).run()
+    at.button(key="ab.one_click").click().run()
+    assert not at.exception
+    assert fake.settings()["async_batching"] is True  # put back
+    assert not fake.load_running()  # the load it started for the capture is stopped
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    timelines = [s for s in specs if "cpu.prepare" in s and "ms before the window" in s]
+    assert len(timelines) == 2
+    assert "sync" in timelines[0] and "async" in timelines[1]
+    verdicts = [m.value for m in (*at.info, *at.success)]
+    assert any("steps/s" in v for v in verdicts)
+
+
+def test_recordings_page_opens_the_shipped_recording_without_an_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import streamlit as st
+
+    def no_engine() -> FakeEngineClient:
+        raise AssertionError("the Recordings page must not start an engine")
+
+    st.cache_resource.clear()
+    monkeypatch.setattr(ui.client, "make_client", no_engine)
+    assert (RECORDINGS_DIR / "cpu-tiny.jsonl").is_file()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
+                           default_timeout=30)
+    at.switch_page("pages/recordings.py").run()
+    assert not at.exception, at.exception
+    assert list(at.dataframe[0].value["mode"]) == ["sync", "async"]
+    assert any("CPU" in m.value and "commit" in m.value for m in at.markdown)
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert len([s for s in specs if "cpu.prepare" in s and "ms before the window" in s]) == 2

@@ -1,0 +1,243 @@
+"""The Live page's history strip: tokens/s, step busy, memory bandwidth, running/waiting.
+
+Owns binning step records into one-second buckets (pure ``bin_steps``), the per-server
+accumulator that reads the client's telemetry bus with a cursor so the history outlives the
+bus's newest-N snapshot (``LiveHistory``), and the compact one-row figure of sparklines.
+Values are smoothed (a 3-bucket mean) and each axis is a 1-2-5 ceiling of the window's
+maximum, so a scale changes only when the load does.
+
+To add a figure: give ``HistorySeries`` a field, fill it in ``LiveHistory.series``, and add
+a ``Tile`` to ``TILES`` (the figure lays out however many there are). It must never call
+streamlit and never read the bus except through ``LiveHistory.update``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from telemetry.records import StepRecord
+from ui.gauges import nice_ceiling
+
+BUCKET_NS = 1_000_000_000
+KEEP_BUCKETS = 120  # two minutes of history
+SHOWN_S = 60
+
+
+@dataclass(slots=True)
+class Bucket:
+    """Sums over the steps whose last span ended in one bucket."""
+
+    steps: int = 0
+    tokens: int = 0
+    busy_ns: int = 0  # compute-lane time (step busy)
+    running: int = 0  # of the bucket's newest step
+    waiting: int = 0
+    mem_bw_pct: float | None = None  # NVML GPM memory bandwidth used
+
+
+def bin_steps(records: Sequence[StepRecord], bucket_ns: int = BUCKET_NS) -> dict[int, Bucket]:
+    """Steps grouped by ``end // bucket_ns`` (a step belongs where its last span ended)."""
+    out: dict[int, Bucket] = {}
+    for rec in records:
+        if not rec.spans:
+            continue
+        end = max(s.end_ns for s in rec.spans)
+        b = out.setdefault(end // bucket_ns, Bucket())
+        b.steps += 1
+        b.tokens += rec.prefill_tokens + rec.decode_tokens
+        b.busy_ns += sum(s.end_ns - s.start_ns for s in rec.spans if s.lane == "compute")
+        b.running, b.waiting = rec.running, rec.waiting
+    return out
+
+
+def smooth(values: np.ndarray, width: int = 3) -> np.ndarray:
+    """Trailing mean over ``width`` points (NaN-aware; the first points use what exists)."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    out = np.full(values.shape, np.nan)
+    for i in range(values.size):
+        chunk = values[max(0, i - width + 1) : i + 1]
+        chunk = chunk[~np.isnan(chunk)]
+        if chunk.size:
+            out[i] = chunk.mean()
+    return out
+
+
+@dataclass(slots=True)
+class HistorySeries:
+    """One value per finished bucket, oldest first; ``t_s`` is seconds before now (<= 0)."""
+
+    t_s: np.ndarray
+    tokens_per_s: np.ndarray
+    step_busy_pct: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    mem_bw_pct: np.ndarray  # NaN where no GPM reading
+    mem_bw_reason: str | None = None  # why there is no memory bandwidth figure
+    max_num_seqs: int = 0
+
+
+def series_from_buckets(
+    buckets: dict[int, Bucket], now_ns: int, seconds: int = SHOWN_S, bucket_ns: int = BUCKET_NS
+) -> HistorySeries:
+    """The last ``seconds`` finished buckets before ``now_ns`` (empty buckets read 0)."""
+    last = now_ns // bucket_ns - 1  # the current bucket is still filling: leave it out
+    idx = np.arange(last - seconds + 1, last + 1)
+    got = [buckets.get(int(i)) for i in idx]
+    scale = 1e9 / bucket_ns
+    tok = np.array([b.tokens * scale if b else 0.0 for b in got])
+    busy = np.array([100.0 * b.busy_ns / bucket_ns if b else 0.0 for b in got])
+    run = np.array([float(b.running) if b else np.nan for b in got])
+    wait = np.array([float(b.waiting) if b else np.nan for b in got])
+    mem = np.array([b.mem_bw_pct if b and b.mem_bw_pct is not None else np.nan for b in got])
+    t = (idx + 1) * bucket_ns / 1e9 - now_ns / 1e9
+    return HistorySeries(t, tok, np.minimum(busy, 100.0), run, wait, mem)
+
+
+class LiveHistory:
+    """Reads the client's bus with its own cursor and keeps one-second buckets.
+
+    One per engine client (shared by every tab); a new bus (after a restart) starts a new
+    history. Thread-safe: several sessions may call update() at once.
+    """
+
+    def __init__(self, keep: int = KEEP_BUCKETS) -> None:
+        self._lock = threading.Lock()
+        self._bus: object | None = None
+        self._reader = None
+        self._keep = keep
+        self.buckets: dict[int, Bucket] = {}
+
+    def update(self, bus: object, nvml: dict | None, now_ns: int) -> None:
+        with self._lock:
+            if bus is not self._bus:
+                self._bus, self.buckets = bus, {}
+                self._reader = bus.reader(from_now=False)  # type: ignore[attr-defined]
+            assert self._reader is not None
+            fresh = bin_steps(self._reader.steps())
+            for i, b in fresh.items():
+                old = self.buckets.get(i)
+                if old is None:
+                    self.buckets[i] = b
+                else:
+                    old.steps += b.steps
+                    old.tokens += b.tokens
+                    old.busy_ns += b.busy_ns
+                    old.running, old.waiting = b.running, b.waiting
+            bw = None if nvml is None else nvml.get("dram_bw_util_pct")
+            if bw is not None:
+                self.buckets.setdefault(now_ns // BUCKET_NS, Bucket()).mem_bw_pct = float(bw)
+            cutoff = now_ns // BUCKET_NS - self._keep
+            for i in [i for i in self.buckets if i < cutoff]:
+                del self.buckets[i]
+
+    def series(self, now_ns: int, seconds: int = SHOWN_S) -> HistorySeries:
+        with self._lock:
+            return series_from_buckets(dict(self.buckets), now_ns, seconds)
+
+
+def memory_bandwidth_reason(nvml: dict | None, nvml_reason: str | None) -> str | None:
+    """Why there is no memory-bandwidth figure (None when there is one)."""
+    if nvml is None:
+        return nvml_reason or "no GPU: NVML is not available"
+    if nvml.get("dram_bw_util_pct") is not None:
+        return None
+    return nvml.get("gpm_reason") or "needs NVML GPM counters (Hopper or newer)"
+
+
+@dataclass(slots=True, frozen=True)
+class Tile:
+    """One sparkline: a title with units, and which series it draws (name, values, colour)."""
+
+    title: str
+    lines: Callable[[HistorySeries], list[tuple[str, np.ndarray, str]]]
+    unit: str = ""
+    fixed_max: float | None = None  # e.g. 100 for a percentage
+    reason: Callable[[HistorySeries], str | None] = field(default=lambda s: None)
+
+
+TILES: tuple[Tile, ...] = (
+    Tile("tokens/s", lambda s: [("tokens/s", s.tokens_per_s, "#3182bd")], unit=" tok/s"),
+    Tile(
+        "step busy (compute lane)",
+        lambda s: [("step busy", s.step_busy_pct, "#31a354")],
+        unit=" %",
+        fixed_max=100.0,
+    ),
+    Tile(
+        "memory bandwidth used",
+        lambda s: [("DRAM bandwidth", s.mem_bw_pct, "#756bb1")],
+        unit=" %",
+        fixed_max=100.0,
+        reason=lambda s: s.mem_bw_reason,
+    ),
+    Tile(
+        "requests running / waiting",
+        lambda s: [("running", s.running, "#3182bd"), ("waiting", s.waiting, "#e6550d")],
+    ),
+)
+
+
+def _latest(values: np.ndarray) -> float | None:
+    ok = values[~np.isnan(values)]
+    return float(ok[-1]) if ok.size else None
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.0f}{unit}" if abs(v) >= 10 or unit.strip() != "%" else f"{v:.1f}{unit}"
+
+
+def history_figure(s: HistorySeries, height_px: int = 150) -> go.Figure:
+    """One row of sparklines (TILES), each titled with its latest smoothed value."""
+    titles = []
+    for tile in TILES:
+        lines = tile.lines(s)
+        now = " / ".join(_fmt(_latest(smooth(v)), tile.unit) for _, v, _ in lines)
+        reason = tile.reason(s)
+        titles.append(
+            f"{tile.title}: <b>{now}</b>" if not reason else f"{tile.title}: n/a"
+        )
+    fig = make_subplots(rows=1, cols=len(TILES), subplot_titles=titles, horizontal_spacing=0.05)
+    for col, tile in enumerate(TILES, start=1):
+        top = 0.0
+        for name, values, colour in tile.lines(s):
+            sm = smooth(values)
+            fig.add_trace(
+                go.Scatter(
+                    x=s.t_s,
+                    y=sm,
+                    name=name,
+                    mode="lines",
+                    line={"color": colour, "width": 1.5},
+                    fill="tozeroy" if len(tile.lines(s)) == 1 else None,
+                    hovertemplate=f"{name} %{{y:,.1f}}{tile.unit}<br>%{{x:.0f}} s<extra></extra>",
+                    showlegend=False,
+                ),
+                row=1,
+                col=col,
+            )
+            if np.any(~np.isnan(sm)):
+                top = max(top, float(np.nanmax(sm)))
+        ymax = tile.fixed_max or nice_ceiling(max(top, 1.0))
+        fig.update_yaxes(range=[0, ymax], row=1, col=col, fixedrange=True, nticks=3,
+                         ticksuffix=tile.unit.strip() if tile.unit.strip() == "%" else "")
+        fig.update_xaxes(range=[-SHOWN_S, 0], row=1, col=col, fixedrange=True, ticksuffix=" s",
+                         nticks=4)
+        reason = tile.reason(s)
+        if reason:
+            axis = col if col > 1 else ""
+            fig.add_annotation(text=reason[:60], showarrow=False,
+                               font={"size": 11, "color": "#888"},
+                               xref=f"x{axis} domain", yref=f"y{axis} domain", x=0.5, y=0.5)
+    fig.update_annotations(font_size=12, selector={"showarrow": False, "yref": "paper"})
+    fig.update_layout(height=height_px, margin={"l": 30, "r": 10, "t": 30, "b": 25},
+                      uirevision="history", hovermode="x unified")
+    return fig

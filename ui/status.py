@@ -1,0 +1,244 @@
+"""Is the engine alive, hung or dead, and what does it run: one answer for every page.
+
+Owns the adapter over the engine client's health (``engine_status``: the client's
+``status()`` heartbeat where it has one, otherwise ``alive()`` / ``death_reason()`` and the
+outcome of a short call), the settings remembered across a restart, and the banner each page
+draws at its top once a second (``status_banner``): the engine's actual settings, "not
+responding" with a kill-and-restart button, and a running benchmark.
+
+It must never block a page for longer than one short call (UI_CALL_TIMEOUT_S), and never
+call st.* from a thread other than the script's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from engine.process.client import EngineClient
+
+log = logging.getLogger("gapless.ui")
+
+State = Literal["alive", "not_responding", "dead"]
+# Every call a page makes waits at most this long: a hung engine must not freeze a page.
+UI_CALL_TIMEOUT_S = 2.0
+BANNER_PERIOD_S = 1.0
+LIVE_KEYS = ("async_batching", "num_slots", "cuda_graphs")
+
+
+@dataclass(slots=True, frozen=True)
+class EngineStatus:
+    state: State
+    reason: str | None = None  # why not alive
+
+
+class HangMemo:
+    """Whether a call to the engine timed out lately with no answer since (thread-safe).
+
+    Without a heartbeat a hang shows only as calls that time out; once one has, pages skip
+    their calls (each would block for UI_CALL_TIMEOUT_S) until a call answers again.
+    """
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._since: float | None = None
+
+    def timed_out(self) -> None:
+        with self._lock:
+            if self._since is None:
+                self._since = self._clock()
+
+    def answered(self) -> None:
+        with self._lock:
+            self._since = None
+
+    def hung_for(self) -> float | None:
+        """Seconds since the first unanswered timeout, or None when the engine answers."""
+        with self._lock:
+            return None if self._since is None else self._clock() - self._since
+
+
+HANG = HangMemo()
+
+HEARTBEAT_S = 0.5  # the watchdog's probe period
+HUNG_AFTER_S = 2.0  # a probe unanswered this long means "not responding"
+
+
+class Watchdog:
+    """A stand-in heartbeat for a client without ``status()``: a daemon thread asks the
+    engine for its settings every HEARTBEAT_S (kept in REMEMBERED, which the pages' live
+    parts show instead of calling themselves); a question unanswered for HUNG_AFTER_S marks
+    the engine not responding at once, without any page waiting on a call. It only ever
+    blocks itself. One per client; ``stop()`` ends it (a new client, or tests).
+    """
+
+    def __init__(self, client: Any, memo: HangMemo, clock: Any = time.monotonic) -> None:
+        self.client = client
+        self.memo = memo
+        self._clock = clock
+        self._stop = threading.Event()
+        self._asked: float | None = None  # when the probe in flight was sent
+        self._thread = threading.Thread(target=self._run, name="gapless-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def overdue(self) -> bool:
+        """A probe has been waiting longer than HUNG_AFTER_S."""
+        asked = self._asked
+        return asked is not None and self._clock() - asked > HUNG_AFTER_S
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.client.alive():
+                self._asked = self._clock()
+                try:
+                    REMEMBERED.remember(self.client.settings())
+                    self.memo.answered()
+                except TimeoutError:
+                    self.memo.timed_out()
+                except Exception:  # dead or broken: alive() and the pages say so
+                    pass
+                finally:
+                    self._asked = None
+            self._stop.wait(HEARTBEAT_S)
+
+
+_watchdogs: dict[int, Watchdog] = {}
+_watchdog_lock = threading.Lock()
+
+
+def watch(client: Any) -> None:
+    """Make sure ``client`` (and only it) has a watchdog, when it has no status() of its own."""
+    if callable(getattr(client, "status", None)):
+        return
+    with _watchdog_lock:
+        if id(client) in _watchdogs and _watchdogs[id(client)].client is client:
+            return
+        for old in _watchdogs.values():
+            old.stop()
+        _watchdogs.clear()
+        _watchdogs[id(client)] = Watchdog(client, HANG).start()
+
+
+def watched(client: Any) -> bool:
+    dog = _watchdogs.get(id(client))
+    return dog is not None and dog.client is client
+
+
+def current_settings(client: Any) -> dict[str, Any]:
+    """The engine's settings for a live part of a page: the watchdog's latest reading
+    (at most HEARTBEAT_S old, no call) when it has one, otherwise a call."""
+    if watched(client):
+        latest = REMEMBERED.latest()
+        if latest:
+            return latest
+    settings = dict(client.settings())
+    REMEMBERED.remember(settings)
+    return settings
+
+
+def stop_watchdogs() -> None:
+    with _watchdog_lock:
+        for dog in _watchdogs.values():
+            dog.stop()
+        _watchdogs.clear()
+
+
+def _overdue(client: Any) -> bool:
+    return watched(client) and _watchdogs[id(client)].overdue()
+
+
+def engine_status(client: Any) -> EngineStatus:
+    """The client's own heartbeat verdict when it has ``status()``; else alive() / dead,
+    and "not_responding" while a call has timed out with none answered since (HANG) or the
+    watchdog's probe has waited longer than HUNG_AFTER_S."""
+    status = getattr(client, "status", None)
+    if callable(status):
+        try:
+            state = status()
+        except Exception as exc:  # a broken status() must not take the page down
+            log.exception("client.status() failed")
+            return EngineStatus("not_responding", f"status check failed: {exc}")
+        if state == "dead":
+            return EngineStatus("dead", client.death_reason())
+        if state == "not_responding":
+            return EngineStatus("not_responding", "no heartbeat from the engine for over 2 s")
+        return EngineStatus("alive")
+    if not client.alive():
+        return EngineStatus("dead", client.death_reason())
+    hung = HANG.hung_for()
+    if hung is not None:
+        return EngineStatus("not_responding", f"no answer for {hung + UI_CALL_TIMEOUT_S:.0f} s")
+    if _overdue(client):
+        return EngineStatus("not_responding", f"no answer for over {HUNG_AFTER_S:g} s")
+    return EngineStatus("alive")
+
+
+class Remembered:
+    """The engine's settings as last seen (thread-safe): what the pages show without a
+    call of their own while the watchdog reads them, and what a restart puts back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.settings: dict[str, Any] = {}
+        self.full: dict[str, Any] = {}
+
+    def remember(self, settings: dict[str, Any]) -> None:
+        with self._lock:
+            self.full = dict(settings)
+            self.settings = {k: settings[k] for k in (*LIVE_KEYS, "cuda_graphs_available")
+                             if k in settings}
+
+    def latest(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self.full)
+
+    def live(self) -> dict[str, Any]:
+        with self._lock:
+            s = dict(self.settings)
+        if not s.get("cuda_graphs_available"):
+            s.pop("cuda_graphs", None)  # cannot be turned on here anyway
+        return {k: s[k] for k in LIVE_KEYS if k in s}
+
+
+REMEMBERED = Remembered()  # one engine per Streamlit server (ui/client.py)
+
+
+def restart_keeping_settings(client: EngineClient) -> dict[str, Any]:
+    """client.restart(), then the live settings it had before (async, slots, graphs)."""
+    live = REMEMBERED.live()
+    client.restart()
+    HANG.answered()
+    if live:
+        try:
+            return dict(client.configure(**live))
+        except ValueError:  # e.g. graphs no longer available: keep what the engine allows
+            live.pop("cuda_graphs", None)
+            return dict(client.configure(**live)) if live else client.settings()
+    return client.settings()
+
+
+def kill_and_restart(client: EngineClient) -> None:
+    """SIGKILL a hung engine (a SIGSTOPped one cannot answer a shutdown), then restart it."""
+    pid = client.pid
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5.0
+        while client.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the client notices the exit within about a second
+    restart_keeping_settings(client)

@@ -1,0 +1,147 @@
+"""Figures of one window of steps, for comparing modes: steps/s, step time, CPU share, idle.
+
+Owns the per-window arithmetic the A/B view and the recordings show: steps per second (and
+per sub-window, the spread the verdict is judged by), the median step period, the device's
+compute time and the CPU's own work per step (its share of a step: the most async can hide),
+and the compute lane's idle time split by what the CPU was doing meanwhile. Busy and gap
+maths are telemetry.metrics'. Pure functions: no streamlit, no engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from telemetry.metrics import busy_fraction, busy_intervals, idle_gaps
+from telemetry.records import Span, StepRecord
+
+CPU_WORK_LANES = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.post")
+# What the CPU was doing while the device idled, checked in this order.
+IDLE_CAUSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("CPU preparing a step", ("cpu.schedule", "cpu.prepare", "cpu.launch")),
+    ("CPU post-processing", ("cpu.post",)),
+    ("copies (h2d / d2h)", ("h2d", "d2h")),
+)
+OTHER_CAUSE = "nothing scheduled"
+
+
+@dataclass(slots=True)
+class WindowStats:
+    label: str
+    start_ns: int
+    end_ns: int
+    steps: int
+    steps_per_s: float
+    tokens_per_s: float
+    step_ms: float  # median time from one step's compute start to the next's
+    compute_ms: float  # median compute span
+    cpu_ms: float  # median CPU work per step (schedule + prepare + launch + post)
+    busy: float  # compute-lane busy fraction
+    idle_ms: float
+    idle_gaps: int
+    largest_gap_ms: float
+    idle_by_cause_ms: dict[str, float] = field(default_factory=dict)
+    sub_steps_per_s: list[float] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+    @property
+    def cpu_share(self) -> float:
+        """The CPU's own work as a share of a step period (0..1, nan when unknown)."""
+        return self.cpu_ms / self.step_ms if self.step_ms > 0 else float("nan")
+
+
+def _union(spans: Sequence[Span], lanes: Sequence[str], lo: int, hi: int):
+    merged = [Span("u", s.start_ns, s.end_ns) for s in spans if s.lane in lanes]
+    return busy_intervals(merged, lo, hi, lane="u")
+
+
+def covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of [a_i, b_i] covered by the disjoint sorted intervals (starts, ends)."""
+    if starts.size == 0:
+        return np.zeros(a.shape, dtype=np.int64)
+    cum = np.concatenate(([0], np.cumsum(ends - starts)))
+
+    def upto(x: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, x, side="right")  # intervals starting at or before x
+        over = np.where(k > 0, np.maximum(ends[np.maximum(k - 1, 0)] - x, 0), 0)
+        return cum[k] - over
+
+    return upto(b) - upto(a)
+
+
+def idle_by_cause(spans: Sequence[Span], lo: int, hi: int) -> dict[str, float]:
+    """Compute-idle time (ms) in [lo, hi], each gap given to the first cause (IDLE_CAUSES
+    order) whose lanes cover at least half of it, else to OTHER_CAUSE."""
+    bs, be = busy_intervals(spans, lo, hi, lane="compute")
+    gs = np.concatenate(([lo], be))
+    ge = np.concatenate((bs, [hi]))
+    keep = ge > gs
+    gs, ge = gs[keep], ge[keep]
+    out = {name: 0.0 for name, _ in IDLE_CAUSES} | {OTHER_CAUSE: 0.0}
+    free = np.ones(gs.shape, dtype=bool)
+    for name, lanes in IDLE_CAUSES:
+        us, ue = _union(spans, lanes, lo, hi)
+        mine = free & (2 * covered(us, ue, gs, ge) >= (ge - gs))
+        out[name] = float((ge - gs)[mine].sum()) / 1e6
+        free &= ~mine
+    out[OTHER_CAUSE] = float((ge - gs)[free].sum()) / 1e6
+    return out
+
+
+def _end(rec: StepRecord) -> int:
+    return max(s.end_ns for s in rec.spans)
+
+
+def window_stats(
+    records: Sequence[StepRecord],
+    label: str,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    parts: int = 5,
+) -> WindowStats:
+    """The figures of ``records`` over [start_ns, end_ns] (default: their own extent)."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    recs = [r for r in records if r.spans]
+    if not recs:
+        raise ValueError(f"window {label!r} has no steps")
+    lo = min(s.start_ns for r in recs for s in r.spans) if start_ns is None else start_ns
+    hi = max(_end(r) for r in recs) if end_ns is None else end_ns
+    if hi <= lo:
+        raise ValueError(f"window {label!r} is empty: end {hi} <= start {lo}")
+    inside = [r for r in recs if lo <= _end(r) <= hi]
+    spans = [s for r in recs for s in r.spans]
+    length_s = (hi - lo) / 1e9
+    compute_starts = np.sort(
+        [s.start_ns for s in spans if s.lane == "compute" and lo <= s.start_ns <= hi]
+    )
+    period = np.diff(compute_starts)
+    compute = [s.end_ns - s.start_ns for r in inside for s in r.spans if s.lane == "compute"]
+    cpu = [sum(s.end_ns - s.start_ns for s in r.spans if s.lane in CPU_WORK_LANES) for r in inside]
+    gaps = idle_gaps(spans, lo, hi)
+    edges = np.linspace(lo, hi, parts + 1)
+    ends = np.array([_end(r) for r in inside])
+    counts = np.histogram(ends, bins=edges)[0] if ends.size else np.zeros(parts)
+    sub = (counts / (length_s / parts)).tolist()
+    return WindowStats(
+        label=label,
+        start_ns=int(lo),
+        end_ns=int(hi),
+        steps=len(inside),
+        steps_per_s=len(inside) / length_s,
+        tokens_per_s=sum(r.prefill_tokens + r.decode_tokens for r in inside) / length_s,
+        step_ms=float(np.median(period)) / 1e6 if period.size else float("nan"),
+        compute_ms=float(np.median(compute)) / 1e6 if compute else float("nan"),
+        cpu_ms=float(np.median(cpu)) / 1e6 if cpu else float("nan"),
+        busy=busy_fraction(spans, lo, hi),
+        idle_ms=gaps.total_ns / 1e6,
+        idle_gaps=gaps.count,
+        largest_gap_ms=gaps.largest_ns / 1e6,
+        idle_by_cause_ms=idle_by_cause(spans, lo, hi),
+        sub_steps_per_s=sub,
+    )
