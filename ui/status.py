@@ -171,10 +171,19 @@ def engine_status(client: Any) -> EngineStatus:
         except Exception as exc:  # a broken status() must not take the page down
             log.exception("client.status() failed")
             return EngineStatus("not_responding", f"status check failed: {exc}")
-        if state == "dead":
-            return EngineStatus("dead", client.death_reason())
-        if state == "not_responding":
-            return EngineStatus("not_responding", "no heartbeat from the engine for over 2 s")
+        # EngineClient.status() gives an object with .state, .reason and .silent_s (the
+        # stand-in in tests/ui gives the state alone).
+        name = getattr(state, "state", state)
+        reason = getattr(state, "reason", None)
+        if name == "dead":
+            return EngineStatus("dead", reason or client.death_reason())
+        if name == "not_responding":
+            silent = getattr(state, "silent_s", None)
+            return EngineStatus("not_responding", reason or (
+                f"no heartbeat from the engine for {silent:.1f} s" if silent is not None
+                else "no heartbeat from the engine for over 2 s"))
+        if name == "stalled":  # the process answers; its step loop has not moved
+            return EngineStatus("not_responding", reason or "the engine's step loop is stalled")
         return EngineStatus("alive")
     if not client.alive():
         return EngineStatus("dead", client.death_reason())
