@@ -48,6 +48,7 @@ class EngineConfig:
     graph_buckets: list[int] | None = None
     telemetry: bool = True
     nvml_interval_s: float = 0.25
+    http_port: int | None = None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], **overrides: Any) -> EngineConfig:
@@ -130,6 +131,11 @@ class EngineConfig:
             raise ValueError(
                 f"nvml_interval_s must be a finite number > 0, got {self.nvml_interval_s}"
             )
+        if self.http_port is not None and (
+                isinstance(self.http_port, bool) or not isinstance(self.http_port, int)
+                or not 1 <= self.http_port <= 65535):
+            raise ValueError(f"http_port must be null (no HTTP API) or a port 1-65535, got "
+                             f"{self.http_port!r}")
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import streamlit as st
@@ -48,13 +49,30 @@ def make_client() -> EngineClient:
     socket_path = os.environ.get(SOCKET_ENV)
     if socket_path:
         return EngineClient.attach(socket_path, call_timeout_s=UI_CALL_TIMEOUT_S)
-    # Short calls: a hung engine must not freeze a page (streams and benchmarks don't wait
-    # on this; each of their items has its own wait).
-    return EngineClient(config_path=config_path(), call_timeout_s=UI_CALL_TIMEOUT_S)
+    from engine.config import EngineConfig
+
+    path = config_path()
+    http_port = EngineConfig.from_yaml(path).http_port if Path(path).is_file() else None
+    if http_port is None:
+        # Short calls: a hung engine must not freeze a page (streams and benchmarks don't
+        # wait on this; each of their items has its own wait).
+        return EngineClient(config_path=path, call_timeout_s=UI_CALL_TIMEOUT_S)
+    # config.yaml turns the HTTP API on: the engine listens on a socket and a serve process
+    # attaches to it (started here, stopped with the engine in _release).
+    from engine.process.client import default_socket_path
+    from ui.http_sidecar import start_http_api
+
+    sock = default_socket_path()
+    client = EngineClient(config_path=path, call_timeout_s=UI_CALL_TIMEOUT_S, listen=sock)
+    client.http_api = start_http_api(sock, path, http_port)  # type: ignore[attr-defined]
+    return client
 
 
 def _release(client: EngineClient) -> None:
     # Called when the cache entry goes (st.cache_resource.clear(), tests): stop the engine.
+    from ui.http_sidecar import stop_http_api
+
+    stop_http_api(getattr(client, "http_api", None))
     try:
         client.shutdown()
     except Exception:  # the engine may already be gone; releasing must not fail

@@ -29,6 +29,7 @@ from typing import Any
 from engine.config import EngineConfig, SamplingParams
 from engine.core.request import RequestOutput
 from engine.process import endpoint
+from engine.process.endpoint import default_socket_path  # noqa: F401 (API)
 from engine.process.session import Session
 from engine.process.spawn import EngineProcess, exit_reason, last_words  # noqa: F401
 from engine.process.status import (  # noqa: F401  (re-exported: they belong to the API)

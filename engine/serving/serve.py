@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "engine.process.endpoint.default_socket_path()")
     ap.add_argument("--no-listen", action="store_true",
                     help="do not accept other local clients")
+    ap.add_argument("--attach", metavar="PATH", default=None,
+                    help="serve an engine that is already running (its socket) instead of "
+                    "starting one; --config still names its model's tokenizer")
     ap.add_argument("--log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug"])
     return ap
@@ -168,11 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         sock = bind(args.host, args.port)
         tokenizer = tokenizer_of(config, template)
         listen = None
-        if not args.no_listen:
-            from engine.process.endpoint import default_socket_path
+        if args.attach:
+            client = EngineClient.attach(args.attach)
+        else:
+            if not args.no_listen:
+                from engine.process.endpoint import default_socket_path
 
-            listen = args.listen or default_socket_path()
-        client = EngineClient(args.config, listen=listen, **overrides)
+                listen = args.listen or default_socket_path()
+            client = EngineClient(args.config, listen=listen, **overrides)
         if listen is not None:
             print(f"gapless: the dashboard can watch this engine: "
                   f"GAPLESS_ENGINE_SOCKET={listen} streamlit run app.py", file=sys.stderr)
