@@ -13,11 +13,12 @@ part() {  # part NAME LIMIT_S CMD...
 }
 for preset in qwen3-0.6b llama-1b llama-8b; do
   for batch in 32 256; do
-    part "avs_${preset}_b${batch}" 40 $PY bench/bench_async.py --preset $preset \
+    limit=30; [ "$preset" = llama-8b ] && limit=45
+    part "avs_${preset}_b${batch}" $limit $PY bench/bench_async.py --preset $preset \
       --requests $batch --prompt 256 --new 128 --budget 4096 \
       --modes sync-graphs,async-graphs --model-impls gapless
   done
 done
-part transformers_cb_8b 150 $PY bench/bench_transformers_cb.py --preset llama-8b \
+part transformers_cb_8b 110 $PY bench/bench_transformers_cb.py --preset llama-8b \
   --requests 32 --prompt 256 --new 1024 --modes async
 tar czf $OUT_DIR/call3.tgz -C $W . && ls -la $OUT_DIR
