@@ -161,11 +161,11 @@ def test_modes_are_alternated_over_the_repetitions() -> None:
 # ------------------------------------------------------------------------------- widgets
 @pytest.mark.parametrize(
     ("params", "error"),
-    [({"top_k": 0}, "top_k must be -1 (off) or an integer >= 1"),
+    [({"top_k": 0}, "top_k must be -1 (off) or an integer in [1, 2147483647]"),
      ({"top_k": -1}, None), ({"top_k": 5}, None),
      ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-     ({"seed": -5}, "seed must be None or an integer >= 0"),
-     ({"max_tokens": 0}, "max_tokens must be >= 1")],
+     ({"seed": -5}, "seed must be None or an integer in [0, 2147483647]"),
+     ({"max_tokens": 0}, "max_tokens must be an integer in [1, 2147483647]")],
 )
 def test_sampling_widgets_use_the_engines_own_rules(params: dict, error: str | None) -> None:
     got = sampling_error(params)

@@ -112,8 +112,8 @@ def test_a_running_benchmark_is_announced_in_the_banner(fake: FakeEngineClient) 
 
 @pytest.mark.parametrize(
     ("widget", "value", "message"),
-    [("play.top_k", 0, "top_k must be -1 (off) or an integer >= 1"),
-     ("play.seed", "-5", "seed must be None or an integer >= 0")],
+    [("play.top_k", 0, "top_k must be -1 (off) or an integer in [1, 2147483647]"),
+     ("play.seed", "-5", "seed must be None or an integer in [0, 2147483647]")],
 )
 def test_playground_widgets_refuse_what_the_engine_would(
     fake: FakeEngineClient, widget: str, value: object, message: str
