@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,10 +62,15 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None,
                  timeout_s: float = 180.0) -> Server:
     log = tmp / "serve.log"
     sock = tmp / "engine" / "engine.sock"
+    # config.yaml with the tiny shipped model (the default, SmolLM2, is slower on a CPU): the
+    # served model name stays MODEL, as given in the config.
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["model"] = MODEL
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would stall the server
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine", "serve", "--port", "0", "--device", "cpu",
-             "--listen", str(sock), "--log-level", "warning",
+             "--listen", str(sock), "--log-level", "warning", "--config", str(tmp / "config.yaml"),
              *args],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
