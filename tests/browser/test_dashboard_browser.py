@@ -414,6 +414,13 @@ def test_playground_prompt_streams_back_text(page: sync_api.Page) -> None:
             {subtree: true, childList: true, characterData: true});
         }"""
     )
+    # The longest reply the page allows, past EOS: on a busy CPU a short reply of the tiny
+    # model can arrive in one piece, which says nothing about streaming.
+    slider = page.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens")
+    slider.get_by_role("slider").focus()
+    slider.get_by_role("slider").press("End")
+    page.get_by_text("Ignore end-of-sequence").first.click()
+    page.wait_for_timeout(1000)
     box = page.locator('[data-testid="stChatInputTextArea"]')
     box.fill("def fibonacci(n):")
     box.press("Enter")
