@@ -19,7 +19,10 @@ import yaml
 from ui import headless
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
+# A real browser against a live engine on a 2-core machine: a check that misses its timing
+# once under load is run again (at most twice more) before it counts as failed.
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 if not headless.CHROMIUM.exists():
     pytest.skip(f"{headless.CHROMIUM} is missing: install Debian's chromium package",

@@ -41,7 +41,10 @@ WIDE = {"width": 1600, "height": 1000}
 SMALL = {"width": 1280, "height": 800}
 TIMELINE = 'iframe[title*="live_plot"] >> nth=1'  # the history strip is nth=0
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200)]
+# A real browser against a live engine on a 2-core machine: a check that misses its timing
+# once under load is run again (at most twice more) before it counts as failed.
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200),
+              pytest.mark.flaky(reruns=2, reruns_delay=2)]
 
 if not headless.CHROMIUM.exists():
     pytest.skip(
