@@ -402,6 +402,16 @@ def test_a_shipped_recording_opens(page: sync_api.Page) -> None:
     shoot(page, "recordings")
 
 
+def long_replies(page: sync_api.Page) -> None:
+    """The longest reply the page allows, past EOS: a short reply of the tiny model (fused
+    forward on the CPU) can arrive in one piece, or end before a second one starts."""
+    slider = page.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens")
+    slider.get_by_role("slider").focus()
+    slider.get_by_role("slider").press("End")
+    page.get_by_text("Ignore end-of-sequence").first.click()
+    page.wait_for_timeout(1000)
+
+
 def test_playground_prompt_streams_back_text(page: sync_api.Page) -> None:
     goto_page(page, "Playground")
     page.evaluate(
@@ -417,13 +427,7 @@ def test_playground_prompt_streams_back_text(page: sync_api.Page) -> None:
             {subtree: true, childList: true, characterData: true});
         }"""
     )
-    # The longest reply the page allows, past EOS: on a busy CPU a short reply of the tiny
-    # model can arrive in one piece, which says nothing about streaming.
-    slider = page.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens")
-    slider.get_by_role("slider").focus()
-    slider.get_by_role("slider").press("End")
-    page.get_by_text("Ignore end-of-sequence").first.click()
-    page.wait_for_timeout(1000)
+    long_replies(page)
     box = page.locator('[data-testid="stChatInputTextArea"]')
     box.fill("def fibonacci(n):")
     box.press("Enter")
@@ -472,6 +476,7 @@ def test_two_tabs_stream_at_the_same_time(server, browser, page) -> None:
             ask(tab, "import sys")
             tab.wait_for_function("() => window.__done !== null")
         for tab in tabs:
+            long_replies(tab)
             tab.evaluate(REPLY_TIMES_JS)
         for tab, prompt in zip(tabs, ("import os", "class Stack:"), strict=True):
             ask(tab, prompt)
