@@ -285,7 +285,7 @@ def test_hover_label_stays_while_the_pointer_is_on_the_chart(page: sync_api.Page
 
 
 @pytest.mark.skip(reason="flaky since the merges: the download event did not come within 60 s in "
-                         "2 of 4 runs on 2026-12-02 (once alone); to be found, see the closing note")
+                         "2 of 4 runs on 2026-12-02 (once alone); cause not found yet")
 def test_trace_download_is_a_chrome_trace_of_the_steps_on_screen(page: sync_api.Page) -> None:
     page.get_by_role("button", name="Pause to download the Chrome trace").click()
     button = page.get_by_role("button", name="Download the Chrome trace of the steps on screen")
