@@ -127,13 +127,18 @@ def test_a_submit_that_is_not_confirmed_leaves_nothing_running(client):
     assert out.finish_reason == "abort" and "was aborted" in out.error
 
     def ended_by_abort() -> bool:
-        return any(e.request_id == rid and e.kind == "finished" and e.reason == "abort"
-                   for e in bus.snapshot_events(500))
+        return any(
+            e.request_id == rid and e.kind == "finished" and e.reason == "abort"
+            for e in bus.snapshot_events(500)
+        )
 
     wait_for(ended_by_abort, 10.0)  # the engine read the submit, then the abort after it
     wait_for(lambda: idle(client), 5.0)
-    generated = sum(e.num_tokens for e in bus.snapshot_events(2000)
-                    if e.request_id == rid and e.kind in ("first_token", "tokens"))
+    generated = sum(
+        e.num_tokens
+        for e in bus.snapshot_events(2000)
+        if e.request_id == rid and e.kind in ("first_token", "tokens")
+    )
     assert generated < 400
 
 
@@ -152,7 +157,10 @@ def test_abort_is_applied_in_order_and_never_waits(client):
     with pytest.raises(ValueError, match="request_id must be a string"):
         client.abort(["x"])  # type: ignore[arg-type]
     client.abort("never-submitted")  # ignored by the engine
-    assert client.generate([1, 2, 3], dict(max_tokens=4), timeout=30).finish_reason == "length"
+    assert (
+        client.generate([1, 2, 3], dict(max_tokens=4, ignore_eos=True), timeout=30).finish_reason
+        == "length"
+    )
 
 
 def test_kill_mid_stream_keeps_the_tokens_and_text_that_streamed(client):
@@ -167,7 +175,7 @@ def test_kill_mid_stream_keeps_the_tokens_and_text_that_streamed(client):
     out = client.result(rid, timeout=3)
     assert out.finish_reason == "error" and "SIGKILL" in out.error
     assert len(out.token_ids) >= 20
-    assert out.token_ids == solo.token_ids[:len(out.token_ids)]
+    assert out.token_ids == solo.token_ids[: len(out.token_ids)]
     assert out.text.startswith("".join(streamed))
     assert solo.text.startswith(out.text)
     client.restart()
@@ -183,7 +191,10 @@ def test_restart_and_shutdown_of_a_stopped_engine_are_quick(client):
     client.restart()
     assert client.pid != old and client.status().state == "alive"
     assert client.result(rid, timeout=1).finish_reason == "error"
-    assert client.generate([1, 2, 3], dict(max_tokens=4), timeout=30).finish_reason == "length"
+    assert (
+        client.generate([1, 2, 3], dict(max_tokens=4, ignore_eos=True), timeout=30).finish_reason
+        == "length"
+    )
     restart_s = time.monotonic() - t0
     os.kill(client.pid, signal.SIGSTOP)
     t0 = time.monotonic()
@@ -242,8 +253,7 @@ def test_bad_inputs_through_the_client_never_touch_good_requests(client):
     def switch(stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                client.configure(async_batching=rng.random() < 0.5,
-                                 num_slots=rng.choice([1, 2, 3]))
+                client.configure(async_batching=rng.random() < 0.5, num_slots=rng.choice([1, 2, 3]))
             except BaseException as e:  # noqa: BLE001
                 failures.append(e)
             time.sleep(0.05)
@@ -266,8 +276,7 @@ def test_bad_inputs_through_the_client_never_touch_good_requests(client):
         stop.set()
         switcher.join(10)
         client.abort(busy)
-        client.configure(async_batching=before["async_batching"],
-                         num_slots=before["num_slots"])
+        client.configure(async_batching=before["async_batching"], num_slots=before["num_slots"])
     assert not failures and not accepted
     assert len(refused) == 4 * len(bad_inputs)
     assert client.result(busy, timeout=10).finish_reason == "abort"
