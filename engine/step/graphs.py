@@ -6,12 +6,16 @@ memory, an op that cannot be captured) graphs are switched off with the reason k
 engine keeps serving eagerly. All graphs share one memory pool: they never run concurrently
 because every step is serialised on the compute stream.
 
-Each graph also carries two timing events recorded inside it (``external=True``), before its
+Each graph also carries two timing events recorded inside it (``external=True``), at its
 first kernel and after its last: `replay_fn` hands them to the pipeline with the replay, so a
 step's compute span runs from its first kernel to its last, not from when the stream reached
-the launch (DESIGN.md section 4; checked on the lent H200 with torch 2.11). They are two
-event nodes per replay (microseconds against a multi-millisecond step) and are read only once
-the step's results are in: no host sync.
+the launch (DESIGN.md section 4; checked on the lent H200 with torch 2.11). The first event
+follows a one-element marker kernel, not the graph's start: an event node at the head of a
+graph fired ~190 us (tiny model) to ~0.7 ms (8B shape) before the first kernel ran when the
+graph was launched onto an idle stream (sync mode), because the graph's kernels were still
+being launched; the event after a kernel fires once kernels run. The marker costs one
+~2 us kernel per replay, and the events are read only once the step's results are in: no
+host sync.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class GraphCache:
         self._stream = stream
         self._max_samples = max_samples
         self._pool: object | None = None  # made at the first capture
+        self._marker: torch.Tensor | None = None  # the start-marker kernel's one element
         self._graphs: dict[GraphKey, Graph] = {}
         self._events: dict[GraphKey, tuple[torch.cuda.Event, torch.cuda.Event]] = {}
         self._last_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
@@ -125,8 +130,11 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         first = torch.cuda.Event(enable_timing=True, external=True) if self.timing else None
         last = torch.cuda.Event(enable_timing=True, external=True) if self.timing else None
+        if first is not None and self._marker is None:
+            self._marker = torch.zeros(1, dtype=torch.int32, device=self._stream.device)
         with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
             if first is not None:
+                self._marker.add_(1)  # the first kernel: `first` fires when kernels run
                 first.record()
             self._compute(view, bucket, self._max_samples, greedy)
             if last is not None:
