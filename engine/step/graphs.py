@@ -13,9 +13,10 @@ the launch (DESIGN.md section 4; checked on the lent H200 with torch 2.11). The 
 follows a one-element marker kernel, not the graph's start: an event node at the head of a
 graph fired ~190 us (tiny model) to ~0.7 ms (8B shape) before the first kernel ran when the
 graph was launched onto an idle stream (sync mode), because the graph's kernels were still
-being launched; the event after a kernel fires once kernels run. The marker costs one
-~2 us kernel per replay, and the events are read only once the step's results are in: no
-host sync.
+being launched; the event after a kernel should fire once kernels run. Not yet checked on
+a GPU (bench/gpu/h200_call4.sh is the check; no device time was left on 2026-12-02). The
+marker costs one ~2 us kernel per replay, and the events are read only once the step's
+results are in: no host sync.
 """
 
 from __future__ import annotations
