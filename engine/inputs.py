@@ -76,8 +76,12 @@ def _tokenize(prompt: str, tokenizer: Any, max_model_len: int) -> list[int]:
             f"prompt is not valid text: {e.reason} at character {e.start} "
             f"({prompt[e.start:e.end]!r}); give a string that encodes as UTF-8"
         ) from None
+    # A prompt that already starts with the BOS text (a rendered chat template) gets no
+    # second BOS from the tokenizer.
+    bos = getattr(tokenizer, "bos_token", None)
+    special = not (isinstance(bos, str) and bos and prompt.startswith(bos))
     try:
-        ids = list(tokenizer(prompt)["input_ids"])
+        ids = list(tokenizer(prompt, add_special_tokens=special)["input_ids"])
     except Exception as e:
         raise ValueError(f"the tokenizer could not encode the prompt: {type(e).__name__}: {e}") \
             from e
