@@ -226,6 +226,17 @@ class EngineServer(CommandsMixin):
         if command is Command.RUN_BENCHMARK:
             self.start_benchmark(link, call_id, **kwargs)
             return After.GO_ON
+        if command is Command.RECORD_ANATOMY:  # waits for N steps: off the reader thread,
+            threading.Thread(  # so the client's other commands go on meanwhile
+                target=self.run_command, args=(link, call_id, command, kwargs), daemon=True,
+                name=f"gapless-anatomy-{link.name}").start()
+            return After.GO_ON
+        self.run_command(link, call_id, command, kwargs)
+        return After.GO_ON
+
+    def run_command(self, link: ClientLink, call_id: int, command: Command,
+                    kwargs: dict[str, Any]) -> None:
+        """Run one command and answer the client with its value or its error."""
         fn = self.commands.get(command)
         try:
             if fn is None:
@@ -237,7 +248,6 @@ class EngineServer(CommandsMixin):
             self.answer(link, call_id, False, (type(e).__name__, describe(e)))
         else:
             self.answer(link, call_id, True, value)
-        return After.GO_ON
 
     def answer(self, link: ClientLink, call_id: int, ok: bool, value: Any) -> None:
         if call_id == NO_REPLY:  # a notification: nobody waits; failures only get logged

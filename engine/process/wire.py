@@ -46,7 +46,7 @@ class Command(enum.StrEnum):
     LOAD_RUNNING = "load_running"
     LOAD_STATS = "load_stats"
     PROCESS_INFO = "process_info"
-    RECORD_ANATOMY = "record_anatomy"    # blocks the command thread while it records
+    RECORD_ANATOMY = "record_anatomy"    # answered from its own thread when recorded
     RUN_BENCHMARK = "run_benchmark"      # answered by BenchItems, then one Reply
     CANCEL_BENCHMARK = "cancel_benchmark"
     SHUTDOWN = "shutdown"        # the owner ends the engine; an attached client detaches

@@ -24,3 +24,30 @@ def test_record_anatomy_through_the_client(tiny_model_dir):
     assert all(0 < s["kernel_us"] <= s["span_us"] for s in out["steps"])
     assert out["families"] and json.dumps(out["trace"])
     assert all(len(r.token_ids) == 40 for r in results)
+
+
+def test_a_recording_waiting_for_steps_blocks_none_of_the_clients_other_commands(
+    tiny_model_dir,
+):
+    """On an idle engine a recording waits for steps; meanwhile the same client's settings
+    and toggles are answered at once, and the recording ends once requests run."""
+    import threading
+    import time
+
+    c = EngineClient(None, model=str(tiny_model_dir("llama")), **SMALL)
+    out: dict = {}
+    try:
+        t = threading.Thread(target=lambda: out.update(r=c.record_anatomy(2, timeout_s=60)))
+        t.start()
+        time.sleep(0.5)  # the recording is now waiting for the engine's next steps
+        t0 = time.monotonic()
+        assert c.configure(async_batching=False)["async_batching"] is False
+        assert c.settings()["async_batching"] is False
+        answered_s = time.monotonic() - t0
+        assert t.is_alive(), "the recording should still be waiting for steps"
+        c.generate([3, 4, 5], dict(max_tokens=8, temperature=0.0, ignore_eos=True), timeout=60)
+        t.join(60)
+    finally:
+        c.shutdown()
+    assert answered_s < 5, answered_s
+    assert len(out["r"]["steps"]) == 2
