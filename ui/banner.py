@@ -69,10 +69,19 @@ def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
     st.stop()
 
 
-def benchmark_line() -> str | None:
+OTHER_CLIENT_BENCHMARK = (
+    "**A benchmark started by another client of this engine is running**: the engine's "
+    "settings change with each of its runs, and new prompts, setting changes and the load "
+    "generator wait until it ends."
+)
+
+
+def benchmark_line(settings: dict[str, Any] | None = None) -> str | None:
+    """What the banner says of a running benchmark: this dashboard's own (with its progress),
+    or one the engine says another client started (``benchmark_running`` in its settings)."""
     run = RUNS.running()
     if run is None:
-        return None
+        return OTHER_CLIENT_BENCHMARK if settings and settings.get("benchmark_running") else None
     with run.lock:
         p = run.progress
         label = p.label or "starting"
@@ -105,7 +114,7 @@ def _banner(client: EngineClient, show_settings: bool) -> None:
     if status.state == "not_responding":
         show_not_responding(client, status.reason, key="ui.kill_restart_banner")
         return
-    line = benchmark_line()
+    line = benchmark_line(settings)
     if line:
         st.warning(line, icon=":material/speed:")
     if show_settings and settings is not None:

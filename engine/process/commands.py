@@ -54,7 +54,7 @@ class CommandsMixin:
             Command.SUBMIT: self.submit,
             Command.ABORT: self.abort,
             Command.CONFIGURE: self.configure,
-            Command.SETTINGS: lambda link: engine.settings(),
+            Command.SETTINGS: lambda link: self.with_benchmark(engine.settings()),
             Command.STATS: lambda link: engine.stats(),
             Command.START_LOAD: self.start_load,
             Command.STOP_LOAD: self.stop_load,
@@ -76,8 +76,16 @@ class CommandsMixin:
     def process_info(self, link: ClientLink) -> dict[str, Any]:
         raise NotImplementedError
 
+    def with_benchmark(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """The engine's settings as clients get them: plus whether a benchmark runs."""
+        return {**settings, "benchmark_running": self.benchmark_running()}
+
+    def benchmark_running(self) -> bool:
+        """A benchmark started by any client is running (every client's settings say so)."""
+        return self.bench is not None and self.bench.is_alive()
+
     def _refuse_during_benchmark(self, what: str) -> None:
-        if self.bench is not None and self.bench.is_alive():
+        if self.benchmark_running():
             raise ValueError(f"a benchmark is running; {what} once it has finished")
 
     # ------------------------------------------------------------------------ requests
@@ -110,7 +118,7 @@ class CommandsMixin:
     def configure(self, link: ClientLink, **kwargs: Any) -> dict[str, Any]:
         with self.lock:
             self._refuse_during_benchmark("change settings")
-            return dict(self.engine.configure(**kwargs))
+            return self.with_benchmark(self.engine.configure(**kwargs))
 
     # ------------------------------------------------------------------ load generator
     def start_load(self, link: ClientLink, spec: Any) -> dict[str, Any]:

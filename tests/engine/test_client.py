@@ -183,7 +183,12 @@ def test_load_generator_runs_in_the_engine_process_and_stops(client):
 
 def test_benchmark_through_the_client(client):
     before = client.settings()
-    items = list(client.run_benchmark(BenchmarkSpec(num_requests=3, prompt_len=8, max_tokens=8)))
+    items, running = [], []
+    for item in client.run_benchmark(BenchmarkSpec(num_requests=3, prompt_len=8, max_tokens=8)):
+        items.append(item)
+        if len(items) == 1:  # every client's settings say a benchmark runs (banner)
+            running.append(client.settings()["benchmark_running"])
+    assert running == [True] and before["benchmark_running"] is False
     results = [i for i in items if isinstance(i, BenchmarkResult)]
     assert [r.mode_label for r in results] == ["sync", "async"]
     assert all(r.tokens_per_s > 0 and r.records and r.num_steps > 0 for r in results)
