@@ -60,7 +60,7 @@ class Engine:
         self.config = config
         self.device = loader.resolve_device(config.device)
         self.dtype = loader.resolve_dtype(config.dtype, self.device)
-        # Tensor parallelism: the other ranks start (and load) while this one loads.
+        # Tensor parallelism: rank 0 here; the other ranks start once the model is checked.
         self.tp: TPLeader | None = None
         if config.tensor_parallel_size > 1:
             if model is not None:

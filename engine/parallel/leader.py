@@ -2,10 +2,10 @@
 
 Owns the start-up order (checks first, so bad settings fail before anything is allocated):
 
-    TPLeader(config, device)    check the GPU count; rendezvous store; spawn the workers,
-                                which load the checkpoint meanwhile
-    shard(model, max_model_len) check the model (fused path, heads divisible), wait for the
-                                workers to load, join the process group, build rank 0's shard
+    TPLeader(config, device)    check the GPU count; open the rendezvous store
+    shard(model, max_model_len) check the model rank 0 loaded (fused path, heads divisible),
+                                spawn the workers (each loads the checkpoint), join the process
+                                group, build rank 0's shard, wait for the workers to load
     build(...)                  tell the workers the KV size and settings, wait until ready
 
 and, as the step loop's `followers` (engine.step.loop.StepFollowers), what every step and
@@ -48,7 +48,8 @@ class TPLeader:
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         checks.check_device_count(self.world, device.type, gpus)
         self.store = group.open_store(self.world, JOIN_TIMEOUT_S)
-        self.pool = WorkerPool(config, self.world, self.store.port, start_timeout_s)
+        self.start_timeout_s = start_timeout_s
+        self.pool: WorkerPool | None = None
         self.comm: TPComm | None = None
         self.telemetry = config.telemetry
         self.to_host_ns: Callable[[Any], int] | None = None
@@ -66,6 +67,7 @@ class TPLeader:
 
         checks.check_fused(self.world, unsupported_reason(model), self.config.model_impl)
         checks.check_model_shape(self.world, text_config(model.config))
+        self.pool = WorkerPool(self.config, self.world, self.store.port, self.start_timeout_s)
         self.pool.wait_all(Loaded, LOAD)
         group.join(0, self.world, self.device, JOIN_TIMEOUT_S, store=self.store)
         self._joined = True
@@ -78,6 +80,7 @@ class TPLeader:
               to_host_ns: Callable[[Any], int] | None) -> None:
         """Workers build their runners with rank 0's sizes; returns once all are ready."""
         self.to_host_ns = to_host_ns
+        assert self.pool is not None, "shard() first"
         self.pool.send_all(Build(num_blocks, max_model_len, num_slots,
                                  None if graph_buckets is None else tuple(graph_buckets),
                                  self.telemetry))
@@ -93,6 +96,7 @@ class TPLeader:
         t, s = meta.num_tokens, meta.num_samples
         if bucket is not None:
             t, s = bucket, self.config.max_num_seqs
+        assert self.pool is not None
         self.pool.send_all(Launch(step, slot, t, s, meta.greedy_only, bucket))
         if not self.telemetry:
             return fn
@@ -102,9 +106,11 @@ class TPLeader:
         return timed
 
     def on_capture(self, slots: list[int]) -> None:
+        assert self.pool is not None
         self.pool.send_all(Capture(tuple(slots)))
 
     def on_resize(self, num_slots: int) -> None:
+        assert self.pool is not None
         self.pool.send_all(Resize(num_slots))
 
     def spans(self) -> list[Span]:
@@ -113,18 +119,19 @@ class TPLeader:
         while self._steps and self._steps[0][1].done():
             _, step = self._steps.popleft()
             out += rank_spans(0, step, self.to_host_ns)
-        for msg in self.pool.take_spans():
+        for msg in self.pool.take_spans() if self.pool is not None else []:
             out += msg.spans
         return out
 
     @property
     def worker_pids(self) -> list[int]:
-        return self.pool.pids
+        return [] if self.pool is None else self.pool.pids
 
     def close(self) -> None:
         """End the workers and leave the process group (idempotent)."""
         try:
-            self.pool.close()
+            if self.pool is not None:
+                self.pool.close()
         finally:
             if self._joined:
                 group.leave()
