@@ -42,6 +42,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     model_impl: str = "auto"
+    tensor_parallel_size: int = 1
     async_batching: bool = True
     num_slots: int = 2
     cuda_graphs: bool = True
@@ -93,6 +94,13 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("model_impl", self.model_impl, MODEL_IMPLS)
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.tensor_parallel_size > 1 and self.model_impl == "transformers":
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} needs our fused Llama-family "
+                "path, but model_impl is 'transformers'; use model_impl 'auto' or 'gapless', or "
+                "tensor_parallel_size 1"
+            )
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_model_len is not None:

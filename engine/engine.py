@@ -30,6 +30,7 @@ from engine.handles import DeltaCallback, FinishCallback, HandleSink, RequestHan
 from engine.inputs import PromptInput
 from engine.model import loader
 from engine.model.hf_config import text_config
+from engine.parallel.leader import TPLeader
 from engine.sizing import check_fits, num_blocks_for
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
@@ -59,24 +60,64 @@ class Engine:
         self.config = config
         self.device = loader.resolve_device(config.device)
         self.dtype = loader.resolve_dtype(config.dtype, self.device)
+        # Tensor parallelism: rank 0 here; the other ranks start once the model is checked.
+        self.tp: TPLeader | None = None
+        if config.tensor_parallel_size > 1:
+            if model is not None:
+                raise ValueError(
+                    f"tensor_parallel_size={config.tensor_parallel_size} loads the checkpoint in "
+                    "every rank from the model setting; an in-memory model cannot be sharded "
+                    "across processes: pass model=None (or tensor_parallel_size 1)")
+            self.tp = TPLeader(config, self.device)
+        try:
+            self._build(model, tokenizer)
+        except BaseException:
+            if self.tp is not None:
+                self.tp.close()
+            raise
+        self._ids = itertools.count()
+        # Guards the open-request registry and the order of commands: a request's "add" is
+        # queued in the same critical section that registers it, so an abort that finds it
+        # is always queued after it.
+        self._lock = threading.Lock()
+        self._commands: queue.SimpleQueue[tuple[str, Any, Future | None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = False
+        self.dead_reason: str | None = None
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self._run, name="gapless-engine", daemon=True)
+            self._thread.start()
+
+    def _build(self, model: torch.nn.Module | None, tokenizer: Any) -> None:
+        """Load (or take) the model, size and allocate the device state, make the loop."""
+        config, tp = self.config, self.tp
         owned = model is None
         if model is None:
-            model, tok = loader.load_model_and_tokenizer(config, self.device, self.dtype)
+            model, tok = loader.load_model_and_tokenizer(
+                config, self.device if tp is None else tp.load_device, self.dtype)
             tokenizer = tokenizer or tok
         else:
             model = loader.prepare_model(model, self.device, self.dtype)
         text_cfg = text_config(model.config)
         self.vocab_size = int(text_cfg.vocab_size)
         self.max_model_len = _max_model_len(config, text_cfg)
-        model, self.model_impl = loader.select_model_impl(model, config.model_impl,
-                                                          self.max_model_len, owned)
+        if tp is not None:
+            model, self.model_impl = tp.shard(model, self.max_model_len), "gapless"
+        else:
+            model, self.model_impl = loader.select_model_impl(model, config.model_impl,
+                                                              self.max_model_len, owned)
         self.model, self.tokenizer = model, tokenizer
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
+        n_tp = config.tensor_parallel_size
         num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
-                                    self.dtype)
-        check_fits(config, model.config, num_blocks, self.max_model_len, self.device, self.dtype)
+                                    self.dtype, tp_size=n_tp)
+        # On the CPU every rank's share comes out of the same memory.
+        check_fits(config, model.config, num_blocks, self.max_model_len, self.device, self.dtype,
+                   tp_size=n_tp if self.device.type == "cuda" else 1)
         self.runner = ModelRunner(model, backend, self.device, self.dtype, num_blocks,
-                                  config.block_size, config.max_num_seqs, self.max_model_len)
+                                  config.block_size, config.max_num_seqs, self.max_model_len,
+                                  tp=None if tp is None else tp.comm)
         allocator = BlockAllocator(self.runner.num_cache_blocks)
         self.scheduler = Scheduler(allocator, config.block_size, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len)
@@ -100,6 +141,12 @@ class Engine:
         if eos is None:
             eos = getattr(tokenizer, "eos_token_id", None)
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if tp is not None:  # the workers build theirs with the same sizes
+            tp.build(num_blocks=num_blocks, max_model_len=self.max_model_len,
+                     num_slots=config.num_slots,
+                     graph_buckets=None if graphs is None else graphs.buckets,
+                     to_host_ns=None if self.streams.clock is None else
+                     self.streams.clock.to_host_ns)
         self.loop = StepLoop(
             runner=self.runner,
             scheduler=self.scheduler,
@@ -114,20 +161,8 @@ class Engine:
             sink=self._sink,
             tokenizer=tokenizer,
             eos_ids=eos_ids,
+            followers=tp,
         )
-        self._ids = itertools.count()
-        # Guards the open-request registry and the order of commands: a request's "add" is
-        # queued in the same critical section that registers it, so an abort that finds it
-        # is always queued after it.
-        self._lock = threading.Lock()
-        self._commands: queue.SimpleQueue[tuple[str, Any, Future | None]] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stop = False
-        self.dead_reason: str | None = None
-        self._thread: threading.Thread | None = None
-        if start:
-            self._thread = threading.Thread(target=self._run, name="gapless-engine", daemon=True)
-            self._thread.start()
 
     # ------------------------------------------------------------------------ requests
     def output_token_ids(self, request_id: str) -> list[int] | None:
@@ -256,6 +291,7 @@ class Engine:
             "model": self.config.model,
             "attention_backend": self.backend_name,
             "model_impl": self.model_impl,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "max_model_len": self.max_model_len,
@@ -345,12 +381,16 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if self.dead_reason is not None:
-            self.streams.close()
-            return
-        self._apply_commands()
-        self.loop.end_all("abort")
-        self.loop.close()
+        try:
+            if self.dead_reason is not None:
+                self.streams.close()
+                return
+            self._apply_commands()
+            self.loop.end_all("abort")
+            self.loop.close()
+        finally:
+            if self.tp is not None:  # the worker ranks end with this one
+                self.tp.close()
 
     def __enter__(self) -> Engine:
         return self

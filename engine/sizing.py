@@ -18,22 +18,25 @@ from engine.core.block_allocator import blocks_needed
 from engine.model.hf_config import kv_cache_shape
 
 
-def kv_bytes_per_block(hf_config: Any, block_size: int, dtype: torch.dtype) -> int:
-    layers, kv_heads, head_dim = kv_cache_shape(hf_config)
+def kv_bytes_per_block(hf_config: Any, block_size: int, dtype: torch.dtype,
+                       tp_size: int = 1) -> int:
+    """Bytes of one KV block on one rank (its share of the KV heads)."""
+    layers, kv_heads, head_dim = kv_cache_shape(hf_config, tp_size)
     elem = torch.tensor([], dtype=dtype).element_size()
     return 2 * layers * block_size * kv_heads * head_dim * elem
 
 
 def num_blocks_for(cfg: EngineConfig, hf_config: Any, max_model_len: int,
-                   device: torch.device, dtype: torch.dtype) -> int:
-    """Every KV block the runner allocates, the scratch block included."""
+                   device: torch.device, dtype: torch.dtype, tp_size: int = 1) -> int:
+    """Every KV block the runner allocates, the scratch block included (the same count on
+    every tensor-parallel rank; each rank holds its share of the KV heads)."""
     per_req = blocks_needed(max_model_len, cfg.block_size)
     enough = cfg.max_num_seqs * per_req + 1
     if cfg.num_blocks is not None:
         n = cfg.num_blocks
     elif device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        per_block = kv_bytes_per_block(hf_config, cfg.block_size, dtype)
+        per_block = kv_bytes_per_block(hf_config, cfg.block_size, dtype, tp_size)
         n = min(enough, int(free * cfg.gpu_memory_fraction) // per_block)
     else:
         n = enough
@@ -54,8 +57,8 @@ def available_bytes(device: torch.device) -> int:
 
 
 def check_fits(cfg: EngineConfig, hf_config: Any, num_blocks: int, max_model_len: int,
-               device: torch.device, dtype: torch.dtype) -> None:
-    kv = num_blocks * kv_bytes_per_block(hf_config, cfg.block_size, dtype)
+               device: torch.device, dtype: torch.dtype, tp_size: int = 1) -> None:
+    kv = num_blocks * kv_bytes_per_block(hf_config, cfg.block_size, dtype, tp_size)
     table = (cfg.max_num_seqs + 1) * (max_model_len + 1) * 8  # int64 token table
     need, have = kv + table, available_bytes(device)
     if need > have:

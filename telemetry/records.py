@@ -16,6 +16,24 @@ CPU_LANES: tuple[str, ...] = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.
 # from the compute stream reaching the step to that first kernel (graph launch latency).
 DEVICE_LANES: tuple[str, ...] = ("h2d", "compute.launch", "compute", "d2h")
 LANES: tuple[str, ...] = CPU_LANES + DEVICE_LANES
+# Tensor parallelism adds lanes per rank: "rank1.compute" (a worker rank's step, as its device
+# ran it) and "rank0.comm", "rank1.comm", ... (time inside the step's collectives: all-reduces,
+# the input broadcast, the logits gather). Rank 0's compute is the "compute" lane. A straggler
+# rank shows as a longer compute span while the other ranks' comm spans grow (they wait for it).
+RANK_LANE_KINDS: tuple[str, ...] = ("compute", "comm")
+
+
+def rank_lane(rank: int, kind: str) -> str:
+    """The lane of one tensor-parallel rank's `kind` ("compute" or "comm")."""
+    return f"rank{rank}.{kind}"
+
+
+def rank_lanes(world: int) -> tuple[str, ...]:
+    """Every per-rank lane of `world` ranks, in drawing order (rank 0's compute is "compute")."""
+    out = [rank_lane(0, "comm")]
+    for r in range(1, world):
+        out += [rank_lane(r, "compute"), rank_lane(r, "comm")]
+    return tuple(out)
 
 Mode = Literal["sync", "async"]
 

@@ -12,6 +12,7 @@ from telemetry.records import CPU_LANES
 
 CPU_GROUP = "CPU (engine thread)"
 DEVICE_GROUP = "device (streams)"
+RANKS_GROUP = "tensor-parallel ranks"
 
 LANE_MEANINGS: dict[str, str] = {
     "cpu.schedule": "picks the next batch",
@@ -35,12 +36,32 @@ ASYNC_NOTE = (
 
 
 def lane_group(lane: str) -> str:
-    """CPU_GROUP for the CPU phases, DEVICE_GROUP for the streams."""
-    return CPU_GROUP if lane in CPU_LANES or lane.startswith("cpu.") else DEVICE_GROUP
+    """CPU_GROUP for the CPU phases, RANKS_GROUP for the per-rank lanes of a tensor-parallel
+    engine, DEVICE_GROUP for the streams."""
+    if lane in CPU_LANES or lane.startswith("cpu."):
+        return CPU_GROUP
+    return RANKS_GROUP if lane.startswith("rank") else DEVICE_GROUP
+
+
+RANK_MEANINGS = {
+    "compute": "this rank's step on its GPU (a straggler's is longer)",
+    "comm": "inside collectives (all-reduce, input broadcast, logits gather): waiting for "
+            "the other ranks shows here",
+}
 
 
 def lane_meaning(lane: str) -> str:
+    if lane.startswith("rank"):
+        kind = lane.partition(".")[2]
+        if kind in RANK_MEANINGS:
+            return RANK_MEANINGS[kind]
     return LANE_MEANINGS.get(lane, "spans the engine reports on this lane")
+
+
+def rank_lane_colour(lane: str) -> str:
+    """Per-rank lanes: compute in the compute lane's green, collectives in purple."""
+    return "#756bb1" if lane.endswith(".comm") else "#74c476" if lane.endswith(
+        ".compute") else "#888888"
 
 
 def legend_name(lane: str) -> str:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import plotly.graph_objects as go
 
-from telemetry.records import LANES, StepRecord
-from ui.lanes import CPU_GROUP, lane_group, legend_name
+from telemetry.records import LANES, RANK_LANE_KINDS, StepRecord
+from ui.lanes import CPU_GROUP, lane_group, legend_name, rank_lane_colour
 
 # Lane colours: CPU phases in blues/greys, device streams in warm colours, so a glance tells
 # the CPU rows from the GPU rows.
@@ -58,9 +58,26 @@ class LaneBars:
         return int(self.start_ns.shape[0])
 
 
-def lane_row(lane: str) -> int:
-    """The row of ``lane`` on the y axis: its index in LANES (0 = drawn on top)."""
-    return LANES.index(lane)
+def lane_row(lane: str, lanes: Sequence[str] = LANES) -> int:
+    """The row of ``lane`` on the y axis: its index in ``lanes`` (0 = drawn on top)."""
+    return list(lanes).index(lane)
+
+
+def lanes_of(records: Sequence[StepRecord]) -> tuple[str, ...]:
+    """LANES, then the per-rank lanes of a tensor-parallel engine that the records carry
+    ("rank0.comm", "rank1.compute", "rank1.comm", ...), by rank."""
+    extra: set[str] = set()
+    for rec in records:
+        for span in rec.spans:
+            if span.lane.startswith("rank"):
+                extra.add(span.lane)
+
+    def key(lane: str) -> tuple[int, int]:
+        rank, _, kind = lane[4:].partition(".")
+        order = RANK_LANE_KINDS.index(kind) if kind in RANK_LANE_KINDS else len(RANK_LANE_KINDS)
+        return (int(rank) if rank.isdigit() else 1 << 30, order)
+
+    return LANES + tuple(sorted(extra, key=key))
 
 
 def window_end_ns(records: Sequence[StepRecord]) -> int | None:
@@ -140,15 +157,16 @@ def lane_bars(
     start_ns: int | None = None,
     end_ns: int | None = None,
     min_ns: float = 0.0,
+    lanes: Sequence[str] = LANES,
 ) -> dict[str, LaneBars]:
-    """Group every span by lane (in LANES order), clip to the window, merge thin runs.
+    """Group every span by lane (in ``lanes`` order), clip to the window, merge thin runs.
 
     Spans entirely outside ``[start_ns, end_ns]`` are dropped; spans crossing an edge are
     clipped to it. Lanes with no span are present with empty arrays, so every lane keeps
-    its row. Spans on a lane not in LANES are ignored (a newer engine may add lanes).
+    its row. Spans on a lane not in ``lanes`` are ignored (a newer engine may add lanes).
     """
     per_lane: dict[str, tuple[list[int], list[int], list[int]]] = {
-        lane: ([], [], []) for lane in LANES
+        lane: ([], [], []) for lane in lanes
     }
     for i, rec in enumerate(records):
         for span in rec.spans:
@@ -236,11 +254,12 @@ def timeline_figure(
     else:
         lo, hi = (first_start if start_ns is None else start_ns), end_ns
     px_ns = max(hi - lo, 1) / width_px
-    bars = lane_bars(records, lo, hi, min_ns=px_ns)
+    lanes = lanes_of(records)
+    bars = lane_bars(records, lo, hi, min_ns=px_ns, lanes=lanes)
     facts = np.array([step_facts(r) for r in records] or [""], dtype=object)
 
     fig = go.Figure()
-    for lane in LANES:
+    for lane in lanes:
         lb = bars[lane]
         group = lane_group(lane)
         fig.add_trace(
@@ -251,11 +270,12 @@ def timeline_figure(
                 legendgrouptitle={"text": group},
                 # Numeric rows (0 = top lane), labelled by tickvals: category strings would
                 # make plotly validate every bar one by one.
-                y=np.full(len(lb), float(lane_row(lane))),
+                y=np.full(len(lb), float(lane_row(lane, lanes))),
                 base=(lb.start_ns - hi) / 1e6,
                 # A span is at least a pixel wide on screen, or a 3 µs launch would vanish.
                 x=np.maximum((lb.end_ns - lb.start_ns), px_ns) / 1e6,
-                marker={"color": LANE_COLOURS.get(lane, "#888888"), "line": {"width": 0}},
+                marker={"color": LANE_COLOURS.get(lane) or rank_lane_colour(lane),
+                        "line": {"width": 0}},
                 hovertext=_hover_texts(lb, facts, records),
                 hoverinfo="text",
                 showlegend=legend,
@@ -265,7 +285,7 @@ def timeline_figure(
         x_range = [-float(window_ms), 0.0]
     else:
         x_range = [(lo - hi) / 1e6, 0.0] if hi != lo else [-1.0, 0.0]
-    n_cpu = sum(1 for lane in LANES if lane_group(lane) == CPU_GROUP)
+    n_cpu = sum(1 for lane in lanes if lane_group(lane) == CPU_GROUP)
     fig.update_layout(
         barmode="overlay",
         bargap=0.25,
@@ -288,9 +308,9 @@ def timeline_figure(
         },
         yaxis={
             "tickmode": "array",
-            "tickvals": [float(lane_row(lane)) for lane in LANES],
-            "ticktext": list(LANES),
-            "range": [len(LANES) - 0.5, -0.5],  # reversed: the first lane on top
+            "tickvals": [float(lane_row(lane, lanes)) for lane in lanes],
+            "ticktext": list(lanes),
+            "range": [len(lanes) - 0.5, -0.5],  # reversed: the first lane on top
             "fixedrange": True,
             "zeroline": False,
             "automargin": True,

@@ -18,6 +18,11 @@ CUDA-graph capture work unchanged. Per layer, on CUDA:
 then the final norm and the LM head for the sampled rows only. Weights are built (fused) from
 a loaded transformers model by `engine.model.weights.build_fused_model`.
 
+Tensor parallelism: `engine.parallel.shard.shard_fused_model` cuts the weights into one rank's
+share and sets `tp` (an `engine.parallel.comm.TPComm`) on the model and its layers; the forward
+then all-reduces after the o and down GEMMs and runs the embedding and the LM head
+vocabulary-parallel. With `tp` None (one rank) nothing changes.
+
 Never syncs with the host or branches on tensor values (CUDA-graph capture), and never holds
 a second copy of the checkpoint's weights.
 """
@@ -80,6 +85,7 @@ class FusedDecoderLayer(nn.Module):
         self.down_bias = _param(down_bias)
         self.sliding_window = sliding_window
         self.scaling = scaling
+        self.tp: Any = None  # engine.parallel.comm.TPComm on a tensor-parallel rank
 
     def forward(
         self,
@@ -101,9 +107,13 @@ class FusedDecoderLayer(nn.Module):
         attn = ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
                            scale=self.scaling, sliding_window=self.sliding_window)
         x = F.linear(attn.view(t, -1), self.o, self.o_bias)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
         h, residual = add_rms_norm(x, residual, self.post_norm, eps)
         x = F.linear(silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias)), self.down,
                      self.down_bias)
+        if self.tp is not None:
+            x = self.tp.all_reduce(x)
         return x, residual
 
 
@@ -138,6 +148,7 @@ class FusedLlamaForCausalLM(nn.Module):
         self.register_buffer("cos_sin", cos_sin, persistent=False)  # [max_pos, 2, D/2]
         self.num_heads = num_heads
         self.eps = eps
+        self.tp: Any = None  # engine.parallel.comm.TPComm on a tensor-parallel rank
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -159,7 +170,8 @@ class FusedLlamaForCausalLM(nn.Module):
         if input_ids.shape[0] != 1:
             raise ValueError(f"the flat batch is [1, T]; got input_ids {tuple(input_ids.shape)}")
         ids, positions = input_ids[0], position_ids[0]
-        x = self.embed_tokens(ids)
+        tp = self.tp
+        x = self.embed_tokens(ids) if tp is None else tp.embed(self.embed_tokens.weight, ids)
         residual: torch.Tensor | None = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, gapless, gapless.kv_caches[i],
@@ -170,4 +182,7 @@ class FusedLlamaForCausalLM(nn.Module):
         elif logits_to_keep:
             x, residual = x[-logits_to_keep:], residual[-logits_to_keep:]
         h, _ = add_rms_norm(x, residual, self.norm, self.eps)
-        return CausalLMOutput(logits=self.lm_head(h)[None])
+        logits = self.lm_head(h)
+        if tp is not None:
+            logits = tp.gather_logits(logits)
+        return CausalLMOutput(logits=logits[None])

@@ -20,11 +20,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from engine.core.batch import BufferLayout, assemble
+from engine.core.batch import BufferLayout, StepMeta, assemble
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerOutput
@@ -44,6 +44,18 @@ class LiveSettings:
     async_batching: bool
     num_slots: int
     cuda_graphs: bool
+
+
+class StepFollowers(Protocol):
+    """Other ranks that run every step with this loop (tensor parallelism:
+    engine.parallel.leader.TPLeader). Told of each launch, graph capture and slot change in
+    order; `spans` returns their telemetry that has arrived (never blocks)."""
+
+    def on_launch(self, step: int, slot: int, meta: StepMeta, bucket: int | None,
+                  fn: Callable[[], None]) -> Callable[[], None]: ...
+    def on_capture(self, slots: list[int]) -> None: ...
+    def on_resize(self, num_slots: int) -> None: ...
+    def spans(self) -> list[Span]: ...
 
 
 class RequestSink:
@@ -82,8 +94,10 @@ class StepLoop:
         sink: RequestSink,
         tokenizer: Any,
         eos_ids: set[int],
+        followers: StepFollowers | None = None,
     ) -> None:
         self.runner = runner
+        self.followers = followers
         self.scheduler = scheduler
         self.streams = streams
         self.settings = settings
@@ -155,6 +169,8 @@ class StepLoop:
                 self.pipeline.resize(num_slots)
             finally:  # a failed allocation leaves the slots it made: say so, honestly
                 self.settings.num_slots = len(self.pipeline.slots)
+            if self.followers is not None:
+                self.followers.on_resize(len(self.pipeline.slots))
             if self.graphs is not None:
                 self.graphs.drop_slots_from(num_slots)
             if self.graphs_active:
@@ -175,6 +191,8 @@ class StepLoop:
         for slot in self.pipeline.slots:
             self._fill_dummy(slot)
             views.append((slot.index, slot.dev))
+        if self.followers is not None:
+            self.followers.on_capture([index for index, _ in views])
         with torch.inference_mode():
             ok = self.graphs.capture_all(views)
         if not ok:
@@ -220,6 +238,8 @@ class StepLoop:
             self._complete(slot.inflight)
         compute_fn = self._compute_fn(slot, meta.num_tokens, meta.num_samples,
                                       meta.greedy_only, bucket)
+        if self.followers is not None:
+            compute_fn = self.followers.on_launch(step_no, slot.index, meta, bucket, compute_fn)
         t4 = now()
         step = self.pipeline.launch(slot, sched, meta, record, compute_fn)
         record.spans.append(Span("cpu.launch", t4, now()))
@@ -271,6 +291,8 @@ class StepLoop:
             for op in step.ops:
                 start, end = op.span_ns()
                 rec.spans.append(Span(op.lane, start, end))
+            if self.followers is not None:
+                rec.spans += self.followers.spans()
             sch = self.scheduler
             rec.running, rec.waiting = len(sch.running), len(sch.waiting)
             rec.kv_blocks_used = sch.allocator.num_used

@@ -5,6 +5,11 @@ and `compute()`, the work queued on the compute stream for one step: gather inpu
 the model with our attention context, sample, scatter the new tokens into the table, copy
 them to the slot's output buffer. compute() reads only static per-slot buffers, so a CUDA
 graph can capture it. Never decides what to run (that is the scheduler's job).
+
+On a tensor-parallel rank (`tp`, an engine.parallel.comm.TPComm), the KV cache holds the
+rank's share of the KV heads, and compute() first receives rank 0's input buffer (a broadcast
+on the device, inside the step, so a graph captures it too); every rank then samples the same
+tokens from the same gathered logits, so every rank's token table stays the same.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from engine.attention.interface import AttnContext, Backend
 from engine.core.batch import BufferLayout
 from engine.core.scratch import PAD_ROW, Scratch
 from engine.model.hf_config import kv_cache_shape
+from engine.parallel.comm import TPComm
 from engine.step.sampler import sample
 
 
@@ -62,12 +68,15 @@ class ModelRunner:
         block_size: int,
         max_num_seqs: int,
         max_model_len: int,
+        *,
+        tp: TPComm | None = None,
     ) -> None:
         self.model = model
+        self.tp = tp
         self.backend = backend
         self.device = device
         self.dtype = dtype
-        layers, kv_heads, head_dim = kv_cache_shape(model.config)
+        layers, kv_heads, head_dim = kv_cache_shape(model.config, 1 if tp is None else tp.world)
         shape = (num_blocks, block_size, kv_heads, head_dim)
         self.kv_caches = [
             (
@@ -87,6 +96,8 @@ class ModelRunner:
     def compute(self, v: DeviceView, num_tokens: int, num_samples: int, greedy_only: bool) -> None:
         """Queue one step's device work on the current stream (or capture it)."""
         t, s = num_tokens, num_samples
+        if self.tp is not None:
+            self.tp.broadcast_inputs(v.buf)
         positions = v.positions[:t]
         rows = v.token_req[:t]  # padding's PAD_ROW (-1) reads the scratch row
         from_table = self.token_table[rows, positions]
