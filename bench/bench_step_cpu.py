@@ -14,8 +14,11 @@ Per batch size and tokenizer it runs variants, so each cost shows as a differenc
     +detok   : + detokenize, text deltas to the request handles
     +stop    : + two stop strings per request that never match (the search runs every token)
 
-It prints, per variant, the median wall time of one StepLoop.step() and the median of each
-CPU lane the loop records (schedule, prepare, launch, post; wait is ~0 with inline streams).
+It prints, per variant, the median CPU time of one StepLoop.step() on the loop thread
+(time.thread_time_ns: the figure to compare, as it hardly moves when other jobs load the
+machine), its median and p90 wall time, and the median wall time of each CPU lane the loop
+records (schedule, prepare, launch, wait, post; wait is ~0 with inline streams), launch less
+the stand-in device work ("bookkeeping"), and the loop's time outside its lanes ("other").
 `--gc` instead runs many requests to the end and reports the garbage collector's pauses on
 the loop thread (gc.callbacks), with and without the loop's GC settings.
 
@@ -54,6 +57,7 @@ TOKENIZERS = {
     "tiny": ROOT / "models" / "gapless-tiny-python",
     "smollm2-135m": ROOT / "models" / "SmolLM2-135M-Instruct",
 }
+DEVICE = "inline"  # or "cuda" (--device)
 LANES = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.wait", "cpu.post")
 DEVICE_WORK = ("h2d", "compute", "d2h")  # the stand-in device work, run inline in cpu.launch
 VARIANTS = {  # name: (telemetry, detokenize, stop strings)
@@ -136,8 +140,28 @@ class TextRunner:
 
     def compute(self, v, num_tokens: int, num_samples: int, greedy_only: bool) -> None:
         s = num_samples
+        if v.out.is_cuda:  # a few tiny kernels: the device work is ~nothing
+            import torch
+
+            if not hasattr(self, "text_dev"):
+                self.text_dev = torch.as_tensor(self.text_ids, device=v.out.device)
+            pos = v.sample_pos[:s].long() % len(self.text_ids)
+            v.out[:s].copy_(self.text_dev[pos])
+            return
         pos = v.sample_pos[:s].numpy()
         v.out[:s].numpy()[:] = self.text_ids[pos % len(self.text_ids)]
+
+
+def make_streams():
+    """Inline host streams, or with --device cuda the engine's real CUDA streams (then the
+    launch, wait and span-reading costs are the CUDA ones; the stand-in compute is a gather)."""
+    if DEVICE == "cuda":
+        import torch
+
+        from engine.step.streams import StreamSet
+
+        return StreamSet(torch.device("cuda"))
+    return InlineStreams()
 
 
 # ----------------------------------------------------------------------------- one variant
@@ -167,7 +191,7 @@ def build_loop(
     loop = StepLoop(
         runner=TextRunner(ids, kv_slot=(num_blocks - 1) * block_size),  # type: ignore[arg-type]
         scheduler=sched,
-        streams=InlineStreams(),  # type: ignore[arg-type]
+        streams=make_streams(),  # type: ignore[arg-type]
         layout=BufferLayout(2048, batch, per_req),
         settings=LiveSettings(async_batching=True, num_slots=2, cuda_graphs=False),
         graphs=None,
@@ -198,11 +222,12 @@ def measure(tokenizer, batch: int, variant: str, steps: int) -> dict[str, float]
     for _ in range(8):  # and settle into decode
         loop.step()
     reader = loop.bus.reader(from_now=True) if loop.bus is not None else None
-    walls = []
+    walls, cpus = [], []
     for _ in range(steps):
-        t0 = time.perf_counter_ns()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
         loop.step()
         walls.append(time.perf_counter_ns() - t0)
+        cpus.append(time.thread_time_ns() - c0)
     lanes: dict[str, list[int]] = {lane: [] for lane in LANES + ("bookkeeping", "other")}
     if reader is not None:
         recs = reader.steps()
@@ -212,7 +237,8 @@ def measure(tokenizer, batch: int, variant: str, steps: int) -> dict[str, float]
             for lane in LANES:
                 lanes[lane].append(d[lane])
             # launch less the stand-in device work run inline: the pipeline's own work
-            lanes["bookkeeping"].append(d["cpu.launch"] - sum(d[k] for k in DEVICE_WORK))
+            inline = sum(d[k] for k in DEVICE_WORK) if DEVICE == "inline" else 0
+            lanes["bookkeeping"].append(d["cpu.launch"] - inline)
         # What no lane covers: the step record, reading op spans, publishing (the loop's
         # time outside its spans): step wall less the lanes of the record published in it.
         for wall, rec in zip(walls, recs, strict=False):
@@ -222,6 +248,7 @@ def measure(tokenizer, batch: int, variant: str, steps: int) -> dict[str, float]
     loop.end_all("abort")
     loop.close()
     out = {
+        "cpu_us": statistics.median(cpus) / 1e3,
         "step_us": statistics.median(walls) / 1e3,
         "step_p90_us": float(np.percentile(walls, 90)) / 1e3,
     }
@@ -297,7 +324,23 @@ def main() -> None:
     ap.add_argument("--gc-batch", type=int, default=64)
     ap.add_argument("--gc-freeze", action="store_true", help="gc.collect() + gc.freeze() first")
     ap.add_argument("--gc-threshold0", type=int, default=None)
+    ap.add_argument(
+        "--device",
+        choices=["inline", "cuda"],
+        default="inline",
+        help="inline: stand-in streams run in the loop thread (no device); cuda: "
+        "the engine's CUDA streams with a gather as the device work",
+    )
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and args.gc:
+        ap.error("--gc runs on the inline streams; leave out --device cuda")
+    if DEVICE == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda needs a CUDA GPU; this machine has none (use --device inline)")
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  python {sys.version.split()[0]}  "
         f"gc thresholds {gc.get_threshold()}"
@@ -325,23 +368,24 @@ def main() -> None:
         print(f"| {int(r['steps'])} | {r['wall_s']:.2f} | " + " | ".join(cells) + " |")
         return
     print(
-        "| tokenizer | batch | variant | step median (us) | step p90 (us) | schedule | "
-        "prepare | launch (bookkeeping) | post | other |"
+        "| tokenizer | batch | variant | step CPU time (us) | step wall median (us) | "
+        "step wall p90 (us) | schedule | "
+        "prepare | launch (bookkeeping) | wait | post | other |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.tokenizer:
         tok = AutoTokenizer.from_pretrained(TOKENIZERS[name])
         for batch in args.batch:
             for variant in args.variants:
                 runs = [measure(tok, batch, variant, args.steps) for _ in range(args.repeats)]
-                r = min(runs, key=lambda x: x["step_us"])
+                r = min(runs, key=lambda x: x["cpu_us"])
                 lanes = (
                     f"{r['cpu.schedule']:.1f} | {r['cpu.prepare']:.1f} | "
-                    f"{r['cpu.launch']:.1f} ({r['bookkeeping']:.1f}) | "
+                    f"{r['cpu.launch']:.1f} ({r['bookkeeping']:.1f}) | {r['cpu.wait']:.1f} | "
                     f"{r['cpu.post']:.1f} | {r['other']:.1f}"
                 )
                 print(
-                    f"| {name} | {batch} | {variant} | {r['step_us']:.1f} | "
+                    f"| {name} | {batch} | {variant} | {r['cpu_us']:.1f} | {r['step_us']:.1f} | "
                     f"{r['step_p90_us']:.1f} | {lanes} |",
                     flush=True,
                 )
