@@ -311,6 +311,41 @@ def gc_run(
     return out
 
 
+def summarize(path: Path) -> None:
+    """The median over rounds of each cell of an A/B log (bench/ab_step_cpu.sh)."""
+    cols = ["cpu", "wall", "p90", "schedule", "prepare", "launch", "wait", "post", "other"]
+    cells: dict[tuple[str, str, str, str], list[list[float]]] = {}
+    tree = ""
+    for line in path.read_text().splitlines():
+        if line.startswith("## round"):
+            words = line.split()
+            tree = "before" if words[4] in ("before", "base") else "after"
+        elif line.startswith("| ") and not line.startswith("| tokenizer"):
+            f = [c.strip() for c in line.strip("|").split("|")]
+            if len(f) != 12:
+                continue
+            launch = f[8].split()[0]
+            nums = [float(x) for x in (f[3], f[4], f[5], f[6], f[7], launch, f[9], f[10], f[11])]
+            cells.setdefault((f[0], f[1], f[2], tree), []).append(nums)
+    print(
+        "| tokenizer | batch | variant | rounds | "
+        + " | ".join(f"{c} before -> after (us)" for c in cols)
+        + " |"
+    )
+    print("|---|---:|---|---:|" + "---:|" * len(cols))
+    for (tok, batch, variant, tree), rows in cells.items():
+        if tree != "before" or (tok, batch, variant, "after") not in cells:
+            continue
+        after = cells[(tok, batch, variant, "after")]
+        med = lambda rs, i: statistics.median(r[i] for r in rs)  # noqa: E731
+        parts = [f"{med(rows, i):.0f} -> {med(after, i):.0f}" for i in range(len(cols))]
+        print(
+            f"| {tok} | {batch} | {variant} | {min(len(rows), len(after))} | "
+            + " | ".join(parts)
+            + " |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, nargs="*", default=[1, 16, 64])
@@ -331,7 +366,11 @@ def main() -> None:
         help="inline: stand-in streams run in the loop thread (no device); cuda: "
         "the engine's CUDA streams with a gather as the device work",
     )
+    ap.add_argument("--summarize", type=Path, help="print the before/after table of an A/B log")
     args = ap.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
     global DEVICE
     DEVICE = args.device
     if DEVICE == "cuda" and args.gc:

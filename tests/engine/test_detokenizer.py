@@ -93,3 +93,74 @@ def test_incremental_text_and_stops_are_the_same_on_the_cheap_path(name, tok):
             deltas.append(d.flush())
             runs.append((deltas, stopped_at, d.text))
         assert runs[0] == runs[1]
+
+
+class OneStringDetokenizer:
+    """The detokenizer as it was before its text was split into settled pieces and a tail:
+    one string, appended to at every token (the reference)."""
+
+    def __init__(self, decode, stop):
+        self._decode, self.stop = decode, list(stop or [])
+        self._holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.ids, self._prefix_offset, self._read_offset = [], 0, 0
+        self.text, self._emitted = "", 0
+
+    def push(self, token_id):
+        self.ids.append(token_id)
+        prefix = self._decode(self.ids[self._prefix_offset : self._read_offset])
+        full = self._decode(self.ids[self._prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.text += full[len(prefix) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self.ids)
+        if self.stop:
+            start = max(0, self._emitted - self._holdback)
+            for s in self.stop:
+                i = self.text.find(s, start)
+                if i != -1:
+                    self.text = self.text[:i]
+                    return self._take(len(self.text)), True
+            return self._take(len(self.text) - self._holdback), False
+        return self._take(len(self.text)), False
+
+    def flush(self):
+        return self._take(len(self.text))
+
+    def _take(self, upto):
+        if upto <= self._emitted:
+            return ""
+        out = self.text[self._emitted : upto]
+        self._emitted = upto
+        return out
+
+
+@pytest.mark.parametrize("settle", [1, 7, IncrementalDetokenizer.SETTLE_CHARS])
+def test_settled_pieces_give_the_text_deltas_and_stops_of_one_string(settle, monkeypatch):
+    monkeypatch.setattr(IncrementalDetokenizer, "SETTLE_CHARS", settle)
+    tok = make_tokenizer()
+    decode = decoder_for(tok)
+    text = (MODELS.parent / "engine" / "core" / "scheduler.py").read_text()
+    ids = tok.encode(text, add_special_tokens=False)
+    rng = random.Random(2)
+    hits = 0
+    for trial in range(60):
+        start = rng.randrange(len(ids) - 400)
+        stream = ids[start : start + rng.randrange(1, 400)]
+        whole = tok.decode(stream, skip_special_tokens=True)
+        stop = None
+        if trial % 3:  # a piece of the text (it hits), of 1 to 12 characters, or never
+            at, n = rng.randrange(len(whole) or 1), rng.randint(1, 12)
+            stop = [whole[at : at + n] or "\0", "\0never"]
+        runs = []
+        for d in (IncrementalDetokenizer(tok, stop, decode), OneStringDetokenizer(decode, stop)):
+            out = []
+            for t in stream:
+                delta, hit = d.push(t)
+                out.append((delta, hit))
+                if hit:
+                    break
+            out.append((d.flush(), None))
+            runs.append((out, d.text))
+        assert runs[0] == runs[1], f"trial {trial}"
+        hits += any(hit for _, hit in runs[0][0])
+    assert hits > 10, "the trials must hit stop strings"
