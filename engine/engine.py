@@ -32,6 +32,7 @@ from engine.model import loader
 from engine.model.hf_config import text_config
 from engine.parallel.leader import TPLeader
 from engine.sizing import check_fits, num_blocks_for
+from engine.step import heap
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
@@ -85,6 +86,8 @@ class Engine:
         self._stop = False
         self.dead_reason: str | None = None
         self._thread: threading.Thread | None = None
+        heap.settle()  # the model is loaded, the graphs captured: keep full GCs short
+        self._settled = True
         if start:
             self._thread = threading.Thread(target=self._run, name="gapless-engine", daemon=True)
             self._thread.start()
@@ -379,9 +382,9 @@ class Engine:
             return
         self._stop = True
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
         try:
+            if self._thread is not None:
+                self._thread.join(timeout=30)
             if self.dead_reason is not None:
                 self.streams.close()
                 return
@@ -391,6 +394,9 @@ class Engine:
         finally:
             if self.tp is not None:  # the worker ranks end with this one
                 self.tp.close()
+            if self._settled:
+                self._settled = False
+                heap.release()
 
     def __enter__(self) -> Engine:
         return self

@@ -38,7 +38,10 @@ def rank_lanes(world: int) -> tuple[str, ...]:
 Mode = Literal["sync", "async"]
 
 
-@dataclass(slots=True, frozen=True)
+# Span and RequestEvent are made many times a step on the engine's loop thread: plain slotted
+# dataclasses, as a frozen dataclass's __init__ costs about three times as much (it sets each
+# field through object.__setattr__). Treat them as immutable once published all the same.
+@dataclass(slots=True)
 class Span:
     """One interval of work on one lane, in host-clock nanoseconds (time.perf_counter_ns)."""
 
@@ -83,7 +86,7 @@ class StepRecord:
 RequestEventKind = Literal["queued", "scheduled", "first_token", "tokens", "finished"]
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class RequestEvent:
     """A point in one request's life. For "tokens", num_tokens is how many were emitted;
     for "finished", reason is "stop" | "length" | "abort" | "error"."""

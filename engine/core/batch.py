@@ -104,7 +104,10 @@ class HostView:
     def __init__(self, buf: np.ndarray, layout: BufferLayout) -> None:
         assert buf.dtype == np.int32 and buf.size == layout.size
         self.layout = layout
-        self.bt_owner: list[tuple[str, int] | None] = [None] * layout.max_seqs
+        # Per row: the request (object and preemption count) whose block ids it holds, and
+        # how many of them. Checked for every request at every step, so by identity.
+        self.bt_req: list[Request | None] = [None] * layout.max_seqs
+        self.bt_pre = [0] * layout.max_seqs
         self.bt_len = [0] * layout.max_seqs
         for name, view in layout.views(buf, np.float32).items():
             setattr(self, name, view)
@@ -112,9 +115,8 @@ class HostView:
     def sync_block_table(self, req: Request) -> None:
         """Write the block ids of req's row that this slot has not seen yet."""
         row, blocks = req.row, req.block_ids
-        owner = (req.request_id, req.num_preemptions)
-        if self.bt_owner[row] != owner:
-            self.bt_owner[row] = owner
+        if self.bt_req[row] is not req or self.bt_pre[row] != req.num_preemptions:
+            self.bt_req[row], self.bt_pre[row] = req, req.num_preemptions
             self.bt_len[row] = 0
         written = self.bt_len[row]
         if written < len(blocks):
@@ -142,8 +144,8 @@ def assemble(
     for chunk in sched.chunks:
         req = chunk.request
         row = req.row
-        if host.bt_len[row] < len(req.block_ids) or host.bt_owner[row] != (
-                req.request_id, req.num_preemptions):
+        if host.bt_req[row] is not req or host.bt_len[row] != len(req.block_ids) or \
+                host.bt_pre[row] != req.num_preemptions:
             host.sync_block_table(req)  # most decode steps skip this call
         start, n = chunk.start, chunk.num_tokens
         if n == 1:

@@ -99,17 +99,35 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
 
+        # Running requests: _chunk_len, _reserve and _chunk inlined (the same decisions, each
+        # request's lengths read once), as this loop runs over every decoding request at
+        # every step.
+        running, chunks, table_from = self.running, out.chunks, self._table_from
+        bs, max_len = self.block_size, self.max_model_len
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = self._chunk_len(req, budget)
-            if n == 0:
+        while i < len(running) and budget > 0:
+            req = running[i]
+            sampled = len(req.output_token_ids) + req.num_pending
+            seq_len = len(req.prompt_token_ids) + sampled
+            start = req.num_computed
+            remaining = seq_len - start
+            if remaining <= 0:
                 i += 1
                 continue
-            if not self._reserve(req, n, out, scheduled):
+            n = remaining if remaining < budget else budget
+            if n == remaining and not (sampled < req.params.max_tokens and seq_len < max_len):
+                # Its last token is already sampled by a step in flight: nothing to compute.
+                i += 1
+                continue
+            if -(-(start + n) // bs) > len(req.block_ids) and not self._reserve(
+                    req, n, out, scheduled):
                 # req itself was preempted (it was the newest): the list shrank under i.
                 continue
-            out.chunks.append(self._chunk(req, n))
+            req.num_computed = start + n
+            samples = n == remaining
+            if samples:
+                req.num_pending += 1
+            chunks.append(ScheduledChunk(req, start, n, samples, table_from[req.request_id]))
             scheduled.add(req.request_id)
             budget -= n
             i += 1

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from engine.core.batch import BufferLayout, StepMeta, assemble
-from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.detokenizer import Decode, IncrementalDetokenizer, decoder_for
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.step.graphs import GraphCache
@@ -106,6 +106,7 @@ class StepLoop:
         self.bus = bus
         self.sink = sink
         self.tokenizer = tokenizer
+        self._decoder: tuple[Any, Decode] | None = None  # (tokenizer, its decoder_for)
         self.eos_ids = eos_ids
         self.max_model_len = scheduler.max_model_len
         self.block_size = scheduler.block_size
@@ -116,6 +117,7 @@ class StepLoop:
         self.step_no = 0
         self.discarded_tokens = 0
         self.generated_tokens = 0
+        self.delivered_ns = 0  # when the tokens being delivered arrived (one read per step)
         if settings.cuda_graphs:
             self._enable_graphs()
 
@@ -312,23 +314,27 @@ class StepLoop:
 
     def deliver(self, samplers: list[Request], tokens: list[int]) -> None:
         """A step's sampled tokens arrived (one per sampling request, in order): append each,
-        detokenize, check stops, finish what ended, discard what came one step late."""
+        detokenize, check stops, finish what ended, discard what came one step late. They
+        arrived together: one timestamp serves them all."""
+        self.delivered_ns = now()
         for req, token in zip(samplers, tokens, strict=True):
             self._on_token(req, token)
 
     def _on_token(self, req: Request, token: int) -> None:
+        t = self.delivered_ns
         req.num_pending -= 1
         if req.is_finished:
             self.discarded_tokens += 1  # computed one step late, after the request ended
             return
         req.output_token_ids.append(token)
         self.generated_tokens += 1
-        t = now()
+        kind = "tokens"
         if req.first_token_ns is None:
             req.first_token_ns = t
-            self._event(req, "first_token", num_tokens=1)
-        else:
-            self._event(req, "tokens", num_tokens=1)
+            kind = "first_token"
+        if self.bus is not None:  # once per token per request: built positionally, inline
+            self.bus.publish_event(RequestEvent(req.request_id, kind, t, 1,  # type: ignore[arg-type]
+                                                len(req.prompt_token_ids)))
         try:
             reason = self._emit(req, token)
         except Exception as e:  # its tokenizer or its callback: this request alone fails
@@ -347,7 +353,7 @@ class StepLoop:
             detok = self.detok.get(req.request_id)
             if detok is None:
                 detok = self.detok[req.request_id] = IncrementalDetokenizer(
-                    self.tokenizer, p.stop
+                    self.tokenizer, p.stop, self._decode()
                 )
             delta, stop_hit = detok.push(token)
         if delta:
@@ -361,6 +367,12 @@ class StepLoop:
         if req.prompt_len + len(req.output_token_ids) >= self.max_model_len:
             return "length"
         return None
+
+    def _decode(self) -> Decode:
+        """The tokenizer's decoder, made once per tokenizer and shared by every request."""
+        if self._decoder is None or self._decoder[0] is not self.tokenizer:
+            self._decoder = (self.tokenizer, decoder_for(self.tokenizer))
+        return self._decoder[1]
 
     def finish(self, req: Request, reason: str) -> None:
         if req.is_finished:
