@@ -42,6 +42,7 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     model_impl: str = "auto"
+    torch_compile: bool = False
     async_batching: bool = True
     num_slots: int = 2
     cuda_graphs: bool = True
@@ -93,6 +94,13 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("model_impl", self.model_impl, MODEL_IMPLS)
+        _check_type("torch_compile", self.torch_compile, bool)
+        if self.torch_compile and self.model_impl == "gapless":
+            raise ValueError(
+                "torch_compile compiles transformers' modeling code; it needs model_impl "
+                "'transformers' or 'auto' (which compiles only models the fused path does not "
+                "cover), not 'gapless'"
+            )
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_model_len is not None:

@@ -72,6 +72,12 @@ class Engine:
                                                           self.max_model_len, owned)
         self.model, self.tokenizer = model, tokenizer
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
+        # Compiles only the generic path ('auto' may have picked our fused forward).
+        self.torch_compile = config.torch_compile and self.model_impl == "transformers"
+        if self.torch_compile:
+            from engine.model.compiled import compile_forward
+
+            model, backend = compile_forward(model, self.backend_name, backend)
         num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
                                     self.dtype)
         check_fits(config, model.config, num_blocks, self.max_model_len, self.device, self.dtype)
@@ -256,6 +262,7 @@ class Engine:
             "model": self.config.model,
             "attention_backend": self.backend_name,
             "model_impl": self.model_impl,
+            "torch_compile": self.torch_compile,
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "max_model_len": self.max_model_len,
