@@ -43,8 +43,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", default=None, help="a shape from bench/model_shapes.py "
-                     "(random weights): tiny, smollm2-135m, llama-1b, llama-8b, qwen3-0.6b")
+    src.add_argument(
+        "--preset",
+        default=None,
+        help="a shape from bench/model_shapes.py "
+        "(random weights): tiny, smollm2-135m, llama-1b, llama-8b, qwen3-0.6b",
+    )
     src.add_argument("--model", default=None, help="a local model folder")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"))
@@ -52,14 +56,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prefill", type=int, default=128, help="prefill tokens (0: none)")
     p.add_argument("--context", type=int, default=256, help="cached tokens per decode request")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--iters", type=int, default=0, help="timed steps per shape (0: 20 on "
-                   "cpu, 100 on cuda)")
-    p.add_argument("--mixed", type=int, default=30, help="steps of random size for the "
-                   "recompile count (0: skip)")
+    p.add_argument(
+        "--iters", type=int, default=0, help="timed steps per shape (0: 20 on cpu, 100 on cuda)"
+    )
+    p.add_argument(
+        "--mixed",
+        type=int,
+        default=30,
+        help="steps of random size for the recompile count (0: skip)",
+    )
     p.add_argument("--no-graphs", action="store_true", help="cuda: skip CUDA graph timing")
     p.add_argument("--engine", action="store_true", help="also run the engine end to end")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's "
-                   "default); inductor's C++ kernels use as many")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads (0: torch's default); inductor's C++ kernels use as many",
+    )
     p.add_argument("--cache-dir", default=None, help="inductor cache (default: a fresh one)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
@@ -87,14 +100,21 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",") if b]
     iters = args.iters or (100 if device.type == "cuda" else 20)
     graphs = device.type == "cuda" and not args.no_graphs
-    bench = StepBench(model, device, dtype, max(batches), args.context, args.prefill,
-                      args.block_size)
-    shapes = [("decode", b) for b in batches] + ([("prefill", args.prefill)]
-                                                 if args.prefill else [])
-    env = {"torch": torch.__version__, "device": device.type, "dtype": str(dtype),
-           "cache_dir": cache_dir, "cache_was_empty": not any(Path(cache_dir).iterdir()),
-           "model": args.model or f"preset {args.preset} (random weights)",
-           "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None}
+    bench = StepBench(
+        model, device, dtype, max(batches), args.context, args.prefill, args.block_size
+    )
+    shapes = [("decode", b) for b in batches] + (
+        [("prefill", args.prefill)] if args.prefill else []
+    )
+    env = {
+        "torch": torch.__version__,
+        "device": device.type,
+        "dtype": str(dtype),
+        "cache_dir": cache_dir,
+        "cache_was_empty": not any(Path(cache_dir).iterdir()),
+        "model": args.model or f"preset {args.preset} (random weights)",
+        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+    }
     import transformers
 
     env["transformers"] = transformers.__version__
@@ -120,9 +140,11 @@ def main() -> None:
             first = time.perf_counter() - t0
             startup += first
             diff = (logits.float().cpu() - eager_logits[key]).abs().max()
-            rows[key] = {"first_call_s": round(first, 2),
-                         "graphs_compiled": unique_graphs() - before,
-                         "max_abs_logit_diff": float(diff)}
+            rows[key] = {
+                "first_call_s": round(first, 2),
+                "graphs_compiled": unique_graphs() - before,
+                "max_abs_logit_diff": float(diff),
+            }
             print(f"compiled {key:>11}: {rows[key]}", flush=True)
         results["startup_s"] = round(startup, 1)
         for name, n in shapes:  # eager and compiled alternate, so load on the machine hits both
@@ -170,8 +192,9 @@ class StepBench:
     a prefill of p tokens (request R, positions 0..p-1, so it never changes what a decode
     reads)."""
 
-    def __init__(self, model, device, dtype, max_batch: int, context: int, prefill: int,
-                 block_size: int) -> None:
+    def __init__(
+        self, model, device, dtype, max_batch: int, context: int, prefill: int, block_size: int
+    ) -> None:
         import torch
 
         from engine.attention.interface import resolve_backend
@@ -185,11 +208,16 @@ class StepBench:
         self.width = math.ceil((max(context + 1, prefill) + 1) / block_size)
         self.max_batch = max_batch
         num_blocks = (max_batch + 1) * self.width + 1  # the last row: the prefill's
-        self.caches = [(torch.randn(num_blocks, block_size, kvh, hd, device=device).to(dtype),
-                        torch.randn(num_blocks, block_size, kvh, hd, device=device).to(dtype))
-                       for _ in range(layers)]
-        self.block_tables = torch.arange((max_batch + 1) * self.width, dtype=torch.int32,
-                                         device=device).view(max_batch + 1, self.width)
+        self.caches = [
+            (
+                torch.randn(num_blocks, block_size, kvh, hd, device=device).to(dtype),
+                torch.randn(num_blocks, block_size, kvh, hd, device=device).to(dtype),
+            )
+            for _ in range(layers)
+        ]
+        self.block_tables = torch.arange(
+            (max_batch + 1) * self.width, dtype=torch.int32, device=device
+        ).view(max_batch + 1, self.width)
         self.context = context
         self.backend_name, self.backend = resolve_backend("auto", device)
         self.op_backend = self.backend  # compile_forward's, once compiled
@@ -210,21 +238,35 @@ class StepBench:
         gen = torch.Generator().manual_seed(2 * n + (name == "decode"))
         ids = torch.randint(1, self.vocab, (n,), generator=gen)
         d = self.device
-        return {"ids": ids.to(d), "pos": pos.to(d), "req": req.to(d), "slots": slots.to(d),
-                "keep": keep.to(d)}
+        return {
+            "ids": ids.to(d),
+            "pos": pos.to(d),
+            "req": req.to(d),
+            "slots": slots.to(d),
+            "keep": keep.to(d),
+        }
 
     def run(self, x: dict, compiled: bool):
         """One forward; compiled: through the compiled module and the custom op, otherwise
         the module's own forward (nn.Module.compile leaves it eager) and the plain backend."""
         from engine.attention.interface import AttnContext
 
-        ctx = AttnContext(kv_caches=self.caches, slot_mapping=x["slots"],
-                          block_tables=self.block_tables, token_req=x["req"],
-                          token_pos=x["pos"],
-                          backend=self.op_backend if compiled else self.backend)
+        ctx = AttnContext(
+            kv_caches=self.caches,
+            slot_mapping=x["slots"],
+            block_tables=self.block_tables,
+            token_req=x["req"],
+            token_pos=x["pos"],
+            backend=self.op_backend if compiled else self.backend,
+        )
         call = self.model if compiled else self.model.forward
-        out = call(input_ids=x["ids"][None], position_ids=x["pos"].long()[None],
-                   logits_to_keep=x["keep"], use_cache=False, gapless=ctx)
+        out = call(
+            input_ids=x["ids"][None],
+            position_ids=x["pos"].long()[None],
+            logits_to_keep=x["keep"],
+            use_cache=False,
+            gapless=ctx,
+        )
         return out.logits[0]
 
     def forward(self, name: str, n: int, compiled: bool):
@@ -247,8 +289,10 @@ class StepBench:
                 self.run(x, compiled)
                 self.sync()
                 times[compiled].append(time.perf_counter() - t0)
-        return (round(statistics.median(times[False]) * 1e3, 3),
-                round(statistics.median(times[True]) * 1e3, 3))
+        return (
+            round(statistics.median(times[False]) * 1e3, 3),
+            round(statistics.median(times[True]) * 1e3, 3),
+        )
 
     def graph_time_ms(self, name: str, n: int, iters: int, compiled: bool) -> float:
         """The forward captured in a CUDA graph (as the engine captures compute()), replayed
@@ -296,8 +340,12 @@ class StepBench:
             if unique_graphs() > graphs:
                 compile_s += time.perf_counter() - t0
                 shapes.append([int(x["ids"].numel()), int(x["keep"].numel())])
-        return {"steps": steps, "new_graphs": unique_graphs() - before,
-                "compiled_at_tokens_samples": shapes, "compile_s": round(compile_s, 1)}
+        return {
+            "steps": steps,
+            "new_graphs": unique_graphs() - before,
+            "compiled_at_tokens_samples": shapes,
+            "compile_s": round(compile_s, 1),
+        }
 
 
 def engine_run(args: argparse.Namespace, device) -> dict:
@@ -320,10 +368,19 @@ def engine_run(args: argparse.Namespace, device) -> dict:
         torch._dynamo.reset()
         before = unique_graphs()
         t0 = time.perf_counter()
-        cfg = EngineConfig(model=args.model, device=device.type, dtype=args.dtype,
-                           model_impl="transformers", torch_compile=compiled,
-                           max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256,
-                           num_blocks=200, block_size=16, telemetry=False)
+        cfg = EngineConfig(
+            model=args.model,
+            device=device.type,
+            dtype=args.dtype,
+            model_impl="transformers",
+            torch_compile=compiled,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            max_model_len=256,
+            num_blocks=200,
+            block_size=16,
+            telemetry=False,
+        )
         with Engine(cfg) as eng:
             load_s = time.perf_counter() - t0
             runs = []
@@ -334,11 +391,13 @@ def engine_run(args: argparse.Namespace, device) -> dict:
             steps = eng.stats()["steps"]
         tokens[compiled] = [r.token_ids for r in res]
         out["compiled" if compiled else "eager"] = {
-            "load_s": round(load_s, 1), "first_generate_s": runs[0],
-            "second_generate_s": runs[1], "steps_per_generate": steps // 2,
-            "graphs_compiled": unique_graphs() - before}
-        print(f"engine compiled={compiled}: {out['compiled' if compiled else 'eager']}",
-              flush=True)
+            "load_s": round(load_s, 1),
+            "first_generate_s": runs[0],
+            "second_generate_s": runs[1],
+            "steps_per_generate": steps // 2,
+            "graphs_compiled": unique_graphs() - before,
+        }
+        print(f"engine compiled={compiled}: {out['compiled' if compiled else 'eager']}", flush=True)
     out["same_tokens"] = tokens[False] == tokens[True]
     return out
 
@@ -351,20 +410,27 @@ def print_table(r: dict) -> None:
     print("\n" + head)
     print("|" + "---|" * (head.count("|") - 1))
     for key, row in r["steps"].items():
-        line = (f"| {key} | {row['eager_ms']} | {row['compiled_ms']} | {row['speedup']} | "
-                f"{row['first_call_s']} | {row['graphs_compiled']} | "
-                f"{row['max_abs_logit_diff']:.2e} |")
+        line = (
+            f"| {key} | {row['eager_ms']} | {row['compiled_ms']} | {row['speedup']} | "
+            f"{row['first_call_s']} | {row['graphs_compiled']} | "
+            f"{row['max_abs_logit_diff']:.2e} |"
+        )
         if graphs:
-            line += (f" {row['eager_graph_ms']} | {row['compiled_graph_ms']} | "
-                     f"{row['graph_speedup']} |")
+            line += (
+                f" {row['eager_graph_ms']} | {row['compiled_graph_ms']} | {row['graph_speedup']} |"
+            )
         print(line)
-    print(f"\nstart-up (first calls of the shapes above): {r['startup_s']} s; "
-          f"graphs in all: {r['graphs_total']}")
+    print(
+        f"\nstart-up (first calls of the shapes above): {r['startup_s']} s; "
+        f"graphs in all: {r['graphs_total']}"
+    )
     if "mixed" in r:
         m = r["mixed"]
-        print(f"mixed run of {m['steps']} steps: {m['new_graphs']} more graphs "
-              f"({m['compile_s']} s compiling) at (tokens, samples) "
-              f"{m['compiled_at_tokens_samples']}")
+        print(
+            f"mixed run of {m['steps']} steps: {m['new_graphs']} more graphs "
+            f"({m['compile_s']} s compiling) at (tokens, samples) "
+            f"{m['compiled_at_tokens_samples']}"
+        )
     if "engine" in r:
         print(f"engine: {json.dumps(r['engine'])}")
 

@@ -37,8 +37,17 @@ def paged_attention(
 ) -> torch.Tensor:
     """The backend registered as `backend`, writing into a fresh contiguous [T, H, D]."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    return _BACKENDS[backend](q, k_cache, v_cache, block_tables, token_req, token_pos,
-                              scale=scale, sliding_window=sliding_window, out=out)
+    return _BACKENDS[backend](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        token_req,
+        token_pos,
+        scale=scale,
+        sliding_window=sliding_window,
+        out=out,
+    )
 
 
 @paged_attention.register_fake
@@ -52,10 +61,18 @@ def as_custom_op(name: str, backend: Backend) -> Backend:
     """`backend` (known as `name`) called through `gapless::paged_attention`."""
     _BACKENDS[name] = backend
 
-    def through_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   block_tables: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor,
-                   scale: float, sliding_window: int | None = None) -> torch.Tensor:
-        return paged_attention(q, k_cache, v_cache, block_tables, token_req, token_pos,
-                               name, scale, sliding_window)
+    def through_op(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        token_req: torch.Tensor,
+        token_pos: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        return paged_attention(
+            q, k_cache, v_cache, block_tables, token_req, token_pos, name, scale, sliding_window
+        )
 
     return through_op

@@ -24,8 +24,9 @@ from engine.attention.op import as_custom_op
 MODE = "default"
 
 
-def compile_forward(model: torch.nn.Module, backend_name: str,
-                    backend: Backend) -> tuple[torch.nn.Module, Backend]:
+def compile_forward(
+    model: torch.nn.Module, backend_name: str, backend: Backend
+) -> tuple[torch.nn.Module, Backend]:
     """(model whose calls run compiled, the backend to hand the runner). The model is the
     same object, compiled in place (`nn.Module.compile`), so its config and weights are
     where the runner looks for them."""

@@ -25,8 +25,14 @@ from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 MAX_NEW = 12
 # A budget of 16 tokens forces chunked prefill (prompts up to 70 tokens); 24 usable blocks of
 # 4 tokens cannot hold 9 requests at once: preemption.
-TIGHT = dict(device="cpu", max_num_seqs=6, max_num_batched_tokens=16, block_size=4,
-             num_blocks=25, max_model_len=96)
+TIGHT = dict(
+    device="cpu",
+    max_num_seqs=6,
+    max_num_batched_tokens=16,
+    block_size=4,
+    num_blocks=25,
+    max_model_len=96,
+)
 
 
 def _counters() -> dict:
@@ -46,16 +52,28 @@ def compiled_runs(tiny_model_dir):
         if family not in cache:
             torch._dynamo.reset()
             _counters().clear()
-            cfg = EngineConfig(model=str(tiny_model_dir(family)), model_impl="transformers",
-                               torch_compile=True, async_batching=True, **TIGHT)
+            cfg = EngineConfig(
+                model=str(tiny_model_dir(family)),
+                model_impl="transformers",
+                torch_compile=True,
+                async_batching=True,
+                **TIGHT,
+            )
             with Engine(cfg) as eng:
-                outs = eng.generate(mixed_prompts(9), SamplingParams(
-                    max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True))
+                outs = eng.generate(
+                    mixed_prompts(9),
+                    SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True),
+                )
                 stats, info = eng.stats(), eng.settings()
                 assert_all_blocks_free(eng)
             c = _counters()
-            cache[family] = (outs, stats, info, int(c["stats"]["unique_graphs"]),
-                             dict(c["graph_break"]))
+            cache[family] = (
+                outs,
+                stats,
+                info,
+                int(c["stats"]["unique_graphs"]),
+                dict(c["graph_break"]),
+            )
         return cache[family]
 
     return get
@@ -71,11 +89,13 @@ def test_compiled_greedy_matches_eager_and_generate(tiny_model_dir, compiled_run
     assert graphs > 0, "nothing was compiled: the setting did not reach the forward"
     assert stats["preemptions"] > 0, "the workload was meant to force preemption"
     expected = hf_greedy(model_dir, prompts, MAX_NEW)
-    cfg = EngineConfig(model=str(model_dir), model_impl="transformers", async_batching=True,
-                       **TIGHT)
+    cfg = EngineConfig(
+        model=str(model_dir), model_impl="transformers", async_batching=True, **TIGHT
+    )
     with Engine(cfg) as eng:
-        eager = eng.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
-                                                     ignore_eos=True))
+        eager = eng.generate(
+            prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+        )
         assert eng.settings()["torch_compile"] is False
     for p, o, g, e in zip(prompts, outs, eager, expected, strict=True):
         assert o.token_ids == e, f"{family}: compiled, prompt of {len(p)} tokens diverged"
@@ -91,7 +111,8 @@ def test_compiled_forward_has_no_graph_break_and_few_graphs(compiled_runs, famil
     _, _, _, graphs, breaks = compiled_runs(family)
     assert breaks == {}, f"graph breaks in the compiled forward: {breaks}"
     assert graphs < torch._dynamo.config.recompile_limit, (
-        f"{graphs} graphs for one engine reach dynamo's recompile limit")
+        f"{graphs} graphs for one engine reach dynamo's recompile limit"
+    )
 
 
 def _op_args(t: int = 5, window: int | None = None) -> tuple:
@@ -116,25 +137,32 @@ def test_custom_op_passes_opcheck_and_matches_the_backend(window):
     torch.library.opcheck(paged_attention, args)
     out = paged_attention(*args)
     assert out.is_contiguous()
-    torch.testing.assert_close(out, reference(*args[:6], scale=0.25, sliding_window=window),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        out, reference(*args[:6], scale=0.25, sliding_window=window), rtol=0, atol=0
+    )
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    (dict(torch_compile="yes"), "torch_compile must be true or false, got 'yes'"),
-    (dict(torch_compile=1), "torch_compile must be true or false, got 1"),
-    (dict(torch_compile=True, model_impl="gapless"),
-     "torch_compile compiles transformers' modeling code; it needs model_impl 'transformers' "
-     "or 'auto'"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(torch_compile="yes"), "torch_compile must be true or false, got 'yes'"),
+        (dict(torch_compile=1), "torch_compile must be true or false, got 1"),
+        (
+            dict(torch_compile=True, model_impl="gapless"),
+            "torch_compile compiles transformers' modeling code; it needs model_impl "
+            "'transformers' or 'auto'",
+        ),
+    ],
+)
 def test_bad_torch_compile_settings_are_clear_errors(settings, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         EngineConfig(**settings).validate()
 
 
 def test_auto_on_the_fused_path_does_not_compile(tiny_model_dir):
-    cfg = EngineConfig(model=str(tiny_model_dir("llama")), model_impl="auto",
-                       torch_compile=True, **TIGHT)
+    cfg = EngineConfig(
+        model=str(tiny_model_dir("llama")), model_impl="auto", torch_compile=True, **TIGHT
+    )
     with Engine(cfg, start=False) as eng:
         assert eng.settings()["model_impl"] == "gapless"
         assert eng.settings()["torch_compile"] is False

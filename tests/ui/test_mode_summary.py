@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from ui.controls import mode_summary
 
-SETTINGS = {"async_batching": True, "num_slots": 2, "cuda_graphs": False, "device": "cpu",
-            "model": "m", "dtype": "float32", "model_impl": "transformers"}
+SETTINGS = {
+    "async_batching": True,
+    "num_slots": 2,
+    "cuda_graphs": False,
+    "device": "cpu",
+    "model": "m",
+    "dtype": "float32",
+    "model_impl": "transformers",
+}
 
 
 def test_the_summary_says_when_the_forward_is_compiled() -> None:
