@@ -43,6 +43,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     model_impl: str = "auto"
     tensor_parallel_size: int = 1
+    torch_compile: bool = False
     async_batching: bool = True
     num_slots: int = 2
     cuda_graphs: bool = True
@@ -100,6 +101,13 @@ class EngineConfig:
                 f"tensor_parallel_size={self.tensor_parallel_size} needs our fused Llama-family "
                 "path, but model_impl is 'transformers'; use model_impl 'auto' or 'gapless', or "
                 "tensor_parallel_size 1"
+            )
+        _check_type("torch_compile", self.torch_compile, bool)
+        if self.torch_compile and self.model_impl == "gapless":
+            raise ValueError(
+                "torch_compile compiles transformers' modeling code; it needs model_impl "
+                "'transformers' or 'auto' (which compiles only models the fused path does not "
+                "cover), not 'gapless'"
             )
         _check_int("max_num_seqs", self.max_num_seqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)

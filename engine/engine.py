@@ -113,6 +113,12 @@ class Engine:
         self.model, self.tokenizer = model, tokenizer
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
         n_tp = config.tensor_parallel_size
+        # Compiles only the generic path ('auto' may have picked our fused forward).
+        self.torch_compile = config.torch_compile and self.model_impl == "transformers"
+        if self.torch_compile:
+            from engine.model.compiled import compile_forward
+
+            model, backend = compile_forward(model, self.backend_name, backend)
         num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
                                     self.dtype, tp_size=n_tp)
         # On the CPU every rank's share comes out of the same memory.
@@ -295,6 +301,7 @@ class Engine:
             "attention_backend": self.backend_name,
             "model_impl": self.model_impl,
             "tensor_parallel_size": self.config.tensor_parallel_size,
+            "torch_compile": self.torch_compile,
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "max_model_len": self.max_model_len,

@@ -35,6 +35,7 @@ def mode_summary(settings: dict[str, Any]) -> str:
         f"mode **{mode}** · {slots} slot{'s' if slots != 1 else ''} · CUDA graphs {graphs} · "
         f"{settings.get('device', '?')} · `{settings.get('model', '?')}` "
         f"({settings.get('dtype', '?')}) · forward {settings.get('model_impl', '?')}"
+        f"{' (torch.compile)' if settings.get('torch_compile') else ''}"
     )
 
 
