@@ -120,6 +120,21 @@ def wait_draws(frame: sync_api.Frame, more: int, limit_s: float = 30) -> dict:
     return state
 
 
+def steps_on_the_timeline(page: sync_api.Page, limit_s: float = 60) -> None:
+    """Start the load generator unless it runs already, then wait until the live timeline
+    draws steps: an idle engine has none to show (a test run alone starts that way)."""
+    start = page.get_by_role("button", name="Start load")
+    start.or_(page.get_by_role("button", name="Stop load")).first.wait_for()
+    if start.count():
+        start.click()
+        page.get_by_role("button", name="Stop load").wait_for()
+    frame = timeline_frame(page)
+    deadline = time.monotonic() + limit_s
+    while plot_state(frame)["bars"] == 0:
+        assert time.monotonic() < deadline, f"no steps on the timeline after {limit_s} s of load"
+        time.sleep(0.5)
+
+
 def engine_pid(server_pid: int) -> int:
     """The engine process: the streamlit server's child running engine.process.server."""
     for proc in Path("/proc").iterdir():
