@@ -1,11 +1,11 @@
 """Fixtures of the dashboard's browser tests: one `streamlit run app.py` (with its engine) and
 one headless Chromium for the whole session, and per test module a tab on the Live page.
 
-The server and the browser are shared across the modules because the engine takes minutes
-to start on a 2-core CPU; each module opens its own tab. What the engine carries from one
-module to the next (a running load generator, the batching mode) is left as the module's
-last test leaves it, as it was when these tests were one file. The browser fixture fails
-the session if any tab asked for anything beyond the server.
+The server and the browser are shared across the modules because the engine can take
+minutes to start on a 2-core CPU; each module opens its own tab. The engine's state (a
+running load generator, the batching mode) passes from one module to the next as the last
+test left it, so each module's tests must not count on what another module did. The browser
+fixture fails the session if any tab asked for anything beyond the server.
 
 The helpers are imported inside the fixtures: importing tests/browser/dashboard_driver.py
 skips a module where Chromium or playwright is missing, which a conftest must not do.
