@@ -14,7 +14,6 @@ skips a module where Chromium or playwright is missing, which a conftest must no
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -54,14 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
         headless.wait_healthy(url, SERVER_START_S, proc)
         yield url, proc.pid
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGCONT)  # a stopped engine cannot exit otherwise
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        headless.stop_group(proc)  # a SIGSTOPped engine too
         log.close()
         tail = log_path.read_text(errors="replace")[-3000:]
         print(f"--- streamlit log (tail) ---\n{tail}")
