@@ -71,7 +71,8 @@ def time_ms(fn: Callable[[], object]) -> tuple[float, float]:
 
 def bench_decode(ctx: int, quick: bool) -> None:
     from engine.attention.reference import paged_attention as ref_attention
-    from engine.attention.triton_paged import default_num_splits, paged_attention_with_splits
+    from engine.attention.triton_paged import default_num_splits
+    from engine.attention.triton_paged import paged_attention as triton_attention
 
     args, kv_bytes = make_inputs([ctx] * 32, [1] * 32)
     out = torch.empty_like(args[0])
@@ -90,7 +91,7 @@ def bench_decode(ctx: int, quick: bool) -> None:
         configs = [(1, 64, 3), (auto, 64, 3)]
     for splits, block_n, stages in configs:
         def fn(splits: int = splits, block_n: int = block_n, stages: int = stages) -> object:
-            return paged_attention_with_splits(
+            return triton_attention(
                 *args, D**-0.5, out=out, num_splits=splits, block_n=block_n, num_stages=stages
             )
         eager, graph = time_ms(fn)

@@ -1,5 +1,6 @@
 """Driving the dashboard headless: Debian's Chromium with the flags that work on this kind
-of machine, a free loopback port, and waiting until a Streamlit server answers.
+of machine, a free loopback port, waiting until a Streamlit server answers, and stopping
+it with all it started.
 
 Shared by the browser test and the dashboard benchmark. Imports neither streamlit nor
 playwright; it never reaches beyond 127.0.0.1.
@@ -7,6 +8,8 @@ playwright; it never reaches beyond 127.0.0.1.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -52,3 +55,17 @@ def wait_healthy(url: str, limit_s: float, proc: subprocess.Popen[bytes] | None 
             pass
         time.sleep(0.2)
     raise TimeoutError(f"streamlit did not answer {url}/_stcore/health within {limit_s} s")
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server started with start_new_session=True and all it started (its engine):
+    SIGCONT first, since a stopped process cannot exit, then SIGTERM, SIGKILL after 20 s."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGCONT)
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

@@ -6,11 +6,8 @@
 set -u
 W=/tmp/gapless-call1; rm -rf $W; mkdir -p $W/rec
 export PYTHONUNBUFFERED=1 PY=${PY:-python3}
-part() {  # part NAME LIMIT_S CMD...
-  local name=$1 limit=$2; shift 2; local t0=$(date +%s)
-  timeout "$limit" "$@" >"$W/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s (limit $limit s)"; tail -n "${TAIL:-15}" "$W/$name.log"
-}
+PART_TAIL=15
+source "$(dirname "${BASH_SOURCE[0]}")/part.sh"
 $PY -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
 part cuda_tests 210 $PY -m pytest -q -p no:cacheprovider -m cuda tests/engine tests/kernel \
   tests/telemetry tests/model tests/test_smollm2.py -rs

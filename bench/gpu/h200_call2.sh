@@ -5,13 +5,8 @@
 set -u
 W=/tmp/gapless-call2; rm -rf $W; mkdir -p $W
 export PYTHONUNBUFFERED=1 PY=${PY:-python3} OUT_DIR=$OUT
-part() {  # part NAME LIMIT_S CMD...
-  local name=$1 limit=$2; shift 2; local t0=$(date +%s)
-  OUT=$W timeout "$limit" "$@" >"$W/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s (limit $limit s)"; tail -n "${TAIL:-8}" "$W/$name.log"
-  for f in bench_async.json bench_transformers_cb.json; do
-    [ -f "$W/$f" ] && mv "$W/$f" "$W/$name.$f"; done
-}
+PART_TAIL=8 PART_OUT=$W PART_RESULTS="bench_async.json bench_transformers_cb.json"
+source "$(dirname "${BASH_SOURCE[0]}")/part.sh"
 part cuda_recheck 130 $PY -m pytest -q -p no:cacheprovider -m cuda \
   tests/model/test_fused_cuda.py tests/engine/test_anatomy_recording.py \
   tests/telemetry/test_telemetry_ingraph_cuda.py

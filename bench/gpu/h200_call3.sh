@@ -4,13 +4,8 @@
 set -u
 W=/tmp/gapless-call3; rm -rf $W; mkdir -p $W
 export PYTHONUNBUFFERED=1 PY=${PY:-python3} OUT_DIR=$OUT
-part() {  # part NAME LIMIT_S CMD...
-  local name=$1 limit=$2; shift 2; local t0=$(date +%s)
-  OUT=$W timeout "$limit" "$@" >"$W/$name.log" 2>&1; local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s (limit $limit s)"; tail -n "${TAIL:-6}" "$W/$name.log"
-  for f in bench_async.json bench_transformers_cb.json; do
-    [ -f "$W/$f" ] && mv "$W/$f" "$W/$name.$f"; done
-}
+PART_TAIL=6 PART_OUT=$W PART_RESULTS="bench_async.json bench_transformers_cb.json"
+source "$(dirname "${BASH_SOURCE[0]}")/part.sh"
 for preset in qwen3-0.6b llama-1b llama-8b; do
   for batch in 32 256; do
     limit=30; [ "$preset" = llama-8b ] && limit=45

@@ -22,7 +22,7 @@ import torch
 _MAX_SCORE_ELEMENTS = 1 << 25
 
 
-def check_paged_attention_args(
+def checked_output(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -31,8 +31,12 @@ def check_paged_attention_args(
     token_pos: torch.Tensor,
     sliding_window: int | None,
     out: torch.Tensor | None,
-) -> None:
-    """Raise ValueError with a clear message when the arguments of the op do not fit together."""
+) -> torch.Tensor:
+    """The tensor the op writes (`out`, or a new one like q), once its arguments are checked.
+
+    Raises ValueError with a clear message when the arguments do not fit together. Shared by
+    both backends, so they accept exactly the same inputs.
+    """
     if q.dim() != 3:
         raise ValueError(f"q must be [T, H, D], got shape {tuple(q.shape)}")
     t, h, d = q.shape
@@ -67,6 +71,7 @@ def check_paged_attention_args(
         raise ValueError(
             f"out must match q ({q.dtype} {tuple(q.shape)}), got {out.dtype} {tuple(out.shape)}"
         )
+    return torch.empty_like(q) if out is None else out
 
 
 def paged_attention(
@@ -88,14 +93,12 @@ def paged_attention(
     sliding_window when a window is set). Query head h reads kv head h // (H // KVH).
     Softmax in fp32. Returns [T, H, D] in q's dtype (written into `out` when given).
     """
-    check_paged_attention_args(
+    out = checked_output(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
     )
     t, h, d = q.shape
     num_blocks, block_size, kvh = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
     group = h // kvh
-    if out is None:
-        out = torch.empty_like(q)
     if t == 0:
         return out
 

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.reference import check_paged_attention_args
+from engine.attention.reference import checked_output
 
 LOG2E = 1.4426950408889634
 
@@ -240,35 +240,19 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal paged attention of a flat batch (see `engine.attention.reference.paged_attention`)."""
-    return paged_attention_with_splits(
-        q, k_cache, v_cache, block_tables, token_req, token_pos, scale,
-        sliding_window=sliding_window, out=out, num_splits=None,
-    )
-
-
-def paged_attention_with_splits(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    token_req: torch.Tensor,
-    token_pos: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    out: torch.Tensor | None = None,
+    *,
     num_splits: int | None = None,
     block_n: int | None = None,
     num_stages: int = 3,
 ) -> torch.Tensor:
-    """`paged_attention` with explicit tuning: split-K factor (None: `default_num_splits`),
-    key tile size (None: 64, or 32 for head_dim > 128) and software-pipeline depth (3 lets
-    Triton prefetch the block-table entries as well as the K/V tiles).
+    """Causal paged attention of a flat batch (see `engine.attention.reference.paged_attention`).
 
-    Exposed for the benchmark and the tests, which compare configurations.
+    The keyword-only tuning the engine leaves at its defaults (the benchmark and the tests
+    compare configurations): split-K factor (None: `default_num_splits`), key tile size
+    (None: by the bytes of a K/V row, see `_tile_shape`) and software-pipeline depth (3
+    lets Triton prefetch the block-table entries as well as the K/V tiles).
     """
-    check_paged_attention_args(
+    out = checked_output(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
     )
     t, h, d = q.shape
@@ -282,8 +266,6 @@ def paged_attention_with_splits(
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"dtype must be float16, bfloat16 or float32, got {q.dtype}")
     group = h // kvh
-    if out is None:
-        out = torch.empty_like(q)
     if t == 0:
         return out
     if num_splits is None:

@@ -40,6 +40,8 @@ from engine.serving.schema import ApiError, ChatCompletionRequest, CompletionReq
 
 DONE = "data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# (engine request, model name, created, the request) -> the SSE events of a streamed answer
+StreamEvents = Callable[[EngineRequest, str, int, Any], AsyncIterator[str]]
 
 
 def sse(body: dict[str, Any]) -> str:
@@ -185,27 +187,53 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
     async def list_models() -> dict[str, Any]:
         return schema.models_body(model, max_model_len, schema.now_s())
 
-    @v1.post("/completions")
-    async def completions(request: Request) -> Response:
-        req = schema.parse_request(await request.body(), CompletionRequest)
-        check_model(req.model)
-        ids = await run_in_threadpool(prompts.completion_ids, req)
-        er = await submit(ids, req, "cmpl")
+    async def answer(request: Request, req: CompletionRequest | ChatCompletionRequest,
+                     ids: list[int], prefix: str, events: StreamEvents,
+                     body: Callable[..., dict[str, Any]]) -> Response:
+        """Submit the prompt, then stream its events or answer with ``body`` once it is done."""
+        er = await submit(ids, req, prefix)
         created = schema.now_s()
         if req.stream:
-            return EventStream(_completion_events(er, model, created, req), er.abort)
+            return EventStream(events(er, model, created, req), er.abort)
         out = await until_done(request, er)
         if out is None:
             return Response(status_code=499)  # nobody is listening
         failure = output_failure(out, client)
         if failure is not None:
             raise failure
-        return JSONResponse(schema.completion_body(
+        return JSONResponse(body(
             er.request_id, model, created, out.text, out.finish_reason,
             schema.usage(er.prompt_len, len(out.token_ids))))
 
-    async def _completion_events(er: EngineRequest, name: str, created: int,
-                                 req: CompletionRequest) -> AsyncIterator[str]:
+    async def reply_events(er: EngineRequest, text_chunk: Callable[[str], str],
+                           finish_chunk: Callable[[str | None], str],
+                           usage_chunk: Callable[[dict[str, int]], str] | None
+                           ) -> AsyncIterator[str]:
+        """A streamed reply's events after any opening one: a chunk per text delta, then the
+        finish chunk (or the failure), the usage chunk when one is asked for, and [DONE]."""
+        async for text in er.deltas():
+            yield text_chunk(text)
+        out = er.output
+        assert out is not None
+        failure = output_failure(out, client)
+        if failure is not None:
+            yield sse(failure.body())
+        else:
+            yield finish_chunk(out.finish_reason)
+            if usage_chunk is not None:
+                yield usage_chunk(schema.usage(er.prompt_len, len(out.token_ids)))
+        yield DONE
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Response:
+        req = schema.parse_request(await request.body(), CompletionRequest)
+        check_model(req.model)
+        ids = await run_in_threadpool(prompts.completion_ids, req)
+        return await answer(request, req, ids, "cmpl", _completion_events,
+                            schema.completion_body)
+
+    def _completion_events(er: EngineRequest, name: str, created: int,
+                           req: CompletionRequest) -> AsyncIterator[str]:
         with_usage = req.stream_options is not None and req.stream_options.include_usage
 
         def chunk(text: str | None, finish: str | None, use: dict[str, int] | None = None
@@ -216,37 +244,15 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
                 body["usage"] = None  # OpenAI: every chunk but the last carries usage: null
             return sse(body)
 
-        async for text in er.deltas():
-            yield chunk(text, None)
-        out = er.output
-        assert out is not None
-        failure = output_failure(out, client)
-        if failure is not None:
-            yield sse(failure.body())
-        else:
-            yield chunk("", out.finish_reason)
-            if with_usage:
-                yield chunk(None, None, schema.usage(er.prompt_len, len(out.token_ids)))
-        yield DONE
+        return reply_events(er, lambda text: chunk(text, None), lambda finish: chunk("", finish),
+                            (lambda use: chunk(None, None, use)) if with_usage else None)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = schema.parse_request(await request.body(), ChatCompletionRequest)
         check_model(req.model)
         ids = await run_in_threadpool(prompts.chat_ids, req, model)
-        er = await submit(ids, req, "chatcmpl")
-        created = schema.now_s()
-        if req.stream:
-            return EventStream(_chat_events(er, model, created, req), er.abort)
-        out = await until_done(request, er)
-        if out is None:
-            return Response(status_code=499)
-        failure = output_failure(out, client)
-        if failure is not None:
-            raise failure
-        return JSONResponse(schema.chat_body(
-            er.request_id, model, created, out.text, out.finish_reason,
-            schema.usage(er.prompt_len, len(out.token_ids))))
+        return await answer(request, req, ids, "chatcmpl", _chat_events, schema.chat_body)
 
     async def _chat_events(er: EngineRequest, name: str, created: int,
                            req: ChatCompletionRequest) -> AsyncIterator[str]:
@@ -259,18 +265,10 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
             return sse({**body, **null} if use is None else body)
 
         yield chunk({"role": "assistant", "content": ""})
-        async for text in er.deltas():
-            yield chunk({"content": text})
-        out = er.output
-        assert out is not None
-        failure = output_failure(out, client)
-        if failure is not None:
-            yield sse(failure.body())
-        else:
-            yield chunk({}, out.finish_reason)
-            if with_usage:
-                yield chunk(None, use=schema.usage(er.prompt_len, len(out.token_ids)))
-        yield DONE
+        async for event in reply_events(
+                er, lambda text: chunk({"content": text}), lambda finish: chunk({}, finish),
+                (lambda use: chunk(None, use=use)) if with_usage else None):
+            yield event
 
     app.include_router(v1)
 

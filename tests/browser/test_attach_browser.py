@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -32,16 +31,6 @@ httpx = pytest.importorskip("httpx", reason="the HTTP test packages are missing"
 pytest.importorskip("fastapi", reason="the HTTP packages are missing")
 
 SERVING = re.compile(r"gapless: serving .* at (http://[\d.]+:\d+)/v1")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +69,8 @@ def serve_and_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
         yield api, url
     finally:
         if dash is not None:
-            _stop(dash)
-        _stop(serve)
+            headless.stop_group(dash)
+        headless.stop_group(serve)
 
 
 def test_http_requests_show_on_the_attached_dashboard(serve_and_dashboard) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from engine import Engine
+from engine import Engine, EngineConfig, SamplingParams
 
 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int,
@@ -41,3 +41,40 @@ def assert_all_blocks_free(engine: Engine) -> None:
     assert sch.num_free_rows == sch.max_num_seqs, (
         f"{sch.max_num_seqs - sch.num_free_rows} token-table rows still held")
     assert not sch.running and not sch.waiting
+
+
+class PoisonedTokenizer:
+    """Decodes like the real tokenizer, except that any text holding `poison` raises (a
+    request's own fault, for the fault tests)."""
+
+    def __init__(self, real, poison: int) -> None:
+        self.real, self.poison = real, poison
+
+    def __call__(self, *a, **k):
+        return self.real(*a, **k)
+
+    def decode(self, ids, **k):
+        if self.poison in ids:
+            raise RuntimeError(f"cannot decode token {self.poison}")
+        return self.real.decode(ids, **k)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+# A small bf16 engine on the GPU: few blocks and a small token budget, so the tiny models'
+# prompts are chunked and preempted.
+TIGHT_CUDA = dict(device="cuda", dtype="bfloat16", max_num_seqs=6, max_num_batched_tokens=16,
+                  block_size=16, num_blocks=9, max_model_len=96, attention_backend="triton")
+
+
+def cuda_engine_outputs(model_dir: Path, prompts: list[list[int]], max_new_tokens: int,
+                        **config: object) -> tuple[list[list[int]], dict, dict]:
+    """Greedy tokens (EOS ignored) of an engine on TIGHT_CUDA with `config` over it, with its
+    stats and settings; every block is free once the prompts are done."""
+    with Engine(EngineConfig(model=str(model_dir), **{**TIGHT_CUDA, **config})) as eng:
+        outs = eng.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,
+                                                    ignore_eos=True))
+        stats, settings = eng.stats(), eng.settings()
+        assert_all_blocks_free(eng)
+    return [o.token_ids for o in outs], stats, settings

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts
+from helpers import (
+    TIGHT_CUDA,
+    assert_all_blocks_free,
+    cuda_engine_outputs,
+    hf_greedy,
+    mixed_prompts,
+)
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.core.batch import assemble
@@ -15,17 +21,6 @@ from engine.step.graphs import GraphCache
 pytestmark = pytest.mark.cuda
 
 MAX_NEW = 12
-TIGHT = dict(device="cuda", dtype="bfloat16", max_num_seqs=6, max_num_batched_tokens=16,
-             block_size=16, num_blocks=9, max_model_len=96, attention_backend="triton")
-
-
-def engine_outputs(model_dir, prompts, **kw):
-    with Engine(EngineConfig(model=str(model_dir), **{**TIGHT, **kw})) as eng:
-        outs = eng.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
-                                                    ignore_eos=True))
-        stats, settings = eng.stats(), eng.settings()
-        assert_all_blocks_free(eng)
-    return [o.token_ids for o in outs], stats, settings
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +35,9 @@ def llama(tiny_model_dir):
                                                            (True, 3)])
 def test_bf16_greedy_equals_generate(llama, async_batching, num_slots, graphs):
     model_dir, prompts, expected = llama
-    got, stats, settings = engine_outputs(model_dir, prompts, async_batching=async_batching,
-                                          num_slots=num_slots, cuda_graphs=graphs)
+    got, stats, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW,
+                                               async_batching=async_batching,
+                                               num_slots=num_slots, cuda_graphs=graphs)
     assert settings["cuda_graphs"] is graphs, settings["cuda_graphs_reason"]
     assert stats["preemptions"] > 0
     assert got == expected
@@ -52,8 +48,8 @@ def test_torch_backend_on_cuda_matches_in_float32(llama):
     flipped once (seen on the H200, 2026-12-02), so it is held to fp32 generate instead."""
     model_dir, prompts, _ = llama
     expected = hf_greedy(model_dir, prompts, MAX_NEW, "cuda", torch.float32)
-    got, _, settings = engine_outputs(model_dir, prompts, attention_backend="torch",
-                                      cuda_graphs=False, dtype="float32")
+    got, _, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW, attention_backend="torch",
+                                           cuda_graphs=False, dtype="float32")
     assert settings["attention_backend"] == "torch"
     assert got == expected
 
@@ -98,7 +94,7 @@ def test_capture_failure_falls_back_to_eager(llama, monkeypatch):
         raise RuntimeError("injected capture failure")
 
     monkeypatch.setattr(GraphCache, "_capture", boom)
-    got, _, settings = engine_outputs(model_dir, prompts, cuda_graphs=True)
+    got, _, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW, cuda_graphs=True)
     assert settings["cuda_graphs"] is False
     assert "injected capture failure" in settings["cuda_graphs_reason"]
     assert got == expected
@@ -106,7 +102,7 @@ def test_capture_failure_falls_back_to_eager(llama, monkeypatch):
 
 def test_device_spans_are_on_the_host_clock_and_ordered(llama):
     model_dir, prompts, _ = llama
-    with Engine(EngineConfig(model=str(model_dir), **TIGHT)) as eng:
+    with Engine(EngineConfig(model=str(model_dir), **TIGHT_CUDA)) as eng:
         reader = eng.bus.reader()
         eng.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
         recs = reader.steps()

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from helpers import assert_all_blocks_free
+from helpers import PoisonedTokenizer, assert_all_blocks_free
 
 from engine import Engine, EngineConfig, SamplingParams
 
@@ -21,24 +21,6 @@ CFG = dict(device="cpu", max_num_seqs=8, max_num_batched_tokens=24, block_size=4
            num_blocks=72, max_model_len=64)
 MAX_TOKENS = 8
 TALKER = [3, 4, 5]
-
-
-class PoisonedTokenizer:
-    """The real tokenizer, except that decoding text that holds `poison` raises."""
-
-    def __init__(self, real, poison: int) -> None:
-        self.real, self.poison = real, poison
-
-    def __call__(self, *a, **k):
-        return self.real(*a, **k)
-
-    def decode(self, ids, **k):
-        if self.poison in ids:
-            raise RuntimeError(f"cannot decode token {self.poison}")
-        return self.real.decode(ids, **k)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
 
 
 def raw(n: int = MAX_TOKENS, detokenize: bool = False) -> SamplingParams:

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from helpers import assert_all_blocks_free
+from helpers import PoisonedTokenizer, assert_all_blocks_free
 
 from engine import Engine, EngineConfig, SamplingParams
 
@@ -34,24 +34,6 @@ def solo(model_dir):
     with make(model_dir, async_batching=False) as eng:
         return {p: eng.submit(list(p), RAW).result(60).token_ids
                 for p in ((3, 4, 5), (9, 8, 7, 6), (11, 12), (20, 21, 22))}
-
-
-class PoisonedTokenizer:
-    """Decodes like the real one, except that any text holding `poison` raises."""
-
-    def __init__(self, real, poison: int) -> None:
-        self.real, self.poison = real, poison
-
-    def __call__(self, *a, **k):
-        return self.real(*a, **k)
-
-    def decode(self, ids, **k):
-        if self.poison in ids:
-            raise RuntimeError(f"cannot decode token {self.poison}")
-        return self.real.decode(ids, **k)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
 
 
 @pytest.mark.parametrize("async_batching", [False, True])

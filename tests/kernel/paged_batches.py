@@ -147,10 +147,10 @@ def run_triton(
     num_splits: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    from engine.attention.triton_paged import paged_attention_with_splits
+    from engine.attention.triton_paged import paged_attention
 
     out = torch.full_like(b.q, float("nan"))
-    res = paged_attention_with_splits(
+    res = paged_attention(
         b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
         sliding_window=sliding_window, out=out, num_splits=num_splits, block_n=block_n,
     )

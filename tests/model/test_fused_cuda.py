@@ -14,25 +14,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts  # noqa: E402
-
-from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from helpers import cuda_engine_outputs, hf_greedy, mixed_prompts  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
 MAX_NEW = 12
-TIGHT = dict(device="cuda", dtype="bfloat16", max_num_seqs=6, max_num_batched_tokens=16,
-             block_size=16, num_blocks=9, max_model_len=96, attention_backend="triton")
-
-
-def engine_outputs(model_dir, prompts, **kw):
-    with Engine(EngineConfig(model=str(model_dir), **{**TIGHT, **kw})) as eng:
-        outs = eng.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
-                                                    ignore_eos=True))
-        stats, settings = eng.stats(), eng.settings()
-        assert_all_blocks_free(eng)
-    return [o.token_ids for o in outs], stats, settings
-
 
 # The reference for each family. Llama's tiny config has distinct logits: transformers'
 # generate (sdpa, whole prompts) is the reference. The Qwen2/Qwen3 tiny configs have a
@@ -51,8 +37,9 @@ def family(request, tiny_model_dir):
     if request.param in GENERATE_IS_REFERENCE:
         expected = hf_greedy(model_dir, prompts, MAX_NEW, "cuda", torch.bfloat16)
     else:
-        expected, _, settings = engine_outputs(model_dir, prompts, async_batching=False,
-                                               cuda_graphs=False, model_impl="transformers")
+        expected, _, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW,
+                                                    async_batching=False,
+                                                    cuda_graphs=False, model_impl="transformers")
         assert settings["model_impl"] == "transformers"
     return request.param, model_dir, prompts, expected
 
@@ -61,8 +48,9 @@ def family(request, tiny_model_dir):
 @pytest.mark.parametrize(("async_batching", "num_slots"), [(False, 2), (True, 2), (True, 3)])
 def test_fused_bf16_greedy_equals_generate(family, async_batching, num_slots, graphs):
     _, model_dir, prompts, expected = family
-    got, stats, settings = engine_outputs(model_dir, prompts, async_batching=async_batching,
-                                          num_slots=num_slots, cuda_graphs=graphs,
+    got, stats, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW,
+                                               async_batching=async_batching,
+                                               num_slots=num_slots, cuda_graphs=graphs,
                                           model_impl="gapless")
     assert settings["model_impl"] == "gapless"
     assert settings["cuda_graphs"] is graphs, settings["cuda_graphs_reason"]
@@ -74,8 +62,8 @@ def test_transformers_impl_still_equals_generate(family):
     name, model_dir, prompts, expected = family
     if name not in GENERATE_IS_REFERENCE:
         pytest.skip("this family's reference is the transformers path itself (see above)")
-    got, _, settings = engine_outputs(model_dir, prompts, cuda_graphs=True,
-                                      model_impl="transformers")
+    got, _, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW, cuda_graphs=True,
+                                           model_impl="transformers")
     assert settings["model_impl"] == "transformers"
     assert got == expected
 
@@ -87,7 +75,8 @@ def test_fused_torch_ops_on_cuda_match_triton_ops(family, monkeypatch):
 
     _, model_dir, prompts, expected = family
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
-    got, _, _ = engine_outputs(model_dir, prompts, cuda_graphs=True, model_impl="gapless")
+    got, _, _ = cuda_engine_outputs(model_dir, prompts, MAX_NEW, cuda_graphs=True,
+                                    model_impl="gapless")
     assert got == expected
 
 

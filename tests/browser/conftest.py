@@ -1,0 +1,86 @@
+"""Fixtures of the dashboard's browser tests: one `streamlit run app.py` (with its engine) and
+one headless Chromium for the whole session, and per test module a tab on the Live page.
+
+The server and the browser are shared across the modules because the engine can take
+minutes to start on a 2-core CPU; each module opens its own tab. The engine's state (a
+running load generator, the batching mode) passes from one module to the next as the last
+test left it, so each module's tests must not count on what another module did. The browser
+fixture fails the session if any tab asked for anything beyond the server.
+
+The helpers are imported inside the fixtures: importing tests/browser/dashboard_driver.py
+skips a module where Chromium or playwright is missing, which a conftest must not do.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+import yaml
+
+if TYPE_CHECKING:
+    from playwright import sync_api
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """`streamlit run app.py` on a free port; stopped (with its engine) afterwards. It runs
+    config.yaml with the tiny shipped model (fast on a 2-core CPU; the default SmolLM2's chat
+    is covered by tests/ui/test_playground_chat.py)."""
+    from dashboard_driver import REPO, SERVER_START_S, headless
+
+    port = headless.free_port()
+    tmp = tmp_path_factory.mktemp("streamlit")
+    log_path = tmp / "server.log"
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["model"] = str(REPO / "models" / "gapless-tiny-python")
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    log = log_path.open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port)],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "GAPLESS_CONFIG": str(tmp / "config.yaml")},
+        start_new_session=True,  # its own process group: the engine goes down with it
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        headless.wait_healthy(url, SERVER_START_S, proc)
+        yield url, proc.pid
+    finally:
+        headless.stop_group(proc)  # a SIGSTOPped engine too
+        log.close()
+        tail = log_path.read_text(errors="replace")[-3000:]
+        print(f"--- streamlit log (tail) ---\n{tail}")
+
+
+@pytest.fixture(scope="session")
+def browser(server: tuple[str, int]) -> Iterator[tuple[sync_api.Browser, list[str]]]:
+    """One Chromium; every request a page makes beyond the server is collected."""
+    from dashboard_driver import CHROMIUM_ARGS, headless, sync_api
+
+    url = server[0]
+    outside: list[str] = []
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(headless.CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b, outside
+        finally:
+            b.close()
+    assert not [u for u in outside if not u.startswith(url)], outside
+
+
+@pytest.fixture(scope="module")
+def page(server: tuple[str, int], browser) -> Iterator[sync_api.Page]:
+    """A tab on the Live page, its timeline drawn (the engine is up), for a module's tests."""
+    from dashboard_driver import ENGINE_START_S, TIMELINE, new_tab
+
+    pg = new_tab(browser, server[0])
+    pg.locator(TIMELINE).wait_for(timeout=ENGINE_START_S * 1000)
+    yield pg
+    pg.close()

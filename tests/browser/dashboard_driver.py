@@ -1,0 +1,167 @@
+"""Driving the dashboard's pages in headless Chromium: the settings every browser test shares
+(window sizes, where screenshots go, how long an engine may take to start) and the small
+moves a test makes on a page (open a tab, go to a page, read the timeline's state, scroll,
+take a screenshot, ask the Playground).
+
+Imported by the browser tests and their conftest; importing it skips the importing test
+module, with the reason, where Debian's `chromium` package (/usr/bin/chromium) or the
+playwright package is missing (Playwright cannot download its own browsers here). It never
+starts a server; tests/browser/conftest.py does.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ui import headless
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM_ARGS = [*headless.CHROMIUM_ARGS, *headless.BACKGROUND_TAB_ARGS]  # two-tab tests
+SHOT_DIR = Path(os.environ.get("GAPLESS_SCREENSHOTS", REPO / "artifacts" / "screenshots"))
+SERVER_START_S = 60
+ENGINE_START_S = 240  # the first page waits for the engine process to load the model
+WIDE = {"width": 1600, "height": 1000}
+SMALL = {"width": 1280, "height": 800}
+TIMELINE = 'iframe[title*="live_plot"] >> nth=1'  # the history strip is nth=0
+
+# A real browser against a live engine on a 2-core machine: a check that misses its timing
+# once under load is run again (at most twice more) before it counts as failed.
+BROWSER_MARKS = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200),
+                 pytest.mark.flaky(reruns=2, reruns_delay=2)]
+
+if not headless.CHROMIUM.exists():
+    pytest.skip(
+        f"{headless.CHROMIUM} is missing: install Debian's chromium package "
+        "(apt-get install chromium)",
+        allow_module_level=True,
+    )
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is missing")
+
+# One browser and the requests its tabs made beyond the server (the `browser` fixture).
+Browser = tuple[sync_api.Browser, list[str]]
+
+
+def new_tab(browser: Browser, url: str, viewport: dict[str, int] = WIDE) -> sync_api.Page:
+    b, outside = browser
+    tab = b.new_page(viewport=viewport)
+    tab.set_default_timeout(60_000)
+    tab.on("request", lambda r: None if r.url.startswith(("data:", "blob:", "about:", url))
+           else outside.append(r.url))
+    tab.goto(url)
+    return tab
+
+
+def shoot(page: sync_api.Page, name: str) -> None:
+    """A screenshot of what the window shows (not the whole scrolled page)."""
+    SHOT_DIR.mkdir(parents=True, exist_ok=True)
+    size = page.viewport_size or WIDE
+    page.screenshot(path=str(SHOT_DIR / f"{name}-{size['width']}x{size['height']}.png"))
+
+
+def scroll_top(page: sync_api.Page) -> None:
+    """Back to the top: Streamlit scrolls inside its own main box, not the window."""
+    page.evaluate(
+        """() => { for (const el of [document.querySelector('[data-testid="stMain"]'),
+                                     document.scrollingElement]) if (el) el.scrollTo(0, 0); }"""
+    )
+    page.wait_for_timeout(300)
+
+
+def body_text(page: sync_api.Page) -> str:
+    return str(page.evaluate("document.body.innerText"))
+
+
+def live_frames(page: sync_api.Page) -> list[sync_api.Frame]:
+    """The live_plot iframes in page order: history strip, timeline, gauges."""
+    handles = page.locator('iframe[title*="live_plot"]').element_handles()
+    return [f for h in handles if (f := h.content_frame()) is not None]
+
+
+def timeline_frame(page: sync_api.Page) -> sync_api.Frame:
+    return live_frames(page)[1]
+
+
+def plot_state(frame: sync_api.Frame) -> dict:
+    """What the timeline's div holds: draws so far, bars drawn, lane ticks, x range."""
+    return dict(frame.evaluate(
+        """() => {
+          const gd = document.getElementById('plot');
+          const s = window.gaplessLivePlot || {};
+          return {draws: s.draws || 0, error: s.error,
+                  bars: gd.querySelectorAll('g.trace.bars path').length,
+                  ticks: [...gd.querySelectorAll('.ytick text')].map(t => t.textContent),
+                  range: gd.layout && gd.layout.xaxis ? gd.layout.xaxis.range : null,
+                  title: gd.layout && gd.layout.title ? gd.layout.title.text : ''};
+        }"""
+    ))
+
+
+def goto_page(page: sync_api.Page, title: str) -> None:
+    page.get_by_role("link", name=title).first.click()
+    if title == "Live":  # no heading: the timeline is the page's first thing
+        page.locator(TIMELINE).wait_for()
+        return
+    page.wait_for_function(
+        "t => [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === t)",
+        arg=title,
+    )
+
+
+def wait_draws(frame: sync_api.Frame, more: int, limit_s: float = 30) -> dict:
+    start = plot_state(frame)["draws"]
+    deadline = time.monotonic() + limit_s
+    while (state := plot_state(frame))["draws"] < start + more:
+        assert time.monotonic() < deadline, f"only {state['draws'] - start} refreshes"
+        time.sleep(0.2)
+    return state
+
+
+def steps_on_the_timeline(page: sync_api.Page, limit_s: float = 60) -> None:
+    """Start the load generator unless it runs already, then wait until the live timeline
+    draws steps: an idle engine has none to show (a test run alone starts that way)."""
+    start = page.get_by_role("button", name="Start load")
+    start.or_(page.get_by_role("button", name="Stop load")).first.wait_for()
+    if start.count():
+        start.click()
+        page.get_by_role("button", name="Stop load").wait_for()
+    frame = timeline_frame(page)
+    deadline = time.monotonic() + limit_s
+    while plot_state(frame)["bars"] == 0:
+        assert time.monotonic() < deadline, f"no steps on the timeline after {limit_s} s of load"
+        time.sleep(0.5)
+
+
+def engine_pid(server_pid: int) -> int:
+    """The engine process: the streamlit server's child running engine.process.server."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            ppid = int(next(line.split()[1] for line in (proc / "status").read_text()
+                            .splitlines() if line.startswith("PPid:")))
+        except (OSError, StopIteration):
+            continue
+        if ppid == server_pid and b"engine.process.server" in cmd:
+            return int(proc.name)
+    raise AssertionError("no engine process under the streamlit server")
+
+
+def long_replies(page: sync_api.Page) -> None:
+    """The longest reply the page allows, past EOS: a short reply of the tiny model (fused
+    forward on the CPU) can arrive in one piece, or end before a second one starts."""
+    slider = page.locator('[data-testid="stSlider"]').filter(has_text="Max new tokens")
+    slider.get_by_role("slider").focus()
+    slider.get_by_role("slider").press("End")
+    page.get_by_text("Ignore end-of-sequence").first.click()
+    page.wait_for_timeout(1000)
+
+
+def ask(tab: sync_api.Page, prompt: str) -> None:
+    box = tab.locator('[data-testid="stChatInputTextArea"]')
+    box.fill(prompt)
+    box.press("Enter")

@@ -1,0 +1,114 @@
+"""The dashboard's other pages in a real browser (issue 14): the A/B view shows two timelines,
+a shipped recording opens, the benchmark alternates the modes and reports the spread, the
+Requests page lists the requests; and a screenshot of every page at both window sizes.
+
+Screenshots go to artifacts/screenshots/ (ignored by git); the README's copies in
+docs/screenshots/ are refreshed by hand from there (see README), so running the tests never
+changes a tracked file.
+"""
+
+from __future__ import annotations
+
+import pytest
+from dashboard_driver import (  # skips this module where there is no browser
+    BROWSER_MARKS,
+    SMALL,
+    TIMELINE,
+    WIDE,
+    body_text,
+    goto_page,
+    new_tab,
+    scroll_top,
+    shoot,
+    sync_api,
+)
+
+pytestmark = BROWSER_MARKS
+
+
+def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
+    goto_page(page, "A/B")
+    page.get_by_role("button", name="Compare sync and async").click()
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p =>
+             [...p.querySelectorAll('.ytick text')].some(t => t.textContent === 'compute'))
+             .length === 2""",
+        timeout=120_000,
+    )
+    text = body_text(page)
+    assert "steps/s" in text and ("no measurable difference" in text or "better" in text)
+    page.wait_for_timeout(1000)
+    shoot(page, "ab")
+
+
+def test_a_shipped_recording_opens(page: sync_api.Page) -> None:
+    goto_page(page, "Recordings")
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p =>
+             [...p.querySelectorAll('.ytick text')].some(t => t.textContent === 'compute'))
+             .length === 2""",
+        timeout=60_000,
+    )
+    assert "commit" in body_text(page)
+    page.wait_for_timeout(1000)
+    shoot(page, "recordings")
+
+
+def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page) -> None:
+    goto_page(page, "Live")
+    if page.get_by_role("button", name="Stop load").count():
+        page.get_by_role("button", name="Stop load").click()
+        page.get_by_role("button", name="Start load").wait_for()
+    goto_page(page, "Benchmark")
+    page.get_by_label("Repetitions per mode").fill("2")  # 2 x 2 runs: enough to alternate
+    page.get_by_label("Repetitions per mode").press("Enter")
+    page.wait_for_timeout(1000)
+    page.get_by_role("button", name="Run the benchmark").click()
+    other = new_tab(browser, server[0].rstrip("/") + "/requests")  # another page says so
+    try:
+        other.wait_for_function(
+            "() => document.body.innerText.includes('A benchmark is running')", timeout=30_000)
+    finally:
+        other.close()
+    page.wait_for_function("() => document.body.innerText.includes('requests finished')")
+    page.get_by_role("heading", name="Results").wait_for(timeout=900_000)
+    page.wait_for_timeout(1500)
+    text = body_text(page)
+    assert "total time" in text and ("no measurable difference" in text or "better" in text)
+    shoot(page, "benchmark")
+
+
+def test_requests_page_lists_the_requests(page: sync_api.Page) -> None:
+    goto_page(page, "Requests")
+    page.locator('[data-testid="stDataFrame"]').wait_for()
+    page.wait_for_timeout(1500)
+    assert "time to first token" in body_text(page)
+    shoot(page, "requests")
+
+
+PAGES = ("Live", "Playground", "Benchmark", "A/B", "Recordings", "Requests")
+
+
+@pytest.mark.parametrize("viewport", [WIDE, SMALL], ids=["1600x1000", "1280x800"])
+def test_screenshots_of_every_page(server, browser, page, viewport) -> None:
+    """Every page as a window of that size shows it, for the README (artifacts/ only)."""
+    tab = new_tab(browser, server[0], viewport)
+    try:
+        tab.locator(TIMELINE).wait_for()
+        tab.get_by_role("button", name="Start load").click()  # something to look at
+        tab.wait_for_timeout(4000)
+        scroll_top(tab)
+        for title in PAGES:
+            if title != "Live":
+                goto_page(tab, title)
+            tab.wait_for_timeout(4000)  # tables draw a moment after the page
+            scroll_top(tab)
+            name = title.lower().replace("/", "")
+            shoot(tab, f"page-{name}")
+        goto_page(tab, "Live")
+        tab.get_by_role("button", name="Stop load").click()
+        # Done before the tab closes: closing it at once can drop the click's rerun (seen
+        # under load), leave the load running, and the next size finds no "Start load".
+        tab.get_by_role("button", name="Start load").wait_for()
+    finally:
+        tab.close()
