@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,6 +25,14 @@ import yaml
 
 if TYPE_CHECKING:
     from playwright import sync_api
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The browser tests run after every other test. Their browser lives for the session,
+    and while playwright's sync API is open the main thread has a running asyncio loop, so
+    a later test's asyncio.run() would fail (seen in tests/http on 2026-12-02)."""
+    here = Path(__file__).parent
+    items.sort(key=lambda item: item.path.is_relative_to(here))  # stable: order kept within
 
 
 @pytest.fixture(scope="session")
