@@ -1,6 +1,7 @@
 """Model shapes for benchmarks: random weights built from a config (same cost as real ones).
 
-Owns the presets only; weights are random bf16 made on the device, so no download is needed.
+Owns the presets and building a model from one; weights are random (bf16 by default) made on
+the device, so no download is needed. The bytes a step reads are bench.harness.floor's.
 """
 
 from __future__ import annotations
@@ -52,12 +53,3 @@ def build_model(preset: str, device: torch.device, dtype: torch.dtype) -> torch.
         torch.set_default_dtype(prev)
     return model.eval()
 
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one decode step reads: every parameter except the input embedding table (only
-    the looked-up rows are read), unless it is also the LM head (tied embeddings)."""
-    emb = model.get_input_embeddings().weight
-    head = getattr(model, "lm_head", None)
-    tied = head is not None and head.weight is emb
-    return sum(p.numel() * p.element_size() for p in model.parameters()
-               if p is not emb or tied)

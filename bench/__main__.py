@@ -1,0 +1,67 @@
+"""The benchmark command line.
+
+    python -m bench list                          # the suites and what each measures
+    python -m bench SUITE [--out DIR] [options]   # one suite (python -m bench SUITE -h)
+    python -m bench gpu --suites a,b [--budget a=SECONDS,...] [--args a='...'] [-- options]
+
+A suite writes JSON + markdown into bench/results/<date>-<machine>-<commit>/<suite>/ (or --out)
+and the harness adds summary.json (its returned summary with the command, machine and commit).
+`gpu` runs several suites, each in its own process with its own time budget, into one folder.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench import suites
+
+
+def list_suites() -> int:
+    width = max(len(n) for n in [*suites.names(), "gpu"])
+    for name in suites.names():
+        try:
+            desc = suites.load(name).DESCRIPTION
+        except Exception as exc:  # a half-written suite must not hide the others
+            desc = f"(cannot load: {type(exc).__name__}: {exc})"
+        print(f"{name:<{width}}  {desc}")
+    print(f"{'gpu':<{width}}  several suites in one call, each in its own process with a "
+          "time budget (python -m bench gpu -h)")
+    return 0
+
+
+def run_suite(name: str, argv: list[str]) -> int:
+    from bench.harness import report
+
+    try:
+        mod = suites.load(name)
+    except ValueError as exc:
+        print(f"python -m bench: {exc}", file=sys.stderr)
+        return 2
+    args = suites.parser(name, mod).parse_args(argv)
+    out = Path(args.out) if args.out else report.run_folder() / name
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"[bench] {name} -> {out}", flush=True)
+    summary = mod.run(args, out)
+    report.write_json(out / "summary.json", {"meta": report.meta(), "suite": name,
+                                             "args": vars(args), "summary": summary})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name == "list":
+        return list_suites()
+    if name == "gpu":
+        from bench.harness import runner
+
+        return runner.main(rest)
+    return run_suite(name, rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
