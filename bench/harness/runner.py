@@ -55,10 +55,14 @@ def common_for(suite: str, tokens: list[str]) -> list[str]:
     return kept
 
 
-def run_part(suite: str, argv: list[str], out: Path, budget: float) -> dict:
-    """Run one suite in its own process group; kill it when its budget is spent."""
+def suite_command(suite: str, argv: list[str], out: Path) -> list[str]:
+    return [sys.executable, "-m", "bench", suite, "--out", str(out), *argv]
+
+
+def run_part(suite: str, cmd: list[str], out: Path, budget: float) -> dict:
+    """Run one part (`cmd`) in its own process group, its output shown and kept in
+    <out>/log.txt; kill the group when its budget is spent."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "bench", suite, "--out", str(out), *argv]
     print(f"\n[bench gpu] {suite}: budget {budget:.0f} s: {shlex.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     with open(out / "log.txt", "w") as log:
@@ -89,7 +93,7 @@ def run_part(suite: str, argv: list[str], out: Path, budget: float) -> dict:
     seconds = time.perf_counter() - t0
     print(f"[bench gpu] {suite}: {status} in {seconds:.0f} s", flush=True)
     return {"suite": suite, "status": status, "returncode": rc, "seconds": seconds,
-            "command": "python -m bench " + shlex.join([suite, *argv]), "out": str(out)}
+            "command": shlex.join(["python", *cmd[1:]]), "out": str(out)}
 
 
 def main(argv: list[str]) -> int:
@@ -125,8 +129,8 @@ def main(argv: list[str]) -> int:
     folder = Path(args.out) if args.out else report.run_folder()
     folder.mkdir(parents=True, exist_ok=True)
     print(f"[bench gpu] {len(names)} suites -> {folder}", flush=True)
-    parts = [run_part(n, common_for(n, common) + own.get(n, []), folder / n,
-                      budgets.get(n, args.default_budget)) for n in names]
+    parts = [run_part(n, suite_command(n, common_for(n, common) + own.get(n, []), folder / n),
+                      folder / n, budgets.get(n, args.default_budget)) for n in names]
     rows = [(p["suite"], p["status"], f"{p['seconds']:.0f}", f"`{p['command']}`")
             for p in parts]
     report.emit(folder, "gpu", "Benchmark call",

@@ -1,0 +1,88 @@
+"""Reading torch.profiler chrome traces: device events, steps split at each host-to-device copy,
+kernel families by name, and per-step kernel counts, times, spans and gaps.
+
+Pure functions on the trace's event dicts, so they test on a synthetic timeline without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+# First match wins; patterns are matched against the lower-cased kernel name.
+FAMILIES: list[tuple[str, str]] = [
+    ("attention", r"paged_attention|reduce_splits|flash|fmha|attn"),
+    ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|cublas|splitk|matmul"),
+    ("rotary", r"rope|rotary|cos_kernel|sin_kernel|catarraybatchedcopy|neg_kernel"),
+    ("norm", r"rms_norm|rmsnorm|meanops|pow_tensor|rsqrt"),
+    ("sampling", r"argmax|argmin|sort|topk|softmax|multinomial|cumsum|radix|exponential"),
+    ("copies", r"memcpy|memset|copy|index|gather|scatter|embedding"),
+    ("elementwise", r"elementwise|silu|mul|add|where|fill|activation|reduce"),
+]
+_COMPILED = [(name, re.compile(p)) for name, p in FAMILIES]
+FAMILY_NAMES = [n for n, _ in FAMILIES] + ["other"]
+
+
+def family_of(kernel_name: str) -> str:
+    low = kernel_name.lower()
+    for name, pat in _COMPILED:
+        if pat.search(low):
+            return name
+    return "other"
+
+
+def device_events(trace_path: str | Path) -> list[dict]:
+    """Kernel, memcpy and memset events of a chrome trace, sorted by start."""
+    data = json.loads(Path(trace_path).read_text())
+    events = [e for e in data.get("traceEvents", [])
+              if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    return sorted(events, key=lambda e: e["ts"])
+
+
+def split_steps(events: list[dict]) -> list[list[dict]]:
+    """One list of events per step, a step starting at each host-to-device copy."""
+    steps: list[list[dict]] = []
+    for e in events:
+        if e["cat"] == "gpu_memcpy" and "htod" in e["name"].lower().replace(" ", ""):
+            steps.append([])
+        if steps:
+            steps[-1].append(e)
+    return [s for s in steps if any(e["cat"] == "kernel" for e in s)]
+
+
+def union_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def analyse(steps: list[list[dict]]) -> dict:
+    """Per step on average: count and time of each family, span (first kernel to last),
+    kernel-busy time (union), and the slowest unclassified kernels."""
+    n = len(steps)
+    fam: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "us": 0.0})
+    names: dict[str, float] = defaultdict(float)
+    spans, busy = [], []
+    for step in steps:
+        kernels = [e for e in step if e["cat"] == "kernel"]
+        for e in step:
+            f = "copies" if e["cat"] != "kernel" else family_of(e["name"])
+            fam[f]["count"] += 1
+            fam[f]["us"] += e["dur"]
+            if f == "other":
+                names[e["name"][:90]] += e["dur"]
+        start = min(e["ts"] for e in kernels)
+        end = max(e["ts"] + e["dur"] for e in kernels)
+        spans.append(end - start)
+        busy.append(union_us([(e["ts"], e["ts"] + e["dur"]) for e in kernels]))
+    per_step = {k: {"count": v["count"] / n, "us": v["us"] / n} for k, v in fam.items()}
+    return {"steps": n, "families": per_step, "span_us": sum(spans) / n,
+            "kernel_busy_us": sum(busy) / n,
+            "other_kernels": sorted(names.items(), key=lambda kv: -kv[1])[:8]}
