@@ -36,6 +36,10 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # The GGUF's tokenizer metadata names <|im_start|> as EOS; the model's generation config
 # (and the original Hugging Face release) end a turn with <|im_end|>.
 EOS_TOKEN = "<|im_end|>"
+# The model's id on the Hugging Face hub, written beside the weights as hub_id.txt: the server
+# serves the model under it, so a benchmark client with hub access loads the right tokenizer.
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+HUB_ID_FILE = "hub_id.txt"
 
 SOURCE_MD = f"""# SmolLM2-135M-Instruct (converted)
 
@@ -62,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dest: Path = args.dest.resolve()
     if dest.exists():
+        if not (dest / HUB_ID_FILE).exists():  # a folder made before hub_id.txt existed
+            (dest / HUB_ID_FILE).write_text(HUB_ID + "\n", encoding="utf-8")
         print(f"setup: {rel(dest)} is already there; skipping the model download")
         return 0
     t0 = time.monotonic()
@@ -94,6 +100,7 @@ def fetch_and_convert(dest: Path, gguf: Path | None) -> None:
         check_sha256(target)
         convert(target, out)
         (out / "SOURCE.md").write_text(SOURCE_MD, encoding="utf-8")
+        (out / HUB_ID_FILE).write_text(HUB_ID + "\n", encoding="utf-8")
         out.rename(dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -296,6 +296,13 @@ class EngineClient:
         s, stream = self._stream_of(rid)
         return stream.iter_deltas(self._check(s, timeout, f"request {rid} sent nothing"))
 
+    def stream_counted(self, rid: str, timeout: float | None = None
+                       ) -> Iterator[tuple[str, int]]:
+        """As stream(), each delta with the request's output token count so far (this
+        delta's tokens included): what a usage figure on every chunk needs."""
+        s, stream = self._stream_of(rid)
+        return stream.iter_counted(self._check(s, timeout, f"request {rid} sent nothing"))
+
     def result(self, rid: str, timeout: float | None = None) -> RequestOutput:
         """The request's output once it has ended; finish_reason "error" (and error set,
         text and token_ids as far as they arrived) when the engine died first.

@@ -28,7 +28,8 @@ class RequestStream:
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        self.deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        # (text, tokens so far) per delta, None at the end.
+        self.deltas: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self.done = threading.Event()
         self.output: RequestOutput | None = None
         self.text = ""
@@ -37,7 +38,7 @@ class RequestStream:
     def add(self, text: str, token_ids: list[int]) -> None:
         self.text += text
         self.token_ids += token_ids
-        self.deltas.put(text)
+        self.deltas.put((text, len(self.token_ids)))
 
     def finish(self, output: RequestOutput) -> None:
         """The first end wins."""
@@ -55,6 +56,11 @@ class RequestStream:
     def iter_deltas(self, check: Callable[[float], None]) -> Iterator[str]:
         """Text deltas until the end; ``check(t0)`` runs every POLL_S while waiting (t0: when
         this wait began) and raises to end the wait."""
+        for text, _ in self.iter_counted(check):
+            yield text
+
+    def iter_counted(self, check: Callable[[float], None]) -> Iterator[tuple[str, int]]:
+        """(text delta, output tokens so far, this delta's included) until the end."""
         while True:
             t0 = time.monotonic()
             while True:

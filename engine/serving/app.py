@@ -19,7 +19,7 @@ import asyncio
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,6 +34,7 @@ from engine.core.request import RequestOutput
 from engine.process.client import EngineDead, EngineError
 from engine.serving import schema
 from engine.serving.bridge import EngineRequest
+from engine.serving.model_names import accepted_names, served_names
 from engine.serving.prometheus import CONTENT_TYPE, EngineMetrics
 from engine.serving.prompts import PromptBuilder
 from engine.serving.schema import ApiError, ChatCompletionRequest, CompletionRequest
@@ -46,6 +47,14 @@ StreamEvents = Callable[[EngineRequest, str, int, Any], AsyncIterator[str]]
 
 def sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def usage_options(req: Any) -> tuple[bool, bool]:
+    """(usage chunk at the end, usage on every chunk) as stream_options asks: vLLM honours
+    continuous_usage_stats only together with include_usage."""
+    opts = req.stream_options
+    with_usage = opts is not None and opts.include_usage
+    return with_usage, with_usage and opts.continuous_usage_stats
 
 
 def engine_failure(e: BaseException) -> ApiError:
@@ -119,15 +128,19 @@ async def until_done(request: Request, er: EngineRequest) -> RequestOutput | Non
     return result.result() if result.done() and not result.cancelled() else None
 
 
-def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = None,
+def create_app(client: Any, *, tokenizer: Any,
+               served_model_name: str | Sequence[str] | None = None,
                api_key: str | None = None, metrics_period_s: float = 0.25) -> FastAPI:
-    """The app for one client. Reads client.settings() once, here (model name and
-    max_model_len); /metrics polls the client on a thread while the app runs."""
+    """The app for one client. Reads client.settings() once, here (model and
+    max_model_len); /metrics polls the client on a thread while the app runs.
+    ``served_model_name``: one alias or several (model_names.py says the default)."""
     settings = client.settings()
-    model = served_model_name or settings["model"]
+    names = served_names(settings["model"], served_model_name)
+    model = names[0]  # answers in responses and labels the metrics, as in vLLM
+    accepted = accepted_names(settings["model"], names)
     max_model_len = int(settings["max_model_len"])
     prompts = PromptBuilder(tokenizer, max_model_len)
-    metrics = EngineMetrics(client, model, metrics_period_s)
+    metrics = EngineMetrics(client, model, metrics_period_s, max_model_len=max_model_len)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -141,6 +154,7 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
     app = FastAPI(title="gapless", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.metrics = metrics
+    app.state.served_model_names = names
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
@@ -168,9 +182,10 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
                                 "started with", code="invalid_api_key")
 
     def check_model(name: str | None) -> None:
-        if name is not None and name != model:
+        if name is not None and name not in accepted:
+            served = ", ".join(repr(n) for n in names)
             raise ApiError(404, f"the model {name!r} does not exist; this server serves "
-                                f"{model!r} (see GET /v1/models)", param="model",
+                                f"{served} (see GET /v1/models)", param="model",
                            code="model_not_found")
 
     async def submit(ids: list[int], req: Any, prefix: str) -> EngineRequest:
@@ -185,7 +200,7 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
 
     @v1.get("/models")
     async def list_models() -> dict[str, Any]:
-        return schema.models_body(model, max_model_len, schema.now_s())
+        return schema.models_body(names, settings["model"], max_model_len, schema.now_s())
 
     async def answer(request: Request, req: CompletionRequest | ChatCompletionRequest,
                      ids: list[int], prefix: str, events: StreamEvents,
@@ -234,14 +249,17 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
 
     def _completion_events(er: EngineRequest, name: str, created: int,
                            req: CompletionRequest) -> AsyncIterator[str]:
-        with_usage = req.stream_options is not None and req.stream_options.include_usage
+        with_usage, continuous = usage_options(req)
 
         def chunk(text: str | None, finish: str | None, use: dict[str, int] | None = None
                   ) -> str:
             body = schema.completion_body(er.request_id, name, created, text, finish, use,
                                           chunk=True)
             if with_usage and use is None:
-                body["usage"] = None  # OpenAI: every chunk but the last carries usage: null
+                # OpenAI: every chunk but the last carries usage: null; vLLM's
+                # continuous_usage_stats: each carries the usage so far instead.
+                body["usage"] = schema.usage(er.prompt_len, er.num_tokens) if continuous \
+                    else None
             return sse(body)
 
         return reply_events(er, lambda text: chunk(text, None), lambda finish: chunk("", finish),
@@ -256,13 +274,14 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
 
     async def _chat_events(er: EngineRequest, name: str, created: int,
                            req: ChatCompletionRequest) -> AsyncIterator[str]:
-        with_usage = req.stream_options is not None and req.stream_options.include_usage
-        null = {"usage": None} if with_usage else {}
+        with_usage, continuous = usage_options(req)
 
         def chunk(delta: dict[str, Any] | None, finish: str | None = None,
                   use: dict[str, int] | None = None) -> str:
+            if use is None and continuous:
+                use = schema.usage(er.prompt_len, er.num_tokens)
             body = schema.chat_chunk(er.request_id, name, created, delta, finish, use)
-            return sse({**body, **null} if use is None else body)
+            return sse({**body, "usage": None} if use is None and with_usage else body)
 
         yield chunk({"role": "assistant", "content": ""})
         async for event in reply_events(
@@ -281,6 +300,8 @@ def create_app(client: Any, *, tokenizer: Any, served_model_name: str | None = N
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return Response(await run_in_threadpool(metrics.render), media_type=CONTENT_TYPE)
+        # Bytes the poll thread rendered: answered on the loop, never queued behind the
+        # thread pool that a burst of submits fills.
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app

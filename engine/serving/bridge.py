@@ -31,6 +31,7 @@ class EngineRequest:
         self.request_id = request_id
         self.prompt_len = prompt_len
         self.output: RequestOutput | None = None
+        self.num_tokens = 0  # output tokens so far, as of the last delta deltas() gave
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         threading.Thread(target=self._pump, daemon=True,
@@ -52,8 +53,13 @@ class EngineRequest:
 
     def _pump(self) -> None:
         try:
-            for delta in self.client.stream(self.request_id):
-                self._put(delta)
+            counted = getattr(self.client, "stream_counted", None)  # EngineClient has it
+            if counted is not None:
+                for delta in counted(self.request_id):
+                    self._put(delta)
+            else:
+                for text in self.client.stream(self.request_id):
+                    self._put(text)
             self._put(self.client.result(self.request_id))
         except BaseException as e:  # handed to the reader, who raises it
             self._put(e)
@@ -64,14 +70,20 @@ class EngineRequest:
 
     async def deltas(self) -> AsyncIterator[str]:
         """Text as it comes; deltas already waiting are joined into one (fewer chunks for
-        a client that reads slower than the engine writes). Ends when the request does."""
+        a client that reads slower than the engine writes), ``num_tokens`` then counting the
+        output tokens up to the end of that text (where the client tells it). Ends when the
+        request does."""
         while self.output is None:
             item = await self._queue.get()
             text = ""
             while True:
-                if isinstance(item, str):
+                if isinstance(item, tuple):
+                    text += item[0]
+                    self.num_tokens = item[1]
+                elif isinstance(item, str):
                     text += item
                 elif isinstance(item, RequestOutput):
+                    self.num_tokens = len(item.token_ids)
                     self.output = item
                     break
                 else:

@@ -9,13 +9,14 @@ renders what is held, so it never waits on the engine and a wedged engine cannot
 Prometheus. It must never run in the engine process, never block the event loop and never
 raise into the poll loop because the engine died (engine_up goes to 0 instead).
 
-Names follow vLLM where the meaning is the same, with a ``model_name`` label, so existing
-dashboards work: vllm:num_requests_running / _waiting, vllm:kv_cache_usage_perc (and its
-older name vllm:gpu_cache_usage_perc; a fraction in [0, 1] as in vLLM), vllm:prompt_tokens_total,
-vllm:generation_tokens_total, vllm:num_preemptions_total, vllm:request_success_total,
-vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
-vllm:e2e_request_latency_seconds, vllm:request_queue_time_seconds. Ours: gapless:step_busy_
-seconds_total, gapless:device_idle_seconds_total{cause}, gapless:steps_total{mode,cuda_graph},
+Names follow vLLM where the meaning is the same, with vLLM's ``model_name`` and ``engine``
+labels and buckets (metric_names.py), so existing dashboards work: vllm:num_requests_running
+/ _waiting, vllm:kv_cache_usage_perc (and its older name vllm:gpu_cache_usage_perc; a
+fraction in [0, 1] as in vLLM), vllm:generation_tokens_total, vllm:num_preemptions_total, and
+the per-request series request_metrics.py counts as vLLM counts them (prompt tokens at the
+first token, aborted requests left out of the finished-request series). Ours:
+gapless:requests_aborted_total, gapless:requests_failed_total, gapless:step_busy_seconds_total,
+gapless:device_idle_seconds_total{cause}, gapless:steps_total{mode,cuda_graph},
 gapless:padded_tokens_total, gapless:discarded_tokens_total, gapless:kv_blocks_used / _total,
 gapless:async_batching, gapless:num_slots, gapless:cuda_graphs(_available), gapless:engine_up,
 gapless:telemetry_dropped_records_total, and with a GPU NVML's gapless:gpu_utilization_percent,
@@ -24,6 +25,9 @@ gapless:gpu_memory_used_bytes / _total_bytes, gapless:gpu_sm_clock_mhz, gapless:
 Figures from telemetry (prompt tokens, latencies, steps, busy, idle) count only while the
 engine's telemetry is on; generation tokens and the gauges come from stats() and always do.
 Kernel busy (time inside kernels) needs a profiler recording and is not exported.
+
+A scrape is served from bytes the poll thread renders after each poll (every ``period_s``):
+it takes no lock and no thread, so /metrics stays fast while hundreds of requests queue.
 """
 
 from __future__ import annotations
@@ -34,22 +38,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine.serving import metric_names as mn
+from engine.serving.request_metrics import RequestMetrics
 from telemetry.metrics import busy_intervals
-from telemetry.records import RequestEvent, StepRecord
+from telemetry.records import StepRecord
 
 log = logging.getLogger("gapless.http")
 
-# vLLM's buckets, with finer steps at the low end: a small model decodes in well under 10 ms.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-               0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0,
-               20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 # NVML's latest reading (telemetry/nvml.py's field names) -> gauge.
 NVML_GAUGES = (
     ("gpu_util_pct", "gapless:gpu_utilization_percent", "NVML GPU utilisation (counts any "
@@ -59,7 +58,6 @@ NVML_GAUGES = (
     ("sm_clock_mhz", "gapless:gpu_sm_clock_mhz", "SM clock (NVML)."),
     ("power_w", "gapless:gpu_power_watts", "Board power draw (NVML)."),
 )
-MAX_TRACKED = 100_000  # requests whose events are being followed (their ends may be lost)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -67,28 +65,14 @@ class EngineMetrics:
     """The registry behind /metrics for one client. start() / stop() the poll thread."""
 
     def __init__(self, client: Any, model_name: str, period_s: float = 0.25,
-                 engine_period_s: float = 1.0) -> None:
+                 engine_period_s: float = 1.0, max_model_len: int = 2048) -> None:
         self.client = client
         self.model_name = model_name
         self.period_s = period_s  # reading the local telemetry mirror: no engine call
         self.engine_period_s = engine_period_s  # stats() + settings(): engine round-trips
         self.registry = CollectorRegistry()
-        r, m = self.registry, ["model_name"]
-        self._prompt = Counter("vllm:prompt_tokens", "Prompt tokens of requests queued "
-                               "(from telemetry).", m, registry=r).labels(model_name)
-        self._success = Counter("vllm:request_success", "Requests finished, by reason "
-                                "(stop, length, abort, error).", m + ["finished_reason"],
-                                registry=r)
-        self._ttft = Histogram("vllm:time_to_first_token_seconds", "Queued to first token.",
-                               m, buckets=TTFT_BUCKETS, registry=r).labels(model_name)
-        self._itl = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive "
-                              "output tokens of a request.", m, buckets=ITL_BUCKETS,
-                              registry=r).labels(model_name)
-        self._e2e = Histogram("vllm:e2e_request_latency_seconds", "Queued to finished.", m,
-                              buckets=E2E_BUCKETS, registry=r).labels(model_name)
-        self._queue = Histogram("vllm:request_queue_time_seconds", "Queued to first "
-                                "scheduled.", m, buckets=TTFT_BUCKETS,
-                                registry=r).labels(model_name)
+        r = self.registry
+        self.requests = RequestMetrics(r, model_name, max_model_len)
         self._busy = Counter("gapless:step_busy_seconds", "Time the compute lane was busy: "
                              "each step's compute span (its first kernel to its last), "
                              "overlaps counted once.", registry=r)
@@ -109,12 +93,12 @@ class EngineMetrics:
         self._thread: threading.Thread | None = None
         self._bus: Any = None
         self._reader: Any = None
-        self._requests: dict[str, list[Any]] = {}  # rid -> [queued_ns, scheduled, last_ns]
         self._last_end: int | None = None
         self._had_work = False
         self.stats: dict[str, Any] | None = None
         self.settings: dict[str, Any] | None = None
         self.nvml: dict[str, Any] | None = None
+        self._rendered: bytes | None = None
 
     # ------------------------------------------------------------------------ polling
     def start(self) -> None:
@@ -142,16 +126,24 @@ class EngineMetrics:
 
     def poll(self, with_engine: bool = True) -> None:
         """Read what is new on the telemetry mirror and, ``with_engine``, ask the engine
-        for stats() and settings() (callable directly, e.g. in tests)."""
+        for stats() and settings() (callable directly, e.g. in tests); then render the
+        exposition that scrapes are served until the next poll."""
+        try:
+            self._poll(with_engine)
+        finally:
+            rendered = self.render_now()
+            self._rendered = rendered  # one reference swap: a scrape reads either whole
+
+    def _poll(self, with_engine: bool) -> None:
         with self._lock:
             bus = self.client.telemetry()
             if bus is not self._bus:  # first poll, or the engine restarted
                 self._bus, self._reader = bus, bus.reader()
-                self._requests.clear()
+                self.requests.reset()
                 self._last_end = None
             dropped = self._reader.dropped
             for ev in self._reader.events():
-                self._on_event(ev)
+                self.requests.on_event(ev)
             self._on_steps(self._reader.steps())
             if self._reader.dropped > dropped:
                 self._dropped.inc(self._reader.dropped - dropped)
@@ -166,35 +158,6 @@ class EngineMetrics:
         self.stats, self.settings = stats, settings
         nvml = getattr(self.client, "nvml", None)  # local: the mirror's latest reading
         self.nvml = nvml() if nvml is not None and alive else None
-
-    def _on_event(self, ev: RequestEvent) -> None:
-        state = self._requests.get(ev.request_id)
-        if ev.kind == "queued":
-            self._prompt.inc(ev.prompt_tokens)
-            if len(self._requests) >= MAX_TRACKED:
-                self._requests.pop(next(iter(self._requests)))
-            self._requests[ev.request_id] = [ev.t_ns, False, None]
-            return
-        if state is None:  # queued before this server started reading, or dropped
-            return
-        queued_ns, scheduled, last_ns = state
-        if ev.kind == "scheduled" and not scheduled:
-            state[1] = True
-            self._queue.observe((ev.t_ns - queued_ns) / 1e9)
-        elif ev.kind in ("first_token", "tokens") and ev.num_tokens > 0:
-            # As telemetry/latency.py counts: tokens that come with the first give no
-            # inter-token sample; k tokens in one event share the wait since the last.
-            if last_ns is None:
-                self._ttft.observe((ev.t_ns - queued_ns) / 1e9)
-            else:
-                gap = (ev.t_ns - last_ns) / 1e9 / ev.num_tokens
-                for _ in range(ev.num_tokens):
-                    self._itl.observe(gap)
-            state[2] = ev.t_ns
-        elif ev.kind == "finished":
-            self._e2e.observe((ev.t_ns - queued_ns) / 1e9)
-            self._success.labels(self.model_name, ev.reason or "unknown").inc()
-            del self._requests[ev.request_id]
 
     def _on_steps(self, records: list[StepRecord]) -> None:
         for rec in sorted(records, key=lambda r: r.step):
@@ -218,7 +181,13 @@ class EngineMetrics:
 
     # ------------------------------------------------------------------------ scrape
     def render(self) -> bytes:
-        """The text exposition format (Prometheus 0.0.4) of everything held now."""
+        """The text exposition format (Prometheus 0.0.4) as of the last poll: no lock, no
+        engine call, cheap enough to answer on the event loop."""
+        rendered = self._rendered
+        return rendered if rendered is not None else self.render_now()
+
+    def render_now(self) -> bytes:
+        """The exposition of everything held now (the poll thread's work)."""
         with self._lock:
             return generate_latest(self.registry)
 
@@ -237,29 +206,31 @@ class _LiveGauges(Collector):
         if stats is None or settings is None:
             return
 
+        labels, values = list(mn.LABELS), [name, mn.ENGINE_INDEX]
+
         def gauge(metric: str, doc: str, value: float, labelled: bool = True) -> Metric:
-            g = GaugeMetricFamily(metric, doc, labels=["model_name"] if labelled else None)
-            g.add_metric([name] if labelled else [], float(value))
+            g = GaugeMetricFamily(metric, doc, labels=labels if labelled else None)
+            g.add_metric(values if labelled else [], float(value))
             return g
 
         def counter(metric: str, doc: str, value: float, labelled: bool = True) -> Metric:
-            c = CounterMetricFamily(metric, doc, labels=["model_name"] if labelled else None)
-            c.add_metric([name] if labelled else [], float(value))
+            c = CounterMetricFamily(metric, doc, labels=labels if labelled else None)
+            c.add_metric(values if labelled else [], float(value))
             return c
 
         total = stats.get("kv_blocks_total") or 0
         usage = stats.get("kv_blocks_used", 0) / total if total else 0.0
-        yield gauge("vllm:num_requests_running", "Requests in the running batch.",
+        yield gauge(mn.NUM_REQUESTS_RUNNING, "Requests in the running batch.",
                     stats["running"])
-        yield gauge("vllm:num_requests_waiting", "Requests queued, not yet running.",
+        yield gauge(mn.NUM_REQUESTS_WAITING, "Requests queued, not yet running.",
                     stats["waiting"])
-        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
+        yield gauge(mn.KV_CACHE_USAGE, "Fraction of KV-cache blocks in use (0-1).",
                     usage)
-        yield gauge("vllm:gpu_cache_usage_perc", "Older name of vllm:kv_cache_usage_perc.",
+        yield gauge(mn.GPU_CACHE_USAGE, "Older name of vllm:kv_cache_usage_perc.",
                     usage)
-        yield counter("vllm:generation_tokens", "Output tokens generated (engine stats).",
+        yield counter(mn.GENERATION_TOKENS, "Output tokens generated (engine stats).",
                       stats["generated_tokens"])
-        yield counter("vllm:num_preemptions", "Requests preempted (to be recomputed).",
+        yield counter(mn.NUM_PREEMPTIONS, "Requests preempted (to be recomputed).",
                       stats["preemptions"])
         yield counter("gapless:discarded_tokens", "Tokens computed one step late for a "
                       "request that had already finished, never emitted.",

@@ -44,6 +44,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, usage on every chunk
 
 
 class _Sampling(_Strict):
@@ -235,10 +236,12 @@ def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any] | None,
     return body
 
 
-def models_body(model: str, max_model_len: int, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                        "owned_by": "gapless", "root": model,
-                                        "max_model_len": max_model_len}]}
+def models_body(names: list[str], root: str, max_model_len: int, created: int
+                ) -> dict[str, Any]:
+    """GET /v1/models: one entry per served name (alias), each rooted at the model."""
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": created, "owned_by": "gapless",
+         "root": root, "parent": None, "max_model_len": max_model_len} for name in names]}
 
 
 def now_s() -> int:

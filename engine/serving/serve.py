@@ -5,7 +5,7 @@ takes the client object, so the server runs the same whether this process starte
 engine (``main``) or attached to one that runs already; BackgroundServer runs the same
 app on a thread of a process busy with something else (the dashboard). Binds 127.0.0.1 unless told
 otherwise; the API key may come from GAPLESS_API_KEY so that it does not show in `ps`.
-It must never run the HTTP server in the engine process (DESIGN.md §5).
+It must never run the HTTP server in the engine process (docs/design.md, Processes).
 """
 
 from __future__ import annotations
@@ -37,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/* "
                                       "(default: $GAPLESS_API_KEY, else no key)")
-    ap.add_argument("--served-model-name", help="the model name clients send (default: "
-                                                "config.yaml's model)")
+    ap.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                    help="one or more names clients may send as `model`; the first answers "
+                    "in responses and labels /metrics (default: the model's hub id where "
+                    "known, e.g. from hub_id.txt beside its weights, else its folder's name)")
     ap.add_argument("--chat-template", help="a Jinja chat template (a file, or the template "
                                             "itself) for a model without one")
     ap.add_argument("--listen", metavar="PATH", default=None,
@@ -88,7 +90,7 @@ def tokenizer_of(config: Any, chat_template: str | None = None) -> Any:
 
 def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
           sock: socket.socket | None = None, api_key: str | None = None,
-          served_model_name: str | None = None, chat_template: str | None = None,
+          served_model_name: str | list[str] | None = None, chat_template: str | None = None,
           tokenizer: Any = None, log_level: str = "info") -> int:
     """Serve ``client`` (an EngineClient, or any object with its methods) until Ctrl-C or
     SIGTERM, on ``sock`` when given (from bind()), else on host:port. ``tokenizer``
@@ -109,7 +111,8 @@ def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
         sock = bind(host, port)
     bound_port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    name = served_model_name or client.settings()["model"]
+    names = app.state.served_model_names
+    name = names[0] if len(names) == 1 else names
     print(f"gapless: serving {name!r} at http://{shown}:{bound_port}/v1 "
           f"(metrics: /metrics; auth: {'API key' if api_key else 'none'})", flush=True)
     if not _is_loopback(host) and not api_key:
@@ -128,7 +131,7 @@ class BackgroundServer:
     """
 
     def __init__(self, client: Any, *, host: str = "127.0.0.1", port: int = 8000,
-                 api_key: str | None = None, served_model_name: str | None = None,
+                 api_key: str | None = None, served_model_name: str | list[str] | None = None,
                  tokenizer: Any = None, log_level: str = "warning") -> None:
         import uvicorn
 

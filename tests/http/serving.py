@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "models/gapless-tiny-python"
+SERVED = "gapless-tiny-python"  # the name it is served under by default: its folder's
 API_KEY = "test-key-123"
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"

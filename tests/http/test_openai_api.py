@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from serving import API_KEY, MODEL
+from serving import API_KEY, MODEL, SERVED
 
 PROMPT = "def fibonacci(n):"
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True})
@@ -16,7 +16,7 @@ GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True})
 
 def test_models_and_health(server, oai):
     models = oai.models.list()
-    assert [m.id for m in models.data] == [MODEL]
+    assert [m.id for m in models.data] == [SERVED]  # its folder's name; MODEL works too
     assert models.data[0].model_extra["max_model_len"] == 1024
     r = httpx.get(f"{server.url}/health", timeout=30)
     assert r.status_code == 200 and r.json() == {"status": "ok"}
@@ -24,7 +24,7 @@ def test_models_and_health(server, oai):
 
 def test_completion_usage_counts_the_tokenizers_tokens(oai, tokenizer):
     out = oai.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, **GREEDY)
-    assert out.object == "text_completion" and out.model == MODEL
+    assert out.object == "text_completion" and out.model == SERVED
     choice = out.choices[0]
     assert choice.finish_reason == "length" and choice.text
     assert out.usage.prompt_tokens == len(tokenizer(PROMPT)["input_ids"])
@@ -175,7 +175,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p", ["top_p must be in (0, 1]"]),
     ("/v1/completions", {"prompt": "x", "top_k": 0}, 400, "top_k", ["-1 (off) or an integer"]),
     ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model",
-     ["'gpt-4' does not exist", MODEL]),
+     ["'gpt-4' does not exist", SERVED]),
     ("/v1/chat/completions", {"messages": []}, 400, "messages", ["at least 1"]),
     ("/v1/chat/completions", {"messages": [{"role": "bob", "content": "x"}]}, 400,
      "messages.0.role", ["'user'"]),
