@@ -51,6 +51,7 @@ class EngineConfig:
     telemetry: bool = True
     nvml_interval_s: float = 0.25
     http_port: int | None = None
+    sentinel_sample_every: int = 0
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], **overrides: Any) -> EngineConfig:
@@ -147,6 +148,7 @@ class EngineConfig:
             raise ValueError(
                 f"nvml_interval_s must be a finite number > 0, got {self.nvml_interval_s}"
             )
+        _check_int("sentinel_sample_every", self.sentinel_sample_every, 0)  # 0 = off
         if self.http_port is not None and (
                 isinstance(self.http_port, bool) or not isinstance(self.http_port, int)
                 or not 1 <= self.http_port <= 65535):
