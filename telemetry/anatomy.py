@@ -25,6 +25,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from telemetry.kernels import MARKER_PATTERN
 from telemetry.metrics import busy_intervals, spans_of
 from telemetry.records import StepRecord
 
@@ -112,8 +113,12 @@ def _corr(ev: Mapping[str, Any]) -> Any:
 
 
 def group_by_step(events: Sequence[Mapping[str, Any]],
-                  device_cats: tuple[str, ...] = DEVICE_CATS) -> list[StepKernels]:
+                  device_cats: tuple[str, ...] = DEVICE_CATS,
+                  keep_marker: bool = False) -> list[StepKernels]:
     """Each marked step's device events (``cat`` in ``device_cats``), in step order.
+
+    A CUDA graph's start-marker kernel (telemetry.kernels.MARKER_PATTERN: ours, before the
+    step's compute span) is left out unless ``keep_marker``.
 
     Steps are the ``gapless.step <n>`` ranges; a device event with a correlation id joins
     the step whose range holds the runtime call with that id; one without joins the range
@@ -147,6 +152,8 @@ def group_by_step(events: Sequence[Mapping[str, Any]],
         if e.get("ph") != "X" or e.get("cat") not in device_cats:
             continue
         name = str(e.get("name", ""))
+        if not keep_marker and MARKER_PATTERN.search(name):
+            continue
         if _HOST_COPY.search(name):
             # The step's H2D/D2H copies run on their own streams, overlapping the previous
             # and next steps' kernels in async mode: a step's span is its compute work.

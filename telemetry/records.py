@@ -7,7 +7,7 @@ UI library: telemetry/ is the bottom of the dependency graph.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 # Lanes of the timeline, in the order a dashboard draws them (top to bottom).
 CPU_LANES: tuple[str, ...] = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.wait", "cpu.post")
@@ -77,6 +77,9 @@ class StepRecord:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     preemptions: int = 0  # preemptions made while scheduling this step
+    # Measured kernels (telemetry.kernels.KernelSample) of sampled steps that finished since
+    # the last record: the kernel sampler's output rides on the next record published.
+    kernel_samples: list[Any] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -15,7 +15,10 @@ Timing (telemetry on): each op is timed by events on its stream; a CUDA-graph re
 hands over the events recorded inside its graph, so its compute span starts at the graph's
 first kernel and the launch latency before it is a compute.launch span. A step-anatomy
 recording (engine.step.anatomy), when one is asked for, wraps the recorded steps' launches
-in profiler ranges; otherwise it costs one attribute test per step.
+in profiler ranges; otherwise it costs one attribute test per step. The kernel sampler
+(engine.step.kernel_trace) does the same for a few steps every period on CUDA, yields to the
+anatomy (one profiler at a time), and its finished samples ride out on the next step record
+whose results are read.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 from engine.core.batch import BufferLayout, HostView, StepMeta
 from engine.core.scheduler import SchedulerOutput
 from engine.step.anatomy import AnatomyRecorder, marked
+from engine.step.kernel_trace import KernelSampler
 from engine.step.runner import DeviceView
 from engine.step.streams import Event, Stream, StreamSet, TimedOp
 from telemetry.records import StepRecord
@@ -109,6 +113,8 @@ class Pipeline:
         self.timing = timing
         # Step anatomy on demand; inactive it costs one attribute test per step.
         self.anatomy = AnatomyRecorder(cuda=streams.is_cuda)
+        # Measured kernels of a few steps every period (CUDA, telemetry on): see kernel_trace.
+        self.kernels = KernelSampler(enabled=streams.is_cuda and timing)
         self.slots: list[Slot] = []
         self.resize(num_slots)
 
@@ -138,6 +144,16 @@ class Pipeline:
         record: StepRecord,
         compute_fn: Callable[[], None],
     ) -> InflightStep:
+        ks = self.kernels
+        if ks.armed:
+            if self.anatomy.active:  # one profiler at a time: the anatomy's turn
+                ks.abort()
+            else:
+                name = ks.begin_step(record.step)
+                if name is not None:
+                    with ks.marked(name, record.step):
+                        return self._launch(slot, sched, meta, record, compute_fn)
+                return self._launch(slot, sched, meta, record, compute_fn)
         if self.anatomy.active:  # a step-anatomy recording (engine.step.anatomy) is on
             name = self.anatomy.begin_step(record.step)
             if name is not None and self.streams.is_cuda:
@@ -208,6 +224,11 @@ class Pipeline:
             step.slot.inflight = None  # read, or failed: either way the slot is free again
             if self.anatomy.active:
                 self.anatomy.step_done(step.step)
+            ks = self.kernels
+            if ks.open:
+                ks.step_done(step.step)
+            if ks.ready:
+                step.record.kernel_samples = ks.take()
         if step.error is not None:
             raise step.error
         return step.slot.host_out_np[: step.meta.num_samples].copy()

@@ -1,0 +1,153 @@
+"""The honest floor: achievable read bandwidth against transfer size, and floors from it.
+
+Small reads never reach a GPU's peak bandwidth: a kernel that reads 2 MB pays its launch,
+its ramp-up and its tail for little data. A `BandwidthCurve` holds measured (bytes, bytes/s)
+points from 1 MB to 1 GB, read with a cold L2 (engine/step/floor_probe.py measures it at
+engine start, cached per GPU model; telemetry/curves/<gpu>.json are the shipped ones), and
+gives the size-aware time of a read: the bandwidth at that size, interpolated in log-log,
+clamped at the ends.
+
+Every "x floor" figure is printed twice: against the peak-copy floor (all bytes at one
+peak bandwidth) and against the size-aware floor (each read at its size's bandwidth).
+
+Pure: no torch, no clocks, nothing of ours; files are read only where asked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+CURVES_DIR = Path(__file__).with_name("curves")
+CACHE_DIR = Path(os.environ.get("GAPLESS_CACHE", Path.home() / ".cache" / "gapless")) / "floor"
+DEFAULT_GPU = "NVIDIA H200"
+
+
+@dataclass(frozen=True, slots=True)
+class BandwidthCurve:
+    """Achievable read bandwidth (bytes/s) at each transfer size (bytes), sizes ascending."""
+
+    gpu: str
+    points: tuple[tuple[int, float], ...]
+    peak_copy_bw: float | None = None  # device-to-device copy, bytes moved / s
+    method: str = ""
+    measured: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("a bandwidth curve needs at least one (bytes, bytes/s) point")
+        sizes = [b for b, _ in self.points]
+        if sizes != sorted(sizes) or any(b <= 0 or bw <= 0 for b, bw in self.points):
+            raise ValueError("curve points must be positive and sorted by size")
+
+    def bandwidth_at(self, nbytes: float) -> float:
+        """Bytes/s reading ``nbytes`` in one go: log-log interpolation, clamped at the ends."""
+        pts = self.points
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1]
+        for (b0, w0), (b1, w1) in zip(pts, pts[1:], strict=False):
+            if b0 <= nbytes <= b1:
+                t = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return math.exp(math.log(w0) + t * (math.log(w1) - math.log(w0)))
+        return pts[-1][1]
+
+    @property
+    def best_bw(self) -> float:
+        return max(bw for _, bw in self.points)
+
+    def seconds(self, nbytes: float) -> float:
+        return nbytes / self.bandwidth_at(nbytes) if nbytes > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu, "method": self.method, "measured": self.measured,
+                "peak_copy_bw": self.peak_copy_bw,
+                "points": [[b, bw] for b, bw in self.points]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BandwidthCurve:
+        return cls(str(d["gpu"]), tuple((int(b), float(bw)) for b, bw in d["points"]),
+                   d.get("peak_copy_bw"), str(d.get("method", "")), str(d.get("measured", "")))
+
+
+def slug(gpu: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': the curve file's name for a GPU model."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+
+
+def curve_paths(gpu: str) -> list[Path]:
+    """Where a GPU model's curve may be: the per-user cache first, then the shipped file."""
+    return [CACHE_DIR / f"{slug(gpu)}.json", CURVES_DIR / f"{slug(gpu)}.json"]
+
+
+def load_curve(gpu: str = DEFAULT_GPU) -> BandwidthCurve | None:
+    """The cached or shipped curve of a GPU model, or None."""
+    for path in curve_paths(gpu):
+        if path.is_file():
+            with open(path) as f:
+                return BandwidthCurve.from_dict(json.load(f))
+    return None
+
+
+def save_curve(curve: BandwidthCurve, path: Path | None = None) -> Path:
+    path = path or CACHE_DIR / f"{slug(curve.gpu)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.to_dict(), indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def size_aware_seconds(bytes_list: Iterable[float], curve: BandwidthCurve | None = None,
+                       ) -> float | None:
+    """Seconds to read each of ``bytes_list`` (one read per kernel or per tensor) at its
+    size's achievable bandwidth, summed. ``curve`` defaults to the shipped H200 curve;
+    None when there is no curve."""
+    curve = curve or load_curve()
+    if curve is None:
+        return None
+    return sum(curve.seconds(b) for b in bytes_list)
+
+
+def floor_seconds(nbytes: float, curve: BandwidthCurve | None = None) -> float | None:
+    """One read of ``nbytes`` at the curve's bandwidth for that size (bench.harness.floor
+    calls this)."""
+    return size_aware_seconds([nbytes], curve)
+
+
+@dataclass(frozen=True, slots=True)
+class TwoFloors:
+    """A time against both floors: peak copy (all bytes at the peak) and size-aware."""
+
+    seconds: float
+    peak_floor_s: float
+    size_aware_floor_s: float | None
+
+    @property
+    def x_peak(self) -> float:
+        return self.seconds / self.peak_floor_s if self.peak_floor_s else float("nan")
+
+    @property
+    def x_size_aware(self) -> float | None:
+        if not self.size_aware_floor_s:
+            return None
+        return self.seconds / self.size_aware_floor_s
+
+    def text(self) -> str:
+        sa = self.x_size_aware
+        return (f"{self.x_peak:.2f}x peak-copy floor, "
+                + (f"{sa:.2f}x size-aware floor" if sa is not None else "size-aware n/a"))
+
+
+def two_floors(seconds: float, reads: Sequence[float], peak_bw: float,
+               curve: BandwidthCurve | None) -> TwoFloors:
+    """``seconds`` spent reading ``reads`` (bytes per read) against both floors."""
+    total = float(sum(reads))
+    sa = size_aware_seconds(reads, curve) if curve is not None else None
+    return TwoFloors(seconds, total / peak_bw if peak_bw else 0.0, sa)

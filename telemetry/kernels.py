@@ -1,0 +1,167 @@
+"""Measured kernels of sampled steps: the records, their families, and kernel busy from them.
+
+Owns the shape of what the always-on kernel sampler (engine/step/kernel_trace.py) publishes:
+a `KernelSample` per sampled run of consecutive steps, each step's kernels with their real
+start and end on the host clock (time.perf_counter_ns), and the arithmetic that turns them
+into *kernel busy* (time inside kernels / time): the union of kernel intervals over a window
+that runs from one sampled step's first kernel to the first kernel of the step after the
+last one counted, so a sample measures whole step periods (inter-step idle included) and
+not one step's inside.
+
+Families, for the kernel lane and the anatomy: gemm, attention, norm, elementwise, sampling,
+copies, and "marker" (the one-element kernel that our CUDA graphs start with so an in-graph
+timing event fires when kernels run: ours, not the model's; engine/step/graphs.py).
+
+Pure: it must never import torch, a profiler or anything of ours beyond telemetry, nor read
+a clock. Conversion from a profiler's trace happens in the engine (on a worker thread).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+FAMILIES: tuple[str, ...] = ("gemm", "attention", "norm", "elementwise", "sampling", "copies",
+                             "marker")
+# The graph start marker's kernel (engine/step/graphs.py runs bitwise_not_ on one int32).
+MARKER_PATTERN = re.compile(r"bitwise_not", re.IGNORECASE)
+# First match wins: specific families before the broad elementwise patterns.
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (("marker", MARKER_PATTERN),) + tuple(
+    (family, re.compile(pattern, re.IGNORECASE)) for family, pattern in (
+        ("sampling", r"sample|topk|top_k|argmax|multinomial|sort|cumsum|gumbel|exponential"),
+        ("copies", r"memcpy|memset|copy_kernel|direct_copy|CatArrayBatchedCopy|index_put"
+                   r"|scatter|gather"),
+        ("attention", r"attn|attention|flash|fmha|sdpa|paged|reduce_splits"),
+        ("gemm", r"gemm|matmul|cutlass|cublas|nvjet|xmma|sm\d+_|splitk"),
+        ("norm", r"rms|layer_?norm|norm_kernel|rsqrt"),
+    ))
+
+
+def family_of(name: str) -> str:
+    """The family of a kernel by its name; rotary, activations, casts and anything else
+    unnamed count as elementwise (a GPU's other small kernels)."""
+    for family, pattern in _RULES:
+        if pattern.search(name):
+            return family
+    return "elementwise"
+
+
+@dataclass(slots=True, frozen=True)
+class KernelRecord:
+    """One kernel (or device copy) as the device ran it, host-clock nanoseconds."""
+
+    name: str
+    family: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(slots=True)
+class SampledStep:
+    """One sampled step's kernels (on its compute stream), in start order."""
+
+    step: int
+    kernels: list[KernelRecord] = field(default_factory=list)
+
+    @property
+    def work(self) -> list[KernelRecord]:
+        """The model's kernels: the graph start marker left out."""
+        return [k for k in self.kernels if k.family != "marker"]
+
+    @property
+    def start_ns(self) -> int:
+        return min(k.start_ns for k in self.kernels)
+
+    @property
+    def end_ns(self) -> int:
+        return max(k.end_ns for k in self.kernels)
+
+    @property
+    def kernel_ns(self) -> int:
+        return union_ns((k.start_ns, k.end_ns) for k in self.kernels)
+
+
+@dataclass(slots=True)
+class KernelSample:
+    """A run of consecutive sampled steps. ``window`` is (start, end) ns: from the first
+    step's first kernel to the first kernel of the step after the last counted one;
+    ``kernel_ns`` the union of kernel time inside it. ``aligned`` says how the profiler's
+    clock was put on ours: "clock" (the profiler's wall clock less time.time_ns -
+    perf_counter_ns) or "fitted" (moved onto our compute spans: the clock pair disagreed)."""
+
+    steps: list[SampledStep]
+    window: tuple[int, int]
+    kernel_ns: int
+    aligned: str = "clock"
+    cost_ns: int = 0  # loop-thread time the sample took (profiler start + stop)
+
+    @property
+    def busy(self) -> float:
+        lo, hi = self.window
+        return self.kernel_ns / (hi - lo) if hi > lo else 0.0
+
+
+def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    """Total length of the union of [start, end) intervals."""
+    total, reach = 0, None
+    for a, b in sorted(intervals):
+        if reach is None or a > reach:
+            total += b - a
+            reach = b
+        elif b > reach:
+            total += b - reach
+            reach = b
+    return total
+
+
+def make_sample(steps: Sequence[SampledStep], next_start_ns: int | None,
+                aligned: str = "clock", cost_ns: int = 0) -> KernelSample | None:
+    """A sample of ``steps`` (consecutive, with kernels). Its window ends at the next step's
+    first kernel (``next_start_ns``) when known, else at the last kernel's end. None when no
+    step has kernels."""
+    steps = sorted((s for s in steps if s.kernels), key=lambda s: s.step)
+    if not steps:
+        return None
+    lo = steps[0].start_ns
+    hi = next_start_ns if next_start_ns is not None and next_start_ns > lo else max(
+        s.end_ns for s in steps)
+    clipped = [(max(k.start_ns, lo), min(k.end_ns, hi)) for s in steps for k in s.kernels
+               if k.end_ns > lo and k.start_ns < hi]
+    return KernelSample(list(steps), (lo, hi), union_ns(clipped), aligned, cost_ns)
+
+
+def kernel_busy(samples: Iterable[KernelSample]) -> float | None:
+    """Kernel busy over sampled windows: their kernel time over their time. None without
+    samples."""
+    k = w = 0
+    for s in samples:
+        k += s.kernel_ns
+        w += s.window[1] - s.window[0]
+    return k / w if w else None
+
+
+def kernel_fraction(samples: Iterable[KernelSample]) -> float | None:
+    """Of sampled steps' spans (first kernel to last), the share spent inside kernels: the
+    factor that turns a window's step busy into kernel time (telemetry.waterfall)."""
+    k = span = 0
+    for s in samples:
+        for st in s.steps:
+            work = st.work or st.kernels
+            span += max(k_.end_ns for k_ in work) - min(k_.start_ns for k_ in work)
+            k += union_ns((k_.start_ns, k_.end_ns) for k_ in work)
+    return k / span if span else None
+
+
+def family_time_ns(samples: Iterable[KernelSample]) -> dict[str, int]:
+    """Summed kernel time per family over the sampled steps."""
+    out: dict[str, int] = {}
+    for s in samples:
+        for st in s.steps:
+            for k in st.kernels:
+                out[k.family] = out.get(k.family, 0) + k.duration_ns
+    return out
