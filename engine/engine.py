@@ -36,6 +36,7 @@ from engine.step import heap
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
+from engine.step.sentinel import Sentinel, check_sample_every
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 
@@ -171,6 +172,11 @@ class Engine:
             tokenizer=tokenizer,
             eos_ids=eos_ids,
             followers=tp,
+            sentinel=None if tp is not None else Sentinel(
+                model=model, backend=backend, stream=self.streams.compute,
+                event=self.streams.event, device=self.device, dtype=self.dtype,
+                chunk_tokens=config.max_num_batched_tokens, block_size=config.block_size,
+                sample_every=config.sentinel_sample_every),
         )
 
     # ------------------------------------------------------------------------ requests
@@ -262,7 +268,8 @@ class Engine:
 
     # -------------------------------------------------------------------- live control
     def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
-                  cuda_graphs: bool | None = None) -> dict[str, Any]:
+                  cuda_graphs: bool | None = None,
+                  sentinel_sample_every: int | None = None) -> dict[str, Any]:
         """Change live settings; they take effect at the next step boundary (the pipeline
         drains first). Returns the settings in force afterwards."""
         if async_batching is not None and not isinstance(async_batching, bool):
@@ -273,10 +280,15 @@ class Engine:
             raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
         if cuda_graphs and self.loop.graphs is None:
             raise ValueError(f"cuda_graphs cannot be turned on: {self.loop.graphs_reason()}")
+        if sentinel_sample_every is not None:
+            check_sample_every(sentinel_sample_every)
+            if sentinel_sample_every and self.loop.sentinel is None:
+                raise ValueError("the sentinel cannot be turned on with tensor_parallel_size > 1")
         done: Future[None] = Future()
         with self._lock:
             self._check_serving()
-            self._command("configure", (async_batching, num_slots, cuda_graphs), done)
+            self._command("configure", (async_batching, num_slots, cuda_graphs,
+                                        sentinel_sample_every), done)
         if self._thread is None:
             self._apply_commands()
         while True:  # wait, but notice a loop that died meanwhile
@@ -295,6 +307,8 @@ class Engine:
             "cuda_graphs": self.loop.graphs_active,
             "cuda_graphs_available": self.loop.graphs is not None and not self.loop.graphs.failure,
             "cuda_graphs_reason": self.loop.graphs_reason(),
+            "sentinel_sample_every": 0 if self.loop.sentinel is None
+            else self.loop.sentinel.sample_every,
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "model": self.config.model,
@@ -322,6 +336,7 @@ class Engine:
             "preemptions": sch.total_preemptions,
             # Submitted and not finished, including requests not yet picked up by the loop.
             "unfinished": self._sink.num_open,
+            **({} if self.loop.sentinel is None else self.loop.sentinel.stats()),
         }
 
     # ---------------------------------------------------------------------- the loop

@@ -19,62 +19,31 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from engine.core.batch import BufferLayout, StepMeta, assemble
+from engine.core.batch import BufferLayout, assemble
 from engine.core.detokenizer import Decode, IncrementalDetokenizer, decoder_for
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.step.graphs import GraphCache
 from engine.step.pipeline import InflightStep, Pipeline, Slot
+from engine.step.protocols import (  # noqa: F401  (re-exported: the loop's contracts)
+    LiveSettings,
+    RequestFault,
+    RequestSink,
+    StepFollowers,
+    describe,
+)
 from engine.step.runner import ModelRunner
+from engine.step.sentinel import Sentinel
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 from telemetry.records import RequestEvent, Span, StepRecord
 
 log = logging.getLogger("gapless.loop")
 now = time.perf_counter_ns
-
-
-@dataclass(slots=True)
-class LiveSettings:
-    async_batching: bool
-    num_slots: int
-    cuda_graphs: bool
-
-
-class StepFollowers(Protocol):
-    """Other ranks that run every step with this loop (tensor parallelism:
-    engine.parallel.leader.TPLeader). Told of each launch, graph capture and slot change in
-    order; `spans` returns their telemetry that has arrived (never blocks)."""
-
-    def on_launch(self, step: int, slot: int, meta: StepMeta, bucket: int | None,
-                  fn: Callable[[], None]) -> Callable[[], None]: ...
-    def on_capture(self, slots: list[int]) -> None: ...
-    def on_resize(self, num_slots: int) -> None: ...
-    def spans(self) -> list[Span]: ...
-
-
-class RequestSink:
-    """Where a request's text and end go (the engine's handles implement it).
-
-    on_delta runs the request's callback: when that raises, it raises RequestFault, and the
-    loop ends that request alone with "error". on_finish never raises."""
-
-    def on_delta(self, req: Request, text: str) -> None: ...
-    def on_finish(self, req: Request) -> None: ...
-
-
-class RequestFault(Exception):
-    """Something that belongs to one request failed (its callback, its decoding)."""
-
-
-def describe(error: BaseException) -> str:
-    """The message a request that failed because of `error` carries."""
-    return f"{type(error).__name__}: {error}"
 
 
 class StepLoop:
@@ -95,9 +64,11 @@ class StepLoop:
         tokenizer: Any,
         eos_ids: set[int],
         followers: StepFollowers | None = None,
+        sentinel: Sentinel | None = None,
     ) -> None:
         self.runner = runner
         self.followers = followers
+        self.sentinel = sentinel  # the async-correctness check (engine.step.sentinel)
         self.scheduler = scheduler
         self.streams = streams
         self.settings = settings
@@ -161,9 +132,13 @@ class StepLoop:
         return self.graphs.failure if self.graphs is not None else None
 
     def reconfigure(self, async_batching: bool | None, num_slots: int | None,
-                    cuda_graphs: bool | None) -> None:
+                    cuda_graphs: bool | None, sentinel_sample_every: int | None = None) -> None:
         """Apply new live settings at a step boundary, draining the pipeline first."""
         self.drain()
+        if self.sentinel is not None:
+            self.sentinel.drain()
+            if sentinel_sample_every is not None:
+                self.sentinel.sample_every = sentinel_sample_every
         if async_batching is not None:
             self.settings.async_batching = async_batching
         if num_slots is not None and num_slots != len(self.pipeline.slots):
@@ -211,12 +186,17 @@ class StepLoop:
     # ---------------------------------------------------------------------------- step
     def step(self) -> bool:
         """Run one step boundary. Returns False when there was nothing to do."""
+        if self.sentinel is not None:
+            self.sentinel.poll()  # reads a finished check, queues the next chunk: no wait
         t0 = now()
         sched = self.scheduler.schedule()
         t1 = now()
         if sched.is_empty:
             if self.inflight is not None:
                 self.drain()
+                return True
+            if self.sentinel is not None and self.sentinel.busy:
+                self.sentinel.poll(wait=True)  # idle: the checks may have the device
                 return True
             return False
         step_no = self.step_no
@@ -388,6 +368,8 @@ class StepLoop:
                     req.error, reason = describe(e), "error"
         self.scheduler.finish(req, reason)
         req.finished_ns = now()
+        if self.sentinel is not None:
+            self.sentinel.offer(req)
         self._event(req, "finished", reason=reason)
         self.sink.on_finish(req)
 
