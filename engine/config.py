@@ -49,6 +49,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     graph_buckets: list[int] | None = None
     telemetry: bool = True
+    kernel_sample_period_s: float = 2.0
     nvml_interval_s: float = 0.25
     http_port: int | None = None
     sentinel_sample_every: int = 0
@@ -143,6 +144,11 @@ class EngineConfig:
                         f"{self.max_num_batched_tokens}"
                     )
         _check_type("telemetry", self.telemetry, bool)
+        _check_type("kernel_sample_period_s", self.kernel_sample_period_s, (int, float))
+        if not (self.kernel_sample_period_s == 0 or 0.05 <= self.kernel_sample_period_s
+                < math.inf):
+            raise ValueError("kernel_sample_period_s must be 0 (no kernel sampling) or a "
+                             f"number of seconds >= 0.05, got {self.kernel_sample_period_s}")
         _check_type("nvml_interval_s", self.nvml_interval_s, (int, float))
         if not (0 < self.nvml_interval_s < math.inf):  # also rejects NaN
             raise ValueError(

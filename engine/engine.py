@@ -178,6 +178,8 @@ class Engine:
                 chunk_tokens=config.max_num_batched_tokens, block_size=config.block_size,
                 sample_every=config.sentinel_sample_every),
         )
+        # Measured kernels of a few steps every period (engine/step/kernel_trace.py).
+        self.loop.pipeline.kernels.set_period(config.kernel_sample_period_s)
 
     # ------------------------------------------------------------------------ requests
     def output_token_ids(self, request_id: str) -> list[int] | None:
