@@ -1,27 +1,36 @@
 """CPU cost of one step's schedule + assemble with N running decode requests (no model).
 
 This is the CPU work the async pipeline must hide under the device's compute time. Prints
-median and p90 over many steps. Usage: python bench/bench_step_prep.py [--requests 256]
+median and p90 over many steps.
+
+    python -m bench step-prep [--requests 1 32 256]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.harness import report
+from engine.config import SamplingParams
+from engine.core.batch import BufferLayout, HostView, assemble
+from engine.core.block_allocator import BlockAllocator, blocks_needed
+from engine.core.request import Request
+from engine.core.scheduler import Scheduler
+from engine.core.scratch import Scratch
 
-from engine.config import SamplingParams  # noqa: E402
-from engine.core.batch import BufferLayout, HostView, assemble  # noqa: E402
-from engine.core.block_allocator import BlockAllocator, blocks_needed  # noqa: E402
-from engine.core.request import Request  # noqa: E402
-from engine.core.scheduler import Scheduler  # noqa: E402
-from engine.core.scratch import Scratch  # noqa: E402
+DESCRIPTION = "CPU time of one step's schedule + assemble with N running decode requests"
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--requests", type=int, nargs="*", default=[1, 32, 256])
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=300)
 
 
 def measure(num_requests: int, prompt_len: int, block_size: int, steps: int) -> dict[str, float]:
@@ -68,21 +77,14 @@ def _post(out) -> None:
             c.request.output_token_ids.append(7)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, nargs="*", default=[1, 32, 256])
-    ap.add_argument("--prompt-len", type=int, default=256)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=300)
-    args = ap.parse_args()
-    print("| running requests | schedule (us) | assemble (us) | total median (us) |"
-          " total p90 (us) |")
-    print("|---:|---:|---:|---:|---:|")
+def run(args: argparse.Namespace, out: Path) -> dict:
+    rows, results = [], {}
     for n in args.requests:
         r = measure(n, args.prompt_len, args.block_size, args.steps)
-        print(f"| {n} | {r['schedule_us']:.1f} | {r['assemble_us']:.1f} | "
-              f"{r['total_us']:.1f} | {r['total_p90_us']:.1f} |")
-
-
-if __name__ == "__main__":
-    main()
+        results[str(n)] = r
+        rows.append([n, f"{r['schedule_us']:.1f}", f"{r['assemble_us']:.1f}",
+                     f"{r['total_us']:.1f}", f"{r['total_p90_us']:.1f}"])
+    table = report.markdown_table(["running requests", "schedule (us)", "assemble (us)",
+                                   "total median (us)", "total p90 (us)"], rows)
+    report.emit(out, "step_prep", "Schedule + assemble, one decode step", [table], results)
+    return {"requests": results}
