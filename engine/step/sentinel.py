@@ -7,7 +7,7 @@ that were not the argmax given the tokens before them. That check needs no sched
 slots, no carry-over and no async pipeline: it is the plain synchronous forward, so a token
 that an async race corrupted (a carry-over read from the wrong slot, a slot overwritten too
 early) shows as a mismatch. bf16/fp16 ties are forgiven within `tie_margin` logits (a batch
-of another shape rounds differently); fp32 is held to a tight margin.
+of another shape rounds differently: see TIE_MARGIN); fp32 is held to a tight margin.
 
 Each chunk is queued on the compute stream between steps, one per step boundary, and read
 back through an event the CPU only queries: the step loop never waits for a check while it
@@ -32,8 +32,11 @@ from engine.step.streams import Event, Stream
 
 log = logging.getLogger("gapless.sentinel")
 
-MAX_QUEUED = 8  # sampled requests waiting for a check; more are dropped (and counted)
-TIE_MARGIN = {torch.float32: 1e-3, torch.float16: 0.5, torch.bfloat16: 0.5}  # logits
+MAX_QUEUED = 256  # sampled requests waiting for a check; more are dropped (and counted)
+# A produced token may trail the re-score's argmax by rel * |top logit| + abs before it counts
+# as a mismatch: rounding that depends on the batch's shape scales with the logits' size.
+TIE_MARGIN = {torch.float32: (1e-4, 1e-4), torch.float16: (0.02, 0.02),
+              torch.bfloat16: (0.02, 0.02)}
 CHECKED_REASONS = ("stop", "length")
 
 
@@ -53,7 +56,7 @@ class _Check:
     prompt_len: int
     start: int = 0  # next position to score
     kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    gaps: list[torch.Tensor] = field(default_factory=list)  # per chunk, on the host
+    gaps: list[torch.Tensor] = field(default_factory=list)  # per chunk [2, n]: gap, excess
     expected: list[torch.Tensor] = field(default_factory=list)
     event: Event | None = None  # the last queued chunk is done
 
@@ -75,7 +78,7 @@ class Sentinel:
         self.chunk_tokens = chunk_tokens
         self.block_size = block_size
         self.sample_every = sample_every
-        self.tie_margin = TIE_MARGIN.get(dtype, 0.5)
+        self.tie_margin = TIE_MARGIN.get(dtype, TIE_MARGIN[torch.bfloat16])
         self.eligible = 0  # finished greedy requests seen while on
         self.checked = 0
         self.mismatches = 0  # requests with at least one mismatched token
@@ -186,23 +189,25 @@ class Sentinel:
             self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=keep,
                        use_cache=False, gapless=ctx)
             empty = torch.zeros(0)
-            return empty, empty.long()
+            return empty.view(2, 0), empty.long()
         keep = torch.arange(first - start, end - start, device=dev)
         logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=keep,
                             use_cache=False, gapless=ctx).logits[0].float()
         produced = torch.tensor(check.tokens[first + 1:end + 1], device=dev)
         top, expected = logits.max(dim=-1)
         gap = top - logits.gather(1, produced[:, None]).squeeze(1)
-        return _to_host(gap), _to_host(expected)
+        rel, abs_ = self.tie_margin
+        excess = gap - (rel * top.abs() + abs_)  # > 0: beyond a tie
+        return _to_host(torch.stack([gap, excess])), _to_host(expected)
 
     def _judge(self, check: _Check) -> None:
-        gaps = torch.cat(check.gaps).tolist()
+        gaps, excess = torch.cat(check.gaps, dim=1).tolist()
         expected = torch.cat(check.expected).tolist()
         produced = check.tokens[check.prompt_len:]
         assert len(gaps) == len(produced), (len(gaps), len(produced))
-        bad = [i for i, g in enumerate(gaps) if g > self.tie_margin]
-        self.ties += sum(1 for i, g in enumerate(gaps)
-                         if 0 < g <= self.tie_margin and expected[i] != produced[i])
+        bad = [i for i, e in enumerate(excess) if e > 0]
+        self.ties += sum(1 for i, e in enumerate(excess)
+                         if e <= 0 and expected[i] != produced[i])
         self.checked += 1
         self.tokens_checked += len(produced)
         if bad:

@@ -99,6 +99,24 @@ def test_live_toggle_and_validation(tiny_model_dir):
 
 
 def test_margin_forgives_ties_not_errors():
-    from engine.step.sentinel import TIE_MARGIN
+    from engine.step.sentinel import Sentinel, _Check
 
-    assert TIE_MARGIN[torch.float32] < TIE_MARGIN[torch.bfloat16] <= 1.0
+    s = Sentinel(model=None, backend=None, stream=None, event=None, device=torch.device("cpu"),
+                 dtype=torch.bfloat16, chunk_tokens=16, block_size=4, sample_every=1)
+    rel, abs_ = s.tie_margin
+    check = _Check("r", [1, 2, 3, 4], prompt_len=1)
+    gap = torch.tensor([0.0, 0.5 * abs_, 5.0])  # top logits 10: a tie is within 0.2 + abs
+    check.gaps = [torch.stack([gap, gap - (rel * 10.0 + abs_)])]
+    check.expected = [torch.tensor([2, 9, 9])]
+    s._judge(check)
+    assert (s.checked, s.mismatches, s.tokens_mismatched, s.ties) == (1, 1, 1, 1)
+    assert s.last_mismatch is not None and s.last_mismatch.index == 2
+
+
+def test_bf16_clean_engine_has_no_mismatch(tiny_model_dir):
+    with engine(tiny_model_dir("llama"), dtype="bfloat16", sentinel_sample_every=1) as eng:
+        outs = eng.generate(mixed_prompts(12, seed=6), GREEDY)
+        eng.loop.sentinel.drain()
+        stats = eng.stats()
+    assert stats["sentinel_checked"] == len(outs)
+    assert stats["sentinel_mismatches"] == 0, stats
