@@ -183,7 +183,7 @@ class Sentinel:
             backend=self.backend,
         )
         first = max(start, check.prompt_len - 1)  # the first position predicting an output
-        ids = torch.tensor(check.tokens[start:end], device=dev)
+        ids = _to_device(check.tokens[start:end], dev)
         if first >= end:  # prompt only: fill the cache
             keep = torch.zeros(1, dtype=torch.long, device=dev)
             self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=keep,
@@ -193,7 +193,7 @@ class Sentinel:
         keep = torch.arange(first - start, end - start, device=dev)
         logits = self.model(input_ids=ids[None], position_ids=pos[None], logits_to_keep=keep,
                             use_cache=False, gapless=ctx).logits[0].float()
-        produced = torch.tensor(check.tokens[first + 1:end + 1], device=dev)
+        produced = _to_device(check.tokens[first + 1:end + 1], dev)
         top, expected = logits.max(dim=-1)
         gap = top - logits.gather(1, produced[:, None]).squeeze(1)
         rel, abs_ = self.tie_margin
@@ -230,6 +230,15 @@ class Sentinel:
             "sentinel_skipped": self.skipped,
             "sentinel_queued": len(self._queue),
         }
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """Token ids on the device without a host sync (pinned and asynchronous on CUDA: a
+    pageable copy would wait for the step the device is running)."""
+    x = torch.tensor(values, dtype=torch.long)
+    if device.type != "cuda":
+        return x
+    return x.pin_memory().to(device, non_blocking=True)
 
 
 def _to_host(x: torch.Tensor) -> torch.Tensor:
