@@ -7,17 +7,22 @@ anatomy recording is asked for or running the sampler stays off, and a sample in
 dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 
 Every ``period_s`` (config kernel_sample_period_s, default 2 s; 0 = off) the next
-``steps + 1`` steps are recorded: their launches are wrapped in ``gapless.step <n>`` ranges
-(as the anatomy does), the profiler is stopped once the last of them has had its results
-read (no sync: those kernels are done). The extra step only gives the window's end (its first
+``steps + 1`` steps are recorded with CUDA activities only (no CPU-op recording: it would slow
+an eager step's dispatch and so change the very busy figure it measures). Each sampled
+step's launch is bracketed by two ``cudaEventQuery`` calls on an event of ours that is never
+recorded (about a microsecond each): in the trace they are CUDA runtime events on the CPU
+timeline, so the launch calls between them, and through their correlation ids the kernels,
+belong to that step. The profiler is stopped once the last of them has had its results read
+(no sync: those kernels are done). The extra step only gives the window's end (its first
 kernel). Stopping costs the loop thread the profiler's disable call; the trace is written,
 read and grouped by step on a worker thread, and the finished `telemetry.kernels.KernelSample`
 rides out on the next step record the loop publishes (``StepRecord.kernel_samples``).
+Should a trace carry no runtime events (a Kineto build without them), the sampler falls
+back to CPU activities with ``gapless.step <n>`` ranges, as the anatomy records.
 
-Clock: kernel times come in the profiler's clock. Each marked step notes time.perf_counter_ns
-just inside and just before leaving its range; the median difference of range midpoints puts
-the trace on our clock (error about a microsecond; no assumption about which clock Kineto
-uses).
+Clock: kernel times come in the profiler's clock. Each bracket call notes
+time.perf_counter_ns just before and after it; the median difference of midpoints puts the
+trace on our clock (error about a microsecond; no assumption about which clock Kineto uses).
 
 Why torch.profiler: it is installed wherever torch is, and the anatomy already uses it.
 cupti-python (NVIDIA's CUPTI bindings) would give the same activity records with less
@@ -31,17 +36,19 @@ conversion, and never leave the profiler on after an error.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
 import queue
+import re
 import statistics
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -69,7 +76,10 @@ class KernelSampler:
         self.next_at = time.perf_counter() + min(self.period_s, 0.5)
         self.open = False  # a profiler session of ours is on
         self.first = 0
-        self.marks: dict[int, tuple[int, int]] = {}  # step -> perf ns inside its range
+        # step -> perf ns (before, after) its opening and closing bracket calls
+        self.marks: dict[int, tuple[int, int, int, int]] = {}
+        self.with_cpu = False  # fallback: CPU activities and step ranges
+        self._probe: Any = None  # the never-recorded event the brackets query
         self.cost_ns = 0
         self.ready: deque[KernelSample] = deque(maxlen=MAX_READY)  # for the next record
         self.samples_made = 0
@@ -90,29 +100,39 @@ class KernelSampler:
         return self.enabled and self.period_s > 0
 
     # ------------------------------------------------------------------ loop thread
-    def begin_step(self, step: int) -> str | None:
-        """Before a step's launch: the range name to wrap it in when it is sampled."""
+    def begin_step(self, step: int) -> bool:
+        """Before a step's launch: whether it is sampled (then launch it inside `marked`)."""
         if not self.open:
             if time.perf_counter() < self.next_at:
-                return None
+                return False
             t0 = time.perf_counter_ns()
             try:
-                _start()
+                if self._probe is None:
+                    self._probe = torch.cuda.Event()
+                _start(self.with_cpu)
             except Exception as e:  # another profiler holds CUPTI: try next period
                 self._failed(e)
-                return None
+                return False
             self.open, self.first, self.marks = True, step, {}
             self.cost_ns = time.perf_counter_ns() - t0
-        return f"{STEP_MARKER}{step}" if step - self.first <= self.steps else None
+        return step - self.first <= self.steps
 
     @contextmanager
-    def marked(self, name: str, step: int) -> Iterator[None]:
-        with torch.profiler.record_function(name):
-            t_in = time.perf_counter_ns()
+    def marked(self, step: int) -> Iterator[None]:
+        """Bracket a sampled step's launch (see the module docstring)."""
+        probe, clock = self._probe, time.perf_counter_ns
+        ctx = (torch.profiler.record_function(f"{STEP_MARKER}{step}") if self.with_cpu
+               else nullcontext())
+        with ctx:
+            a = clock()
+            probe.query()
+            b = clock()
             try:
                 yield
             finally:
-                self.marks[step] = (t_in, time.perf_counter_ns())
+                c = clock()
+                probe.query()
+                self.marks[step] = (a, b, c, clock())
 
     def step_done(self, step: int) -> None:
         """After a step's results were read: stop once the last marked step is done."""
@@ -165,6 +185,10 @@ class KernelSampler:
         while (job := self._jobs.get()) is not None:
             try:
                 sample = convert(*job)
+            except NoRuntimeEvents as e:  # this Kineto: fall back to CPU activities
+                self.with_cpu = True
+                self._failed(e)
+                continue
             except Exception as e:  # a bad trace loses one sample, never the loop
                 self._failed(e)
                 continue
@@ -178,15 +202,19 @@ class KernelSampler:
             self._jobs.put(None)
 
 
-def _start() -> None:
-    """Enable Kineto with CPU (our step ranges, the launch calls) and CUDA activities."""
+class NoRuntimeEvents(RuntimeError):
+    """The trace has no CUDA runtime events to find the sampled steps by."""
+
+
+def _start(with_cpu: bool) -> None:
+    """Enable Kineto with CUDA activities (and CPU ones in the fallback)."""
     from torch.autograd import ProfilerActivity, _enable_profiler, _prepare_profiler
     from torch.autograd.profiler import profile as autograd_profile
 
     if torch.autograd._profiler_enabled():
         raise RuntimeError("another profiler is running")
     cfg = autograd_profile(use_device="cuda", use_kineto=True)
-    acts = {ProfilerActivity.CPU, ProfilerActivity.CUDA}
+    acts = {ProfilerActivity.CUDA} | ({ProfilerActivity.CPU} if with_cpu else set())
     _prepare_profiler(cfg.config(create_trace_id=True), acts)
     _enable_profiler(cfg.config(create_trace_id=False), acts)
 
@@ -204,41 +232,123 @@ def trace_events(result: Any) -> list[dict[str, Any]]:
         os.unlink(path)
 
 
-def to_sample(events: list[dict[str, Any]], first: int, steps: int,
-              marks: dict[int, tuple[int, int]], cost_ns: int = 0) -> KernelSample | None:
-    """Group a trace's kernels by marked step and put them on our clock (see the module
-    docstring); steps first..first+steps-1 are counted, the next one ends the window."""
+_RUNTIME = ("cuda_runtime", "cuda_driver")
+_DEVICE = ("kernel", "gpu_memset", "gpu_memcpy")
+_HOST_COPY = re.compile(r"Memcpy (HtoD|DtoH)|Memcpy .*Pinned|Memcpy .*Pageable")
+
+
+def _corr(ev: dict[str, Any]) -> Any:
+    args = ev.get("args") or {}
+    return args.get("correlation", args.get("correlation id"))
+
+
+def _ns(ev: dict[str, Any], at: float = 0.0) -> float:
+    return (float(ev["ts"]) + at * float(ev.get("dur", 0))) * 1000.0
+
+
+def _nearest(sorted_ns: list[float], t: float) -> int:
+    i = bisect.bisect_left(sorted_ns, t)
+    if i == 0:
+        return 0
+    if i == len(sorted_ns) or t - sorted_ns[i - 1] <= sorted_ns[i] - t:
+        return i - 1
+    return i
+
+
+def _near(sorted_ns: list[float], t: float) -> float:
+    return abs(sorted_ns[_nearest(sorted_ns, t)] - t)
+
+
+def by_brackets(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int, int]],
+                ) -> tuple[dict[int, list[dict[str, Any]]], float]:
+    """Device events per sampled step, found by the bracket calls (cudaEventQuery pairs in
+    step order), and the trace-to-host offset (ns). Raises NoRuntimeEvents without them."""
+    runtime = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in _RUNTIME),
+                     key=lambda e: float(e["ts"]))
+    queries = [e for e in runtime if "EventQuery" in str(e.get("name", ""))]
+    steps = sorted(marks)
+    if not runtime:
+        raise NoRuntimeEvents("kernel sampler: the trace has no CUDA runtime events")
+    ours = [((a + b) / 2, n, 0) for n in steps for a, b in [marks[n][:2]]] + [
+        ((c + d) / 2, n, 1) for n in steps for c, d in [marks[n][2:]]]
+    ours.sort()
+    q_ns = [_ns(q, 0.5) for q in queries]
+    if not q_ns or not ours:
+        raise ValueError("kernel sampler: no bracket calls in the trace")
+    # Other threads may query events too: take the offset under which most of our bracket
+    # calls land on a query within 3 us, then each bracket's nearest query.
+    best: tuple[int, float] = (-1, 0.0)
+    for cand in {q - ours[0][0] for q in q_ns}:
+        hits = sum(1 for t, _, _ in ours if _near(q_ns, t + cand) <= 3000)
+        if hits > best[0]:
+            best = (hits, cand)
+    hits, off = best
+    if hits < len(ours):
+        raise ValueError(f"kernel sampler: {hits} of {len(ours)} bracket calls found")
+    found = {(n, k): _nearest(q_ns, t + off) for t, n, k in ours}
+    offsets = [q_ns[found[(n, k)]] - t for t, n, k in ours]
+    ranges = [(_ns(queries[found[(n, 0)]]), _ns(queries[found[(n, 1)]], 1.0), n)
+              for n in steps]
+    step_of: dict[Any, int] = {}
+    for e in runtime:
+        t = _ns(e)
+        corr = _corr(e)
+        for lo, hi, n in ranges:
+            if lo <= t <= hi and corr is not None:
+                step_of[corr] = n
+                break
+    out: dict[int, list[dict[str, Any]]] = {n: [] for n in steps}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in _DEVICE:
+            n = step_of.get(_corr(e))
+            if n is not None and not _HOST_COPY.search(str(e.get("name", ""))):
+                out[n].append(e)
+    return out, statistics.median(offsets)
+
+
+def by_ranges(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int, int]],
+              ) -> tuple[dict[int, list[dict[str, Any]]], float]:
+    """The fallback: device events per step by the ``gapless.step <n>`` ranges."""
     offsets = []
     for e in events:
         name = str(e.get("name", ""))
-        if e.get("ph") == "X" and name.startswith(STEP_MARKER) and e.get("cat") in (
-                "user_annotation", None):
+        if e.get("ph") == "X" and name.startswith(STEP_MARKER) and e.get("cat") != (
+                "gpu_user_annotation"):
             n = int(name[len(STEP_MARKER):])
             if n in marks:
-                t_in, t_out = marks[n]
-                mid_trace = (float(e["ts"]) + float(e.get("dur", 0)) / 2) * 1000.0
-                offsets.append(mid_trace - (t_in + t_out) / 2)
+                a, _, _, d = marks[n]
+                offsets.append(_ns(e, 0.5) - (a + d) / 2)
     if not offsets:
-        return None
-    off = statistics.median(offsets)
-    cats = ("kernel", "gpu_memset", "gpu_memcpy")
-    by_step = {s.step: s for s in group_by_step(events, device_cats=cats, keep_marker=True)}
+        raise ValueError("kernel sampler: no step ranges in the trace")
+    out: dict[int, list[dict[str, Any]]] = {}
+    for s in group_by_step(events, device_cats=_DEVICE, keep_marker=True):
+        out[s.step] = [{"name": k.name, "ts": k.start_us, "dur": k.dur_us} for k in s.kernels]
+    return out, statistics.median(offsets)
+
+
+def to_sample(events: list[dict[str, Any]], first: int, steps: int,
+              marks: dict[int, tuple[int, int, int, int]], cost_ns: int = 0,
+              ) -> KernelSample | None:
+    """A trace's kernels grouped by sampled step on our clock; steps first..first+steps-1
+    are counted, the next one ends the window."""
+    has_ranges = any(str(e.get("name", "")).startswith(STEP_MARKER) for e in events)
+    per_step, off = (by_ranges if has_ranges else by_brackets)(events, marks)
     sampled: list[SampledStep] = []
     next_start: int | None = None
     for n in range(first, first + steps + 1):
-        s = by_step.get(n)
-        if s is None or not s.kernels:
+        evs = per_step.get(n)
+        if not evs:
             continue
-        ks = sorted((KernelRecord(k.name, family_of(k.name), round(k.start_us * 1000 - off),
-                                  round(k.end_us * 1000 - off)) for k in s.kernels),
-                    key=lambda k: k.start_ns)
+        ks = sorted((KernelRecord(str(e["name"]), family_of(str(e["name"])),
+                                  round(_ns(e) - off), round(_ns(e, 1.0) - off))
+                     for e in evs), key=lambda k: k.start_ns)
         if n == first + steps:
             next_start = ks[0].start_ns
         else:
             sampled.append(SampledStep(n, ks))
-    return make_sample(sampled, next_start, "annotation", cost_ns)
+    return make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns)
 
 
-def convert(result: Any, first: int, steps: int, marks: dict[int, tuple[int, int]],
+def convert(result: Any, first: int, steps: int, marks: dict[int, tuple[int, int, int, int]],
             cost_ns: int = 0) -> KernelSample | None:
     return to_sample(trace_events(result), first, steps, marks, cost_ns)

@@ -149,9 +149,8 @@ class Pipeline:
             if self.anatomy.active:  # one profiler at a time: the anatomy's turn
                 ks.abort()
             else:
-                name = ks.begin_step(record.step)
-                if name is not None:
-                    with ks.marked(name, record.step):
+                if ks.begin_step(record.step):
+                    with ks.marked(record.step):
                         return self._launch(slot, sched, meta, record, compute_fn)
                 return self._launch(slot, sched, meta, record, compute_fn)
         if self.anatomy.active:  # a step-anatomy recording (engine.step.anatomy) is on

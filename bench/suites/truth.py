@@ -1,0 +1,443 @@
+"""Telemetry truth (issue 20): measured kernel busy against torch.profiler in every mode, the
+sampler's cost, the step waterfall against wall time, the size-aware floor, and GPM checked.
+
+For each shape (default: the 8B shape at batch 32, SmolLM2-135M's at 16; random bf16 weights,
+256-token prompts, greedy, no EOS) and each mode (sync/async x graphs/eager), once the batch
+decodes:
+
+1. *reference*: torch.profiler (CUDA activities only, our sampler off) over ``--window-s``:
+   kernel busy = union of device work (host copies left out) / first kernel to last;
+2. *ours*: the engine's kernel sampler (engine/step/kernel_trace.py) at ``--sample-period``
+   over the next ``--window-s``: kernel busy from the sampled steps' measured kernels
+   (telemetry.kernels.kernel_busy). Target: within 1 pp of (1);
+3. the waterfall of (2)'s window (telemetry.waterfall): byte floor at the size-aware
+   bandwidth, kernels above it, in-step gaps, idle by cause, copies and sync; their sum
+   against the window's wall time.
+
+Then, on the first shape: a step anatomy (async + graphs) against both floors per family;
+GPM's DRAM bandwidth over a decode-only window against the anatomy's bytes / time; the
+sampler's cost (engine at the default period vs off, alternated pairs); and a telemetry
+recording of the four modes with kernel samples for the dashboard (recording.jsonl). On a GPU
+the size-aware floor curve is measured first (engine/step/floor_probe.py; curve.json).
+
+    python -m bench truth                                  # the H200, ~4 min
+    python -m bench truth --device cpu --presets tiny:4 --dtype float32 --window-s 0.3 \\
+        --pairs 1 --pair-new 8                             # CPU dry run (no kernels: n/a)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.harness import report
+from bench.harness.floor import COPY_BW, ByteFloor
+from bench.harness.shapes import build_model
+from bench.harness.workload import default_device, random_prompts
+
+DESCRIPTION = ("kernel busy sampled vs torch.profiler in 4 modes, sampler cost, the step "
+               "waterfall vs wall time, size-aware floor curve, GPM check")
+MODES = ("sync-graphs", "async-graphs", "sync-eager", "async-eager")
+H200_DRAM_BW = 4.8e12  # bytes/s, the H200's specified HBM3e bandwidth (GPM's 100%)
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f} s] {msg}", flush=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--presets", default="llama-8b:32,smollm2-135m:16",
+                        help="comma-separated PRESET:BATCH (default %(default)s)")
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--window-s", type=float, default=1.0,
+                        help="seconds of decode per reference window and per sampled window")
+    parser.add_argument("--sample-period", type=float, default=0.1,
+                        help="sampler period during the comparison (the engine default is 2 s)")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--pairs", type=int, default=3, help="sampler on/off pairs")
+    parser.add_argument("--pair-new", type=int, default=384, help="new tokens per pair run")
+    parser.add_argument("--budget", type=int, default=2048)
+
+
+# ----------------------------------------------------------------------------- helpers
+def make_engine(model: torch.nn.Module, args: argparse.Namespace, batch: int, max_new: int,
+                period: float = 0.0, name: str = "shape"):
+    from engine import Engine, EngineConfig
+
+    cuda = args.device == "cuda"
+    max_len = args.prompt + max_new + 32
+    cfg = EngineConfig(
+        model=f"random:{name}", device=args.device, dtype=args.dtype, max_num_seqs=batch,
+        max_num_batched_tokens=max(args.budget, batch), max_model_len=max_len, block_size=16,
+        num_blocks=batch * -(-max_len // 16) + 16, async_batching=True, num_slots=2,
+        cuda_graphs=cuda, graph_buckets=[8, 16, batch] if cuda and batch > 16 else (
+            [batch] if cuda else None), kernel_sample_period_s=period,
+    )
+    return Engine(cfg, model=model, tokenizer=None)
+
+
+def params(n: int):
+    from engine import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+
+
+def wait_decoding(eng: Any, batch: int, timeout_s: float = 180.0) -> None:
+    """Until every request of a fresh batch has its first token (prefill done)."""
+    start = eng.stats()["generated_tokens"]
+    deadline = time.monotonic() + timeout_s
+    while eng.stats()["generated_tokens"] < start + 2 * batch:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the batch did not start decoding within {timeout_s:g} s")
+        time.sleep(0.002)
+
+
+def reference_busy(window_s: float, cuda: bool) -> dict[str, Any]:
+    """torch.profiler (CUDA activities) over ``window_s`` of whatever the engine runs."""
+    if not cuda:
+        time.sleep(window_s)
+        return {"busy": None}
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.step.kernel_trace import _HOST_COPY
+    from telemetry.kernels import union_ns
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        time.sleep(window_s)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    iv = [(round(float(e["ts"]) * 1000), round((float(e["ts"]) + float(e.get("dur", 0))) * 1000))
+          for e in events if e.get("ph") == "X" and e.get("cat") in (
+              "kernel", "gpu_memset", "gpu_memcpy") and not _HOST_COPY.search(str(e["name"]))]
+    if not iv:
+        return {"busy": None, "kernels": 0}
+    lo, hi = min(a for a, _ in iv), max(b for _, b in iv)
+    return {"busy": union_ns(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9}
+
+
+def step_reads(model: torch.nn.Module, floor: ByteFloor, contexts: list[int]) -> list[int]:
+    """One decode step's reads, one per weight tensor and per layer's K and V."""
+    emb = model.get_input_embeddings().weight
+    head = getattr(model, "lm_head", None)
+    tied = head is not None and head.weight is emb
+    reads = [p.numel() * p.element_size() for p in model.parameters() if p is not emb or tied]
+    layers = model.config.num_hidden_layers
+    kv_layer = floor.kv_bytes_per_token // (2 * layers)  # K (or V) of one layer, one token
+    reads += [kv_layer * sum(contexts)] * (2 * layers)
+    return reads
+
+
+def contexts_of(rec: Any, prompt: int, first_decode_step: int) -> list[int]:
+    chunks = getattr(rec, "chunks", None)
+    if chunks:
+        return [ctx for _, _, ctx in chunks]
+    return [prompt + max(0, rec.step - first_decode_step)] * max(1, rec.num_requests)
+
+
+# --------------------------------------------------------------------------- per mode
+def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode: str,
+               args: argparse.Namespace, curve: Any, nvml: Any) -> tuple[dict, list]:
+    from telemetry.collect import StepCollector
+    from telemetry.floor import size_aware_seconds
+    from telemetry.kernels import kernel_busy
+    from telemetry.waterfall import waterfall
+
+    cuda = args.device == "cuda"
+    sync_or_async, graphs = mode.split("-")
+    eng.configure(async_batching=sync_or_async == "async", cuda_graphs=graphs == "graphs")
+    sampler = eng.loop.pipeline.kernels
+    sampler.set_period(0)
+    batch = len(prompts)
+    handles = [eng.submit(p, params(eng.config.max_model_len - args.prompt - 33))
+               for p in prompts]
+    wait_decoding(eng, batch)
+    first_decode = eng.loop.step_no
+    ref = reference_busy(args.window_s, cuda)
+    with StepCollector(eng.bus) as col:
+        sampler.set_period(args.sample_period)
+        sampler.next_at = 0.0
+        t0 = time.perf_counter_ns()
+        time.sleep(args.window_s)
+        sampler.set_period(0)
+        t1 = time.perf_counter_ns()
+        time.sleep(0.3)  # the last sample's conversion, carried by a later record
+    for h in handles:
+        eng.abort(h.request_id)
+    for h in handles:
+        h.result(timeout=120)
+    records = [r for r in col.records if r.num_tokens]
+    samples = [s for r in col.records for s in r.kernel_samples]
+    window = [r for r in records if any(s.lane == "compute" and t0 <= s.start_ns <= t1
+                                        for s in r.spans)]
+    out: dict[str, Any] = {"reference": ref, "samples": len(samples),
+                           "sampled_steps": sum(len(s.steps) for s in samples),
+                           "ours_busy": kernel_busy(samples), "steps": len(window),
+                           "sampler_failures": sampler.failures,
+                           "sampler_error": sampler.last_error,
+                           "sample_cost_ms": [s.cost_ns / 1e6 for s in samples][:8]}
+    if ref.get("busy") is not None and out["ours_busy"] is not None:
+        out["diff_pp"] = 100 * (out["ours_busy"] - ref["busy"])
+    if window:
+        comp = [s for r in window for s in r.spans if s.lane == "compute"]
+        lo, hi = min(s.start_ns for s in comp), max(s.end_ns for s in comp)
+        floor = ByteFloor.of(model) if model is not None else None
+
+        def floor_ns(rec: Any) -> float:
+            reads = step_reads(model, floor, contexts_of(rec, args.prompt, first_decode))
+            sa = size_aware_seconds(reads, curve) if curve is not None else None
+            return (sa if sa is not None else sum(reads) / COPY_BW) * 1e9
+
+        wf = waterfall(window, lo, hi, samples, floor_ns if cuda and floor else None)
+        out["waterfall"] = {"wall_s": wf.window_ns / 1e9, "sum_s": wf.total_ns / 1e9,
+                            "parts_s": {k: (v / 1e9 if v is not None else None)
+                                        for k, v in wf.parts_ns.items()},
+                            "sum_over_wall": wf.total_ns / wf.window_ns if wf.window_ns else None}
+        if nvml is not None and floor is not None:
+            gpm = [x.dram_bw_util_pct for x in nvml.history() if lo <= x.t_ns <= hi
+                   and x.dram_bw_util_pct is not None]
+            mid = window[len(window) // 2]
+            step_bytes = sum(step_reads(model, floor, contexts_of(mid, args.prompt,
+                                                                  first_decode)))
+            out["gpm"] = {"readings": len(gpm), "dram_bw_util_pct": statistics.fmean(gpm)
+                          if gpm else None, "anatomy_bytes_per_s":
+                          step_bytes * len(window) / ((hi - lo) / 1e9),
+                          "anatomy_pct_of_4p8": 100 * step_bytes * len(window)
+                          / ((hi - lo) / 1e9) / H200_DRAM_BW}
+    return out, col.records
+
+
+# -------------------------------------------------------------------- first shape only
+def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
+                 args: argparse.Namespace, curve: Any, out: Path) -> dict[str, Any]:
+    from engine.step.anatomy import record_anatomy
+    from telemetry.anatomy import family_table
+    from telemetry.floor import size_aware_seconds
+
+    eng.configure(async_batching=True, cuda_graphs=args.device == "cuda")
+    handles = [eng.submit(p, params(48)) for p in prompts]
+    wait_decoding(eng, len(prompts))
+    gen = eng.stats()["generated_tokens"]
+    rec = record_anatomy(eng, 8, timeout_s=120, trace_dir=str(out))
+    for h in handles:
+        h.result(timeout=300)
+    Path(rec.trace_path).unlink(missing_ok=True)
+    steps = [s for s in rec.steps if s.kernels]
+    floor = ByteFloor.of(model)
+    ctx = args.prompt + gen // len(prompts)
+    reads = step_reads(model, floor, [ctx] * len(prompts))
+    layers = model.config.num_hidden_layers
+    kv_reads, w_reads = reads[-2 * layers:], reads[:-2 * layers]
+    peak = curve.peak_copy_bw if curve is not None and curve.peak_copy_bw else COPY_BW
+    fam_bytes = {"gemm": w_reads, "attention": kv_reads}
+    rows = []
+    for r in family_table(steps):
+        rd = fam_bytes.get(r.family)
+        sa = size_aware_seconds(rd, curve) if rd and curve is not None else None
+        pk = sum(rd) / peak if rd else None
+        rows.append({"family": r.family, "kernels": r.count, "time_us": r.time_us,
+                     "share": r.share, "peak_floor_us": pk * 1e6 if pk else None,
+                     "size_aware_floor_us": sa * 1e6 if sa else None})
+    span = statistics.median(s.span_us for s in steps) if steps else None
+    kernels = sorted((k for s in steps for k in s.kernels), key=lambda k: -k.dur_us)
+    sa_all = size_aware_seconds(reads, curve) if curve is not None else None
+    return {"steps": len(steps), "context": ctx, "span_us": span, "step_bytes": sum(reads),
+            "peak_floor_us": sum(reads) / peak * 1e6, "peak_bw": peak,
+            "size_aware_floor_us": sa_all * 1e6 if sa_all else None, "families": rows,
+            "longest": [{"name": k.name[:90], "family": k.family, "us": k.dur_us}
+                        for k in kernels[:5]]}
+
+
+def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
+               args: argparse.Namespace) -> dict[str, Any]:
+    """Throughput with the sampler at the engine default (2 s) vs off, alternated."""
+    from bench.harness.timing import alternated_pairs
+
+    on = make_engine(model, args, len(prompts), args.pair_new, period=2.0)
+    off = make_engine(model, args, len(prompts), args.pair_new, period=0.0)
+    try:
+        for e in (on, off):
+            e.generate(prompts[:4], params(8))
+
+        def run(e: Any) -> float:
+            t = time.perf_counter()
+            e.generate(prompts, params(args.pair_new))
+            return len(prompts) * args.pair_new / (time.perf_counter() - t)
+
+        res = alternated_pairs(lambda: run(off), lambda: run(on), args.pairs)
+        samples = on.loop.pipeline.kernels.samples_made
+    finally:
+        on.shutdown()
+        off.shutdown()
+    pairs = [{"off_tok_s": a, "on_tok_s": b, "cost_pct": 100 * (1 - b / a)}
+             for a, b in zip(res.a.values, res.b.values, strict=True)]
+    return {"pairs": pairs, "median_cost_pct": statistics.median(p["cost_pct"] for p in pairs),
+            "samples_made": samples}
+
+
+# ---------------------------------------------------------------------------- the run
+def run(args: argparse.Namespace, out: Path) -> dict:
+    from telemetry.export import write_jsonl
+    from telemetry.floor import load_curve
+
+    cuda = args.device == "cuda"
+    dtype = getattr(torch, args.dtype)
+    # Kineto registers its client on the thread that imported torch: start it here once, so
+    # later sessions (the sampler's, on the engine's loop thread) find it initialised.
+    with torch.profiler.profile():
+        pass
+    summary: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+                               "torch": torch.__version__, "shapes": {}}
+    curve = None
+    if cuda:
+        from engine.step.floor_probe import measure_curve
+
+        t = time.perf_counter()
+        curve = measure_curve()
+        report.write_json(out / "curve.json", curve.to_dict())
+        summary["curve"] = {**curve.to_dict(), "seconds": time.perf_counter() - t}
+        log(f"curve ({time.perf_counter() - t:.1f} s): " + ", ".join(
+            f"{b >> 20} MB {bw / 1e12:.2f}" for b, bw in curve.points) + " TB/s; copy "
+            f"{curve.peak_copy_bw / 1e12:.2f} TB/s")
+    else:
+        curve = load_curve()
+    nvml = None
+    if cuda:
+        from telemetry.nvml import NvmlSampler
+
+        nvml = NvmlSampler(interval_s=0.1).start()
+        summary["gpm_reason"] = nvml.gpm_reason
+    for n, item in enumerate(args.presets.split(",")):
+        preset, batch_s = item.split(":")
+        batch = int(batch_s)
+        model = build_model(preset, torch.device(args.device), dtype)
+        prompts = random_prompts(batch, args.prompt, model.config.vocab_size)
+        eng = make_engine(model, args, batch, 1024 if cuda else 64, name=preset)
+        eng.generate(random_prompts(4, 16, model.config.vocab_size, seed=1), params(8))
+        shape: dict[str, Any] = {"batch": batch, "modes": {}}
+        recording = []
+        for mode in args.modes.split(","):
+            if mode.endswith("graphs") and not eng.settings()["cuda_graphs_available"]:
+                log(f"{preset} {mode}: skipped ({eng.settings()['cuda_graphs_reason']})")
+                continue
+            res, recs = truth_mode(eng, model, prompts, mode, args, curve, nvml)
+            shape["modes"][mode] = res
+            recording += recs
+            log(f"{preset} {mode}: {json.dumps(res, default=str)}")
+        if n == 0:
+            shape["anatomy"] = anatomy_rows(eng, model, prompts, args, curve, out)
+            log(f"anatomy: {json.dumps(shape['anatomy'], default=str)}")
+            path = out / f"recording-{preset}.jsonl"
+            with open(path, "w") as f:
+                f.write(json.dumps({"type": "meta", "machine": summary["device"],
+                                    "date": time.strftime("%Y-%m-%d"),
+                                    "commit": report.short_commit(), "model": preset,
+                                    "workload": f"{batch} x {args.prompt} prompt, decode",
+                                    "modes": args.modes}) + "\n")
+            write_jsonl(path.with_suffix(".tmp"), recording)
+            with open(path, "a") as f:
+                f.write(path.with_suffix(".tmp").read_text())
+            path.with_suffix(".tmp").unlink()
+        eng.shutdown()
+        if n == 0:
+            shape["sampler_cost"] = cost_pairs(model, prompts, args)
+            log(f"cost: {json.dumps(shape['sampler_cost'])}")
+        summary["shapes"][preset] = shape
+        del model, eng
+        if cuda:
+            torch.cuda.empty_cache()
+    if nvml is not None:
+        nvml.close()
+    summary["total_s"] = time.perf_counter() - T0
+    report.write_json(out / "truth.json", summary)
+    text = markdown(summary)
+    (out / "truth.md").write_text(text)
+    print(text, flush=True)
+    return summary
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def num(x: float | None, fmt: str = ".1f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def markdown(s: dict[str, Any]) -> str:
+    lines = [f"# Telemetry truth: {s['device']}, torch {s['torch']}", ""]
+    if "curve" in s:
+        c = s["curve"]
+        lines += ["## Achievable read bandwidth vs size (cold L2)", "",
+                  "| size | TB/s |", "|---:|---:|"]
+        lines += [f"| {b >> 20} MB | {bw / 1e12:.2f} |" for b, bw in c["points"]]
+        lines += ["", f"device-to-device copy (peak-copy floor): "
+                  f"{c['peak_copy_bw'] / 1e12:.2f} TB/s; {c['method']}; "
+                  f"{c['seconds']:.1f} s", ""]
+    lines += ["## Kernel busy: torch.profiler vs the sampler", "",
+              "| shape | mode | torch.profiler | ours (sampled) | diff (pp) | samples/steps |",
+              "|---|---|---:|---:|---:|---:|"]
+    for preset, sh in s["shapes"].items():
+        for mode, r in sh["modes"].items():
+            d = r.get("diff_pp")
+            lines.append(f"| {preset} b{sh['batch']} | {mode} | {pct(r['reference'].get('busy'))}"
+                         f" | {pct(r['ours_busy'])} | {num(d, '+.2f')} | "
+                         f"{r['samples']}/{r['sampled_steps']} |")
+    lines += ["", "## Waterfall (seconds of the sampled window)", "",
+              "| shape | mode | wall | floor | above floor | gaps | idle CPU | idle launch | "
+              "copies+sync | no work | sum/wall |", "|---|---|" + "---:|" * 9]
+    for preset, sh in s["shapes"].items():
+        for mode, r in sh["modes"].items():
+            w = r.get("waterfall")
+            if not w:
+                continue
+            p = w["parts_s"]
+            cells = [num(p[k] * 1e3 if p[k] is not None else None, ".1f") for k in (
+                "floor", "kernels_above_floor", "in_step_gaps", "idle_cpu", "idle_launch",
+                "copies_sync", "no_work")]
+            lines.append(f"| {preset} | {mode} | {w['wall_s'] * 1e3:.1f} ms | "
+                         + " | ".join(cells) + f" | {num(w['sum_over_wall'], '.4f')} |")
+    first = next(iter(s["shapes"].values()), {})
+    a = first.get("anatomy")
+    if a:
+        lines += ["", f"## Step anatomy (async + graphs, {a['steps']} steps, context "
+                  f"{a['context']}): median span {num(a['span_us'])} us; floor "
+                  f"{a['step_bytes'] / 1e9:.3f} GB = {a['peak_floor_us']:.1f} us at peak copy "
+                  f"({a['peak_bw'] / 1e12:.2f} TB/s), {num(a['size_aware_floor_us'])} us "
+                  f"size-aware", "",
+                  "| family | kernels/step | us/step | share | peak floor us | x | size-aware "
+                  "floor us | x |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in a["families"]:
+            pk, sa = r["peak_floor_us"], r["size_aware_floor_us"]
+            lines.append(f"| {r['family']} | {r['kernels']:.0f} | {r['time_us']:.1f} | "
+                         f"{100 * r['share']:.1f}% | {num(pk)} | "
+                         f"{num(r['time_us'] / pk if pk else None, '.2f')} | {num(sa)} | "
+                         f"{num(r['time_us'] / sa if sa else None, '.2f')} |")
+        lines += ["", "longest kernels: " + "; ".join(
+            f"{k['family']} {k['us']:.1f} us ({k['name'][:60]})" for k in a["longest"])]
+    c = first.get("sampler_cost")
+    if c:
+        lines += ["", "## Sampler cost (default 2 s period vs off, tok/s, alternated)", "",
+                  ", ".join(f"{p['on_tok_s']:.0f} vs {p['off_tok_s']:.0f} "
+                            f"({p['cost_pct']:+.2f}%)" for p in c["pairs"])
+                  + f"; median {c['median_cost_pct']:+.2f}%; {c['samples_made']} samples"]
+    for preset, sh in s["shapes"].items():
+        for mode, r in sh["modes"].items():
+            g = r.get("gpm")
+            if g and g["readings"]:
+                lines.append(f"\nGPM {preset} {mode}: {g['readings']} readings, DRAM bandwidth "
+                             f"{num(g['dram_bw_util_pct'])}% of peak; anatomy bytes/time "
+                             f"{g['anatomy_bytes_per_s'] / 1e12:.2f} TB/s = "
+                             f"{g['anatomy_pct_of_4p8']:.1f}% of 4.8 TB/s")
+    lines.append(f"\ntotal {s['total_s']:.0f} s")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,73 @@
+"""The kernel sampler's trace conversion on a CPU, from a synthetic Kineto trace: kernels
+join the step whose bracket calls hold their launch, land on our clock, the extra step ends
+the window, and a foreign event query between steps does not confuse the brackets."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.step.kernel_trace import KernelSampler, NoRuntimeEvents, to_sample
+
+OFF_US = 1_000_000.0  # the trace clock runs 1 s ahead of ours (in us)
+
+
+def rt(name, ts, corr=None, dur=1.0):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts + OFF_US, "dur": dur,
+            "args": {"correlation": corr} if corr is not None else {}}
+
+
+def kern(name, ts, dur, corr):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts + OFF_US, "dur": dur,
+            "args": {"correlation": corr}}
+
+
+def trace(steps, foreign_query_at=None):
+    """Each step at t0 = 100 * i us: brackets at t0 and t0 + 10, a graph launch at t0 + 5
+    whose marker and two kernels run at t0 + 20.."""
+    events, marks = [], {}
+    for i, n in enumerate(steps):
+        t0 = 100.0 * i
+        events += [rt("cudaEventQuery", t0), rt("cudaGraphLaunch", t0 + 5, corr=n),
+                   rt("cudaEventQuery", t0 + 10),
+                   kern("void at::native::bitwise_not_kernel_cuda", t0 + 20, 2, n),
+                   kern("nvjet_gemm_bf16", t0 + 23, 30, n),
+                   kern("paged_attention_kernel", t0 + 54, 10, n),
+                   {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)",
+                    "ts": t0 + 70 + OFF_US, "dur": 3, "args": {"correlation": n}}]
+        ns = int(t0 * 1000)
+        marks[n] = (ns, ns + 1000, ns + 10_000, ns + 11_000)
+    if foreign_query_at is not None:
+        events.append(rt("cudaEventQuery", foreign_query_at))
+    return events, marks
+
+
+@pytest.mark.parametrize("foreign", [None, 95.0])
+def test_kernels_join_their_step_on_our_clock(foreign):
+    events, marks = trace([7, 8, 9], foreign)
+    sample = to_sample(events, first=7, steps=2, marks=marks)
+    assert sample is not None and sample.aligned == "brackets"
+    assert [s.step for s in sample.steps] == [7, 8]
+    s7 = sample.steps[0]
+    assert [k.family for k in s7.kernels] == ["marker", "gemm", "attention"]  # no host copy
+    assert s7.kernels[1].start_ns == 23_000 and s7.kernels[1].end_ns == 53_000
+    assert [k.family for k in s7.work] == ["gemm", "attention"]
+    # the window: step 7's first kernel to step 9's first kernel (two whole periods)
+    assert sample.window == (20_000, 220_000)
+    assert sample.kernel_ns == 2 * (2_000 + 30_000 + 10_000)
+    assert sample.busy == pytest.approx(84 / 200)
+
+
+def test_a_trace_without_runtime_events_asks_for_the_fallback():
+    events, marks = trace([1, 2])
+    events = [e for e in events if e["cat"] != "cuda_runtime"]
+    with pytest.raises(NoRuntimeEvents):
+        to_sample(events, first=1, steps=1, marks=marks)
+
+
+def test_sampler_arguments_are_checked_and_it_stays_off_on_a_cpu():
+    with pytest.raises(ValueError, match="kernel_sample_period_s must be 0"):
+        KernelSampler(enabled=True, period_s=0.01)
+    with pytest.raises(ValueError, match="steps must be an int"):
+        KernelSampler(enabled=True, steps=0)
+    assert not KernelSampler(enabled=False).armed
+    assert not KernelSampler(enabled=True, period_s=0).armed
