@@ -8,8 +8,8 @@ collectives (rankN.comm), and the mean NVML GPM memory bandwidth used (DRAM_BW_U
 GPU reports it). Greedy tokens at TP 2 are checked against TP 1 (agreement printed; bf16
 summation order differs, so rare late divergence is possible and reported, not asserted).
 
-    python bench/bench_tp.py                       # H200 x2: --preset llama-8b --tp 1 2
-    python bench/bench_tp.py --preset tiny --device cpu --n 4 --prompt 16 --new 16  # smoke
+    python -m bench tp                       # H200 x2: --preset llama-8b --tp 1 2
+    python -m bench tp --preset tiny --device cpu --n 4 --prompt 16 --new 16  # smoke
 
 Written for the lent 2-GPU machine; not run yet (no GPU where it was written).
 """
@@ -17,23 +17,21 @@ Written for the lent 2-GPU machine; not run yet (no GPU where it was written).
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.harness import report
+from bench.harness.shapes import build_model
+from engine import Engine, EngineConfig, SamplingParams
+from telemetry.collect import StepCollector
+from telemetry.metrics import busy_fraction, spans_of
+from telemetry.records import rank_lane
 
-from model_shapes import build_model  # noqa: E402
-
-from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from telemetry.collect import StepCollector  # noqa: E402
-from telemetry.metrics import busy_fraction, spans_of  # noqa: E402
-from telemetry.records import rank_lane  # noqa: E402
+DESCRIPTION = ("tensor parallelism: the 8B shape 32x(256+1024) at TP 1 and 2, per-GPU busy, "
+               "collectives, DRAM bandwidth")
 
 
 def save_checkpoint(preset: str, folder: Path) -> Path:
@@ -83,7 +81,7 @@ class GpmPoll:
         return out
 
 
-def run(folder: Path, tp: int, args: argparse.Namespace) -> dict:
+def run_tp(folder: Path, tp: int, args: argparse.Namespace) -> dict:
     cfg = EngineConfig(model=str(folder), device=args.device, tensor_parallel_size=tp,
                        max_num_seqs=args.n, max_num_batched_tokens=args.budget,
                        max_model_len=args.prompt + args.new + 16, async_batching=True,
@@ -113,8 +111,8 @@ def run(folder: Path, tp: int, args: argparse.Namespace) -> dict:
     return res
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--preset", default="llama-8b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 2])
@@ -123,11 +121,12 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=1024)
     ap.add_argument("--budget", type=int, default=512, help="max_num_batched_tokens")
     ap.add_argument("--folder", default=None, help="checkpoint folder (default: a temp dir)")
-    ap.add_argument("--json", default=None, help="write the results here")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="gapless-tp-") as tmp:
         folder = save_checkpoint(args.preset, Path(args.folder or tmp))
-        results = [run(folder, tp, args) for tp in args.tp]
+        results = [run_tp(folder, tp, args) for tp in args.tp]
     base = results[0]["outputs"]
     print(f"{args.preset}: {args.n} x ({args.prompt} + {args.new}), async + graphs, "
           f"{args.device}")
@@ -140,10 +139,6 @@ def main() -> None:
                                               strict=True)))
         print(f"{r['tp']:>3} {r['wall_s']:>8.2f} {r['tok_s']:>8.0f}  {gpus}  "
               f"(outputs equal to TP {results[0]['tp']}: {same}/{len(base)})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(
-            [{k: v for k, v in r.items() if k != "outputs"} for r in results], indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    rows = [{k: v for k, v in r.items() if k != "outputs"} for r in results]
+    report.write_json(out / "tp.json", {"meta": report.meta(), "results": rows})
+    return {"results": rows}

@@ -8,8 +8,8 @@ and at the end of an 8448-token context). Times are medians of triton.testing.do
 GB/s uses the better of the two and counts the K/V bytes the op must read at least once,
 against the 4.22 TB/s a device-to-device copy reaches on the H200.
 
-    python bench/bench_attention.py            # on a CUDA machine
-    python bench/bench_attention.py --quick    # fewer configurations
+    python -m bench attention            # on a CUDA machine
+    python -m bench attention --quick    # fewer configurations
 
 It never changes the kernel's defaults; on a machine without CUDA it says so and exits 0.
 """
@@ -17,14 +17,13 @@ It never changes the kernel's defaults; on a machine without CUDA it says so and
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+DESCRIPTION = ("Triton paged attention (decode split-K sweep, prefill) against the KV-bandwidth "
+               "floor (CUDA)")
 COPY_TBPS = 4.22  # H200 device-to-device copy, bytes read + written, measured (DESIGN.md 6)
 H, KVH, D, BLOCK = 32, 8, 128, 16
 DTYPE = torch.bfloat16
@@ -127,13 +126,15 @@ def bench_prefill(ctx: int, n: int) -> None:
           f"{gbps:.0f} GB/s of K/V read once")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="sweep fewer configurations")
-    opts = parser.parse_args()
+
+
+def run(opts: argparse.Namespace, out: Path) -> dict:
     if not torch.cuda.is_available():
-        print("bench_attention needs CUDA (no GPU here); nothing measured.")
-        return 0
+        print("attention needs CUDA (no GPU here); nothing measured.")
+        return {"measured": False}
     import triton
 
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
@@ -143,8 +144,4 @@ def main() -> int:
     print(f"\nprefill, one request, H={H} KVH={KVH} D={D}:")
     bench_prefill(2048, 2048)
     bench_prefill(8448, 2048)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"measured": True, "tables": "stdout.txt"}

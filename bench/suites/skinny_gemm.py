@@ -9,23 +9,25 @@ cycling through enough copies of W (> 256 MB) that L2 (50 MB) cannot serve them.
 The Triton kernel is tried over a few tile / split-K configurations per shape and the best
 one is reported; the model keeps cuBLAS unless this table says otherwise.
 
-    python bench/bench_skinny_gemm.py                 # on the GPU machine, ~1-2 minutes
-    python bench/bench_skinny_gemm.py --quick         # fewer M values and configs
+    python -m bench skinny-gemm                 # on the GPU machine, ~1-2 minutes
+    python -m bench skinny-gemm --quick         # fewer M values and configs
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from bench.harness import report
+
+DESCRIPTION = ("skinny decode GEMMs: cuBLAS vs a split-K Triton kernel against the copy "
+               "bandwidth (CUDA)")
 
 COPY_BW = 4.22e12
 
@@ -109,12 +111,17 @@ CONFIGS_QUICK = [(64, 128, s, 4, 4) for s in (1, 2, 4, 8)] + [(128, 128, 1, 4, 4
                                                                (128, 256, 2, 4, 3)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ms", default=None, help="comma-separated M values")
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
+    if not torch.cuda.is_available():
+        print("skinny-gemm needs CUDA (no GPU here); nothing measured.")
+        return {"measured": False}
     ms = [int(m) for m in args.ms.split(",")] if args.ms else (
         [1, 16, 32, 64, 128, 256] if args.quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
     configs = CONFIGS_QUICK if args.quick else CONFIGS_FULL
@@ -155,13 +162,6 @@ def main() -> None:
                   f"{best[0] * 1e6:.1f} | {bw_t:.0%} | {best[1]} | {faster} |", flush=True)
         del copies
         torch.cuda.empty_cache()
-    out_dir = Path(os.environ.get("OUT", "artifacts"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")}
-    (out_dir / "bench_skinny_gemm.json").write_text(json.dumps({"meta": meta, "rows": rows},
-                                                               indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    report.write_json(out / "skinny_gemm.json", {"meta": report.meta(),
+                                                  "triton": triton.__version__, "rows": rows})
+    return {"rows": rows}

@@ -6,21 +6,22 @@ through the model's chat template (plain code prompts for a model without one), 
 --new tokens per request, no EOS. Prints a markdown table: median over --repeats runs of
 the time to first token (per request, then the median request), the whole batch's tokens/s
 and the median request's decode tokens/s (after its first token).
-Usage: .venv/bin/python bench/bench_default_model.py [--device cpu] [--model DIR]
+
+    python -m bench default-model [--device cpu] [--model DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engine import Engine, EngineConfig, SamplingParams
 
-from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+DESCRIPTION = ("time to first token and tokens/s of config.yaml's default model, batch 1 and "
+               "16, async and sync")
 
 QUESTIONS = [
     "What is the capital of France?", "Write a Python function that reverses a string.",
@@ -41,15 +42,18 @@ def prompts_for(tokenizer: object, batch: int) -> list[str]:
     return [CODE_PROMPTS[i % len(CODE_PROMPTS)] for i in range(batch)]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a model folder instead of config.yaml's")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
     params = SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True)
     overrides = {"model": args.model} if args.model else {}
+    rows = []
     print("| mode | batch | TTFT ms (median request) | tok/s (whole batch) "
           "| per-request decode tok/s |")
     print("|---|---:|---:|---:|---:|")
@@ -69,12 +73,13 @@ def main() -> None:
                     rates.append(sum(len(o.token_ids) for o in outs) / wall)
                     per_req.append(statistics.median(o.metrics["decode_tokens_per_s"]
                                                      for o in outs))
+                rows.append({"mode": mode, "batch": batch,
+                             "ttft_ms": 1000 * statistics.median(ttfts),
+                             "tok_s": statistics.median(rates),
+                             "request_decode_tok_s": statistics.median(per_req)})
                 print(f"| {mode} | {batch} | {1000 * statistics.median(ttfts):.0f} | "
                       f"{statistics.median(rates):.0f} | {statistics.median(per_req):.1f} |",
                       flush=True)
     print(f"\nmodel {cfg.model}, device {args.device}, {args.new} new tokens, greedy, no EOS, "
           f"median of {args.repeats} runs")
-
-
-if __name__ == "__main__":
-    main()
+    return {"model": str(cfg.model), "device": args.device, "new": args.new, "rows": rows}

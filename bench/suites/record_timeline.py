@@ -8,11 +8,11 @@ Recordings page (or A/B): a user with no GPU sees what each mode does on the mac
 recorded on. Imports no UI code (the GPU machine has no streamlit).
 
     # on the H200 (the lead): an 8B and a 1B shape, sync and async, CUDA graphs on
-    python bench/record_timeline.py --preset llama-8b --out docs/recordings/h200-llama-8b.jsonl
-    python bench/record_timeline.py --preset llama-1b --out docs/recordings/h200-llama-1b.jsonl
+    python -m bench record-timeline --preset llama-8b --file docs/recordings/h200-llama-8b.jsonl
+    python -m bench record-timeline --preset llama-1b --file docs/recordings/h200-llama-1b.jsonl
     # on a CPU (the test fixture)
-    python bench/record_timeline.py --preset tiny --device cpu --dtype float32 \
-        --requests 4 --prompt 16 --new 24 --budget 64 --out docs/recordings/cpu-tiny.jsonl
+    python -m bench record-timeline --preset tiny --device cpu --dtype float32 \
+        --requests 4 --prompt 16 --new 24 --budget 64 --file docs/recordings/cpu-tiny.jsonl
 """
 
 from __future__ import annotations
@@ -20,37 +20,21 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.harness.report import short_commit
+from bench.harness.shapes import PRESETS, build_model
+from engine import Engine, EngineConfig, SamplingParams
+from telemetry.export import record_to_dict
 
-from bench.model_shapes import PRESETS, build_model  # noqa: E402
-from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from telemetry.export import record_to_dict  # noqa: E402
-
-# Llama-3.2-1B's shape, where bench/model_shapes.py does not have it (yet).
-PRESETS.setdefault("llama-1b", dict(
-    vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-    num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-    rope_theta=500000.0, rms_norm_eps=1e-5))
+DESCRIPTION = ("record each mode's timeline to a JSON-lines file the dashboard's Recordings "
+               "page opens")
 
 
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=Path(__file__).resolve().parents[1], check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--preset", default="llama-8b", choices=sorted(PRESETS))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16")
@@ -62,8 +46,11 @@ def main() -> None:
     ap.add_argument("--graphs", choices=("on", "off"), default="on",
                     help="CUDA graphs where available (always off on a CPU)")
     ap.add_argument("--machine", default=None, help="label; default: the GPU's or CPU's name")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    ap.add_argument("--file", default=None,
+                    help="the recording (default: <out>/<preset>.jsonl)")
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
 
     device = torch.device(args.device)
     model = build_model(args.preset, device, getattr(torch, args.dtype))
@@ -103,18 +90,15 @@ def main() -> None:
                                else f"CPU ({platform.processor() or platform.machine()})")
     meta = {
         "type": "meta", "machine": machine, "date": time.strftime("%Y-%m-%d"),
-        "commit": commit(), "model": f"{args.preset} shape, random {args.dtype} weights",
+        "commit": short_commit(), "model": f"{args.preset} shape, random {args.dtype} weights",
         "workload": f"{args.requests} x ({args.prompt} prompt + {args.new} new tokens), greedy",
         "graphs": graphs, "windows": windows, "torch": torch.__version__,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
+    path = Path(args.file) if args.file else out / f"{args.preset}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
         f.write(json.dumps(meta) + "\n")
         for it in items:
             f.write(json.dumps(record_to_dict(it), separators=(",", ":")) + "\n")
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
-
-
-if __name__ == "__main__":
-    main()
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    return {"file": str(path), "windows": windows, "graphs": graphs}

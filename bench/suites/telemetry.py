@@ -1,6 +1,6 @@
 """Cost of telemetry on the engine's hot loop and of building a trace for export.
 
-Run: .venv/bin/python bench/bench_telemetry.py [--runs N]
+    python -m bench telemetry [--runs N]
 
 Measures, as the median over many timed runs:
 - publish_step of a prebuilt record with 8 spans (what the engine pays per step), and
@@ -17,18 +17,17 @@ import argparse
 import datetime
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from telemetry.bus import TelemetryBus
+from telemetry.export import chrome_trace, chrome_trace_json, orjson
+from telemetry.gaps import idle_by_cause
+from telemetry.metrics import busy_fraction, idle_gaps, spans_of
+from telemetry.records import LANES, Span, StepRecord
 
-from telemetry.bus import TelemetryBus  # noqa: E402
-from telemetry.export import chrome_trace, chrome_trace_json, orjson  # noqa: E402
-from telemetry.gaps import idle_by_cause  # noqa: E402
-from telemetry.metrics import busy_fraction, idle_gaps, spans_of  # noqa: E402
-from telemetry.records import LANES, Span, StepRecord  # noqa: E402
+DESCRIPTION = "cost of telemetry per step (publish, read, busy/gap maths, trace export); no GPU"
 
 STEP_NS = 5_000_000  # a 5 ms decode step
 
@@ -77,10 +76,12 @@ def fmt(ns: float) -> str:
     return f"{ns / 1e9:.3f} s"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--runs", type=int, default=200, help="timed runs per row (median)")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
     runs = args.runs
 
     bus = TelemetryBus()
@@ -117,7 +118,7 @@ def main() -> None:
     size = len(chrome_trace_json(records_5k))
 
     print(
-        f"# bench_telemetry  {datetime.date.today()}  python {platform.python_version()}  "
+        f"# telemetry  {datetime.date.today()}  python {platform.python_version()}  "
         f"{platform.machine()} {platform.processor() or ''}".rstrip()
     )
     print(f"# median of {runs} runs; trace of 5,000 spans = {size / 1e6:.2f} MB")
@@ -126,13 +127,10 @@ def main() -> None:
     print(f"|{'-' * (width + 2)}|{'-' * 12}|")
     for name, ns in rows:
         print(f"| {name:<{width}} | {fmt(ns):>10} |")
+    return {"median_ns": dict(rows), "trace_bytes": size, "runs": runs}
 
 
 def _disabled(runs: int) -> float:
     bus = TelemetryBus(enabled=False)
     rec = make_record(0)
     return median_ns(lambda: bus.publish_step(rec), runs, inner=1000)
-
-
-if __name__ == "__main__":
-    main()

@@ -9,8 +9,7 @@ Chromium on the Live page (timeline at 1 Hz, gauges at 2 Hz, its steps on screen
 alternate A B A B ... so drift and other load on the machine hit both. Prints one row per
 phase (with the CPU each process used) and the median throughput ratio.
 
-    .venv/bin/python bench/bench_dashboard.py [--repeats 6] [--requests 16] [--max-tokens 128]
-        [--pin-engine 0]
+    python -m bench dashboard [--repeats 6] [--requests 16] [--max-tokens 128] [--pin-engine 0]
 
 On a small VM the CPU engine's throughput depends on whether the other vCPUs are idle
 (waking an idle vCPU for each hand-off between the engine's threads is slow): any load on
@@ -35,10 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from ui.headless import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
-from ui.headless import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+DESCRIPTION = ("engine throughput with and without the dashboard's Live page open "
+               "(alternated phases)")
 
 
 @dataclass(slots=True)
@@ -177,7 +177,7 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
         client.shutdown()
 
 
-def report(phases: list[Phase], args: argparse.Namespace) -> None:
+def print_report(phases: list[Phase], args: argparse.Namespace) -> None:
     print()
     print(
         f"Engine throughput with and without the dashboard: {args.requests} requests x "
@@ -216,8 +216,8 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
             )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=6, help="pairs of phases")
     ap.add_argument("--requests", type=int, default=16, help="requests per workload run")
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -228,7 +228,9 @@ def main() -> None:
         metavar="CPUS",
         help="run the engine on these CPUs (e.g. 0) and the dashboard on the others",
     )
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
     args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     if not CHROMIUM.exists():
         sys.exit(f"{CHROMIUM} is missing: apt-get install chromium")
@@ -253,10 +255,10 @@ def main() -> None:
     bootstrap.load_config_options(flag_options=flags)
     threading.Thread(target=driver, name="bench-driver", daemon=True).start()
     bootstrap.run(str(REPO / "app.py"), False, [], flags)
-    report(phases, args)
+    print_report(phases, args)
     if failed:
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
+        raise SystemExit(1)
+    return {"load_before": args.load_before,
+            "phases": [{"label": p.label, "seconds": p.seconds, "tokens": p.tokens,
+                        "steps": p.steps, "tok_s": p.tokens_per_s, "gpu_busy": p.gpu_busy,
+                        "cpu_s": p.cpu_s} for p in phases]}
