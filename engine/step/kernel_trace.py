@@ -9,8 +9,8 @@ dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 Every ``period_s`` (config kernel_sample_period_s, default 2 s; 0 = off) the next
 ``steps + 1`` steps are recorded with CUDA activities only (no CPU-op recording: it would slow
 an eager step's dispatch and so change the very busy figure it measures). Each sampled
-step's launch is bracketed by two ``cudaEventQuery`` calls on an event of ours that is never
-recorded (about a microsecond each): in the trace they are CUDA runtime events on the CPU
+step's launch is bracketed by two ``cudaEventQuery`` calls on an event of ours recorded once
+long ago (about a microsecond each): in the trace they are CUDA runtime events on the CPU
 timeline, so the launch calls between them, and through their correlation ids the kernels,
 belong to that step. The profiler is stopped once the last of them has had its results read
 (no sync: those kernels are done). The extra step only gives the window's end (its first
@@ -108,7 +108,11 @@ class KernelSampler:
             t0 = time.perf_counter_ns()
             try:
                 if self._probe is None:
+                    # Recorded once, so that query() really calls cudaEventQuery (torch
+                    # answers for a never-recorded event without calling CUDA).
                     self._probe = torch.cuda.Event()
+                    self._probe.record()
+                    self._probe.synchronize()
                 _start(self.with_cpu)
             except Exception as e:  # another profiler holds CUPTI: try next period
                 self._failed(e)
