@@ -1,10 +1,12 @@
 """The byte floor of a decode step: the bytes it must read (weights, then the KV cache of every
 request) over a bandwidth. With no compute or launch cost it is what the step cannot beat.
 
-COPY_BW is the device-to-device copy bandwidth measured on the lent H200 (4.22 TB/s). When
-telemetry.floor exists (a measured bandwidth-vs-size curve), `size_aware_seconds` reads it too;
-it is imported lazily and the column is left out where it is absent. Pure arithmetic on shapes:
-never runs a kernel.
+COPY_BW is the device-to-device copy bandwidth measured on the lent H200 (4.22 TB/s). The
+size-aware floor reads each tensor at the bandwidth a read of its size achieves (telemetry.floor's
+measured curve): one read per weight tensor of the model, one per layer for K and for V. It is
+imported lazily and the column is left out where the module or a curve is absent. (The fused
+model reads qkv and gate_up as one tensor each, a larger and so slightly faster read: for it
+the size-aware floor is a little high.) Pure arithmetic on shapes: never runs a kernel.
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ import torch
 COPY_BW = 4.22e12  # bytes/s, device-to-device copy on the lent H200 (docs/benchmarks.md)
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one decode step reads: every parameter except the input embedding table (only
-    the looked-up rows are read), unless it is also the LM head (tied embeddings)."""
+def read_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters one decode step reads: all but the input embedding table (only the
+    looked-up rows are read), unless it is also the LM head (tied embeddings)."""
     emb = model.get_input_embeddings().weight
     head = getattr(model, "lm_head", None)
     tied = head is not None and head.weight is emb
-    return sum(p.numel() * p.element_size() for p in model.parameters()
-               if p is not emb or tied)
+    return [p for p in model.parameters() if p is not emb or tied]
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads."""
+    return sum(p.numel() * p.element_size() for p in read_parameters(model))
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,8 @@ class ByteFloor:
     weight_bytes: int
     kv_bytes_per_token: int  # K and V, every layer
     bandwidth: float = COPY_BW
+    weight_reads: tuple[int, ...] = ()  # bytes of each weight tensor a step reads
+    layers: int = 1
 
     @classmethod
     def of(cls, model: torch.nn.Module, bandwidth: float = COPY_BW) -> ByteFloor:
@@ -40,7 +48,15 @@ class ByteFloor:
 
         layers, kv_heads, head_dim = kv_cache_shape(model.config)
         itemsize = next(model.parameters()).element_size()
-        return cls(weight_bytes(model), 2 * layers * kv_heads * head_dim * itemsize, bandwidth)
+        reads = tuple(p.numel() * p.element_size() for p in read_parameters(model))
+        return cls(weight_bytes(model), 2 * layers * kv_heads * head_dim * itemsize, bandwidth,
+                   reads, layers)
+
+    def reads(self, batch: int, context: int) -> list[int]:
+        """Bytes of each read of one decode step: every weight tensor, then K and V of each
+        layer (the whole batch's context)."""
+        kv_each = self.kv_bytes(batch, context) // (2 * self.layers)
+        return [*self.weight_reads, *[kv_each] * (2 * self.layers)]
 
     def kv_bytes(self, batch: int, context: int) -> int:
         return batch * context * self.kv_bytes_per_token
@@ -57,18 +73,18 @@ class ByteFloor:
         return sum(self.step_seconds(batch, prompt + i) for i in range(new))
 
 
-def size_aware_seconds(nbytes: int) -> float | None:
-    """Seconds to read `nbytes` by telemetry.floor's measured bandwidth-vs-size curve, or None
-    when that module (or a usable function in it) is absent."""
+def size_aware_seconds(reads: list[int], gpu: str | None) -> float | None:
+    """Seconds to do each read at the bandwidth a read of its size reaches on `gpu` (e.g.
+    "NVIDIA H200"), by telemetry.floor's measured curve for that GPU model, summed; None off
+    a GPU, or when that module or the GPU's curve is absent."""
+    if gpu is None:
+        return None
     try:
-        from telemetry import floor as curve  # optional: the size-aware floor
+        from telemetry import floor as curves  # optional: the size-aware floor
     except ImportError:
         return None
-    for name in ("floor_seconds", "read_seconds", "seconds_for_bytes"):
-        fn = getattr(curve, name, None)
-        if callable(fn):
-            return float(fn(nbytes))
-    fn = getattr(curve, "bandwidth_at", None)
-    if callable(fn):
-        return nbytes / float(fn(nbytes))
-    return None
+    load, total = getattr(curves, "load_curve", None), getattr(curves, "size_aware_seconds", None)
+    if not (callable(load) and callable(total)):
+        return None
+    curve = load(gpu)
+    return None if curve is None else float(total(reads, curve))

@@ -130,11 +130,11 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     hf = model_from_args(args)
     layers = kv_cache_shape(hf.config)[0]
     floor = floors.ByteFloor.of(hf)
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else None
     ctx = args.context + args.warmup + args.steps // 2
     results, shapes, sections = [], {}, []
     for batch in args.batches:
-        step_bytes = floor.step_bytes(batch, ctx)
-        aware = floors.size_aware_seconds(step_bytes)
+        aware = floors.size_aware_seconds(floor.reads(batch, ctx), gpu)
         shapes[batch] = {"context": ctx, "weight_bytes": floor.weight_bytes,
                          "kv_bytes": floor.kv_bytes(batch, ctx),
                          "floor_us": floor.step_seconds(batch, ctx) * 1e6,
