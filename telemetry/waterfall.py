@@ -43,6 +43,7 @@ LABELS: dict[str, str] = {
     "copies_sync": "copies and sync",
     "no_work": "no work",
 }
+UNSPLIT = "compute_unsampled"  # the meter's step busy when no kernel sample splits it
 _CAUSE_PART = {"cpu": "idle_cpu", "graph_launch": "idle_launch", "h2d": "copies_sync",
                "previous_step": "copies_sync", "no_work": "no_work"}
 
@@ -170,3 +171,47 @@ def host_phases(records: Sequence[StepRecord], lo: int, hi: int) -> dict[str, in
         out[lane] = int((e - s).sum())
     out["other"] = max(0, (hi - lo) - sum(out.values()))
     return out
+
+
+class WaterfallMeter:
+    """Running totals of the waterfall for a stream of step records (a /metrics exporter
+    feeds each batch it reads): each batch's stretch, from where the last one ended to its
+    last compute end, is split with the latest kernel samples (the last ``keep``). Floors
+    are not known to a reader of records alone: their time counts in kernels_above_floor
+    (the floor part stays 0 unless ``floor_ns`` is given)."""
+
+    def __init__(self, keep: int = 16,
+                 floor_ns: Callable[[StepRecord], float] | None = None) -> None:
+        self.keep = keep
+        self.floor_ns = floor_ns
+        self.samples: list[KernelSample] = []
+        self.totals_ns: dict[str, int] = dict.fromkeys((*COMPONENTS, UNSPLIT), 0)
+        self._end: int | None = None
+        self._tail: list[StepRecord] = []
+
+    def add(self, records: Sequence[StepRecord]) -> dict[str, int]:
+        """Account a batch (step order); returns ns added per component."""
+        for r in records:
+            self.samples += r.kernel_samples
+        self.samples = self.samples[-self.keep:]
+        comp = [s for r in records for s in r.spans if s.lane == "compute"]
+        if not comp:
+            return {}
+        hi = max(s.end_ns for s in comp)
+        lo = self._end if self._end is not None else min(s.start_ns for s in comp)
+        ctx = self._tail + list(records)
+        self._tail = list(records[-2:])
+        self._end = max(hi, lo)
+        if hi <= lo:
+            return {}
+        wf = waterfall(ctx, lo, hi, self.samples, self.floor_ns)
+        added: dict[str, int] = {}
+        for k, v in wf.parts_ns.items():
+            if v is None:  # no kernel samples: the busy time is not split
+                continue
+            added[k] = v
+            self.totals_ns[k] += v
+        if wf.kernel_ns is None:  # step busy that no sample could split (a CPU, or none yet)
+            added[UNSPLIT] = wf.step_busy_ns
+            self.totals_ns[UNSPLIT] += wf.step_busy_ns
+        return added

@@ -46,6 +46,7 @@ from engine.serving import metric_names as mn
 from engine.serving.request_metrics import RequestMetrics
 from telemetry.metrics import busy_intervals
 from telemetry.records import StepRecord
+from telemetry.waterfall import WaterfallMeter
 
 log = logging.getLogger("gapless.http")
 
@@ -82,6 +83,17 @@ class EngineMetrics:
                              "step starts.", ["cause"], registry=r)
         self._steps = Counter("gapless:steps", "Engine steps by mode and whether a CUDA graph "
                               "ran them.", ["mode", "cuda_graph"], registry=r)
+        # The step waterfall (telemetry/waterfall.py): wall time by component, kernel time
+        # split by the engine's kernel samples; the floor needs the model's bytes: 0 here.
+        self._waterfall = WaterfallMeter()
+        self._components = Counter("gapless:step_seconds", "Wall time by waterfall "
+                                   "component: floor, kernels_above_floor, in_step_gaps "
+                                   "(measured kernels of sampled steps), idle_cpu, "
+                                   "idle_launch, copies_sync, no_work, compute_unsampled "
+                                   "(step busy before any kernel sample).", ["component"],
+                                   registry=r)
+        for component in self._waterfall.totals_ns:
+            self._components.labels(component)
         self._padded = Counter("gapless:padded_tokens", "Tokens added to reach a CUDA graph's "
                                "bucket.", registry=r)
         self._dropped = Counter("gapless:telemetry_dropped_records", "Telemetry records this "
@@ -160,6 +172,8 @@ class EngineMetrics:
         self.nvml = nvml() if nvml is not None and alive else None
 
     def _on_steps(self, records: list[StepRecord]) -> None:
+        for component, ns in self._waterfall.add(sorted(records, key=lambda r: r.step)).items():
+            self._components.labels(component).inc(ns / 1e9)
         for rec in sorted(records, key=lambda r: r.step):
             self._steps.labels(rec.mode, "true" if rec.graph_bucket is not None else "false").inc()
             if rec.padded_tokens:
