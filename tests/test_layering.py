@@ -89,3 +89,76 @@ def test_core_and_the_dashboard_doors_import_no_torch_transitively():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# engine/'s packages in layers, lowest first (docs/architecture.md): a module may import its
+# own layer and the ones below, never one above. Top-level modules of engine/ not named here
+# (engine.py, handles.py, ...) are the "engine" layer; a new package must be placed here.
+ENGINE_LAYERS = [
+    {"config", "core"},
+    {"attention"},
+    {"model"},
+    {"step"},
+    {"parallel"},
+    {"engine"},
+    {"drivers"},
+    {"process"},
+    {"serving"},
+    {"__main__"},
+]
+
+
+def engine_layer(name: str) -> int:
+    """The layer of engine/<name> (a package or a top-level module's stem)."""
+    for rank, names in enumerate(ENGINE_LAYERS):
+        if name in names:
+            return rank
+    assert not (ROOT / "engine" / name).is_dir(), (
+        f"engine/{name}/ is a package with no layer: add it to ENGINE_LAYERS")
+    return next(r for r, names in enumerate(ENGINE_LAYERS) if "engine" in names)
+
+
+def test_engine_packages_import_only_their_layer_and_below():
+    for path in py_files("engine"):
+        parts = path.relative_to(ROOT / "engine").parts
+        own = engine_layer(parts[0] if len(parts) > 1 else path.stem)
+        for mod in imported_modules(path):
+            if not mod.startswith("engine.") or mod.count(".") < 1:
+                continue
+            target = mod.split(".")[1]
+            assert engine_layer(target) <= own, (
+                f"{path.relative_to(ROOT)} imports {mod}, a layer above its own "
+                f"(layers, lowest first: {ENGINE_LAYERS}); inject what it needs instead")
+
+
+def import_cycle(package: str) -> list[str] | None:
+    """One cycle in the import graph of a package's modules (imports at any depth, so a
+    function-level import that only hides a circle counts), or None."""
+    graph = {}
+    for path in py_files(package):
+        if path.name == "__init__.py":
+            continue
+        name = f"{package}.{path.stem}"
+        graph[name] = {m for m in imported_modules(path) if m.startswith(package + ".")}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, stack: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt]
+            if nxt not in state and (found := visit(nxt, [*stack, nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+@pytest.mark.parametrize("package", ["ui", "telemetry"])
+def test_no_import_circles(package):
+    cycle = import_cycle(package)
+    assert cycle is None, f"import circle: {' -> '.join(cycle)}"

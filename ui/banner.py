@@ -2,72 +2,25 @@
 running benchmark. Redrawn once a second in a fragment, so a change made anywhere (another
 tab, the benchmark, an API call) shows on every tab within two seconds.
 
-Owns ``status_banner`` (the fragment) and ``not_responding`` (the message with its
-kill-and-restart button, also used by ui/client.py when a page's first call times out). It
-must never wait on the engine longer than one short call, and never call st.* off the
-script thread.
+Owns ``status_banner`` (the fragment) and the benchmark line; the not-responding message with
+its kill-and-restart button is ui/engine_trouble.py's, shared with ui/client.py. It must never
+wait on the engine longer than one short call, and never call st.* off the script thread.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
 from ui.bench_runner import RUNS, base_label
 from ui.controls import mode_summary
-from ui.status import (
-    BANNER_PERIOD_S,
-    HANG,
-    EngineStatus,
-    current_settings,
-    engine_status,
-    kill_and_restart,
-)
+from ui.engine_trouble import show_not_responding
+from ui.status import BANNER_PERIOD_S, HANG, EngineStatus, current_settings, engine_status
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
-
-log = logging.getLogger("gapless.ui")
-RESTART_ERROR_KEY = "ui.kill_restart_error"
-
-
-def _kill_and_restart(client: EngineClient) -> None:
-    try:
-        kill_and_restart(client)
-    except Exception as exc:  # shown on the next run, never as a traceback
-        log.exception("kill and restart failed")
-        st.session_state[RESTART_ERROR_KEY] = str(exc) or type(exc).__name__
-
-
-def show_not_responding(client: EngineClient, reason: str | None, key: str) -> None:
-    """Say the engine is hung and offer to kill and restart it (the settings are kept)."""
-    st.error(
-        f"**The engine is not responding** ({reason or 'no answer within 2 s'}). "
-        "It may be stopped (SIGSTOP) or stuck in a long step; pages stay usable but show "
-        "nothing new. A change made now may apply when it resumes.",
-        icon=":material/hourglass_disabled:",
-    )
-    st.button(
-        "Kill and restart the engine",
-        key=key,
-        type="primary",
-        icon=":material/restart_alt:",
-        on_click=_kill_and_restart,
-        args=(client,),
-        help="SIGKILL the engine process and start a new one with the same live settings.",
-    )
-    failed = st.session_state.pop(RESTART_ERROR_KEY, None)
-    if failed:
-        st.error(f"Restart failed: {failed}")
-
-
-def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
-    show_not_responding(client, reason, key="ui.kill_restart_page")
-    st.stop()
-
 
 OTHER_CLIENT_BENCHMARK = (
     "**A benchmark started by another client of this engine is running**: the engine's "

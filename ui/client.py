@@ -2,8 +2,8 @@
 
 Owns the ``st.cache_resource`` singleton of engine.process.client.EngineClient (one engine process
 per Streamlit server, shut down when the cache entry is released) and the messages shown
-for a dead engine (with a restart button), an engine that would not start, and a rejected
-request. Pages get the client only through ``engine_client()``; nothing else in the
+for an engine that would not start and a rejected request (a dead or hung engine's are
+ui/engine_trouble.py's). Pages get the client only through ``engine_client()``; nothing else in the
 dashboard constructs one.
 
 It must never show a traceback to the user (errors become st.error messages; details go to
@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from engine.process.client import EngineDead, EngineNotResponding
+from ui.engine_trouble import show_dead_engine, stop_not_responding
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -84,35 +85,6 @@ def _shared_client() -> EngineClient:
     return make_client()
 
 
-def show_dead_engine(client: EngineClient, not_responding: str | None = None) -> NoReturn:
-    """Say that the engine died (or, with ``not_responding``, hangs) and why, offer a
-    restart (which kills a hung engine), and stop the page here."""
-    reason = None
-    try:
-        reason = client.death_reason()
-    except Exception:  # a client too broken to say why still gets the banner
-        log.exception("death_reason() failed")
-    if not_responding is not None and reason is None:
-        st.error(f"The engine is not responding: {not_responding}.")
-    else:
-        st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
-
-    def restart() -> None:
-        from ui.status import restart_keeping_settings
-
-        try:
-            restart_keeping_settings(client)
-        except Exception as exc:  # shown on the next run, never as a traceback
-            log.exception("engine restart failed")
-            st.session_state["ui.restart_error"] = str(exc) or type(exc).__name__
-
-    st.button("Restart the engine", key="ui.restart", type="primary", on_click=restart)
-    failed = st.session_state.pop("ui.restart_error", None)
-    if failed:
-        st.error(f"Restart failed: {failed}")
-    st.stop()
-
-
 def engine_client() -> EngineClient:
     """The shared, live engine client; otherwise a message (and restart button) and a stop."""
     try:
@@ -131,8 +103,6 @@ def engine_client() -> EngineClient:
     if status.state == "dead":
         show_dead_engine(client)
     if status.state == "not_responding":
-        from ui.banner import stop_not_responding
-
         stop_not_responding(client, status.reason)
     return client
 
@@ -161,7 +131,6 @@ def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
     except EngineDead:
         show_dead_engine(client)
     except TimeoutError:
-        from ui.banner import stop_not_responding
         from ui.status import HANG
 
         HANG.timed_out()

@@ -1,5 +1,7 @@
 """What the step loop shares with the engine around it: its live settings, where a request's
-text and end go, the other ranks that follow each step, and how a failed request reads.
+text and end go, the other ranks that follow each step, what the runner needs of a rank's
+collectives, and how a failed request reads. (engine/parallel implements the rank contracts;
+step/ sits below it and never imports it.)
 
 Owns these small contracts only (engine.step.loop re-exports them); no behaviour.
 """
@@ -8,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from engine.core.batch import StepMeta
 from engine.core.request import Request
 from telemetry.records import Span
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -32,6 +37,16 @@ class StepFollowers(Protocol):
     def on_capture(self, slots: list[int]) -> None: ...
     def on_resize(self, num_slots: int) -> None: ...
     def spans(self) -> list[Span]: ...
+
+
+class RankComm(Protocol):
+    """What the model runner needs of a tensor-parallel rank's collectives
+    (engine.parallel.comm.TPComm)."""
+
+    world: int
+
+    def broadcast_inputs(self, buf: torch.Tensor) -> None:
+        """Rank 0's step input buffer into every rank's `buf`, on the device."""
 
 
 class RequestSink:

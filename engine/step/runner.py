@@ -6,10 +6,11 @@ the model with our attention context, sample, scatter the new tokens into the ta
 them to the slot's output buffer. compute() reads only static per-slot buffers, so a CUDA
 graph can capture it. Never decides what to run (that is the scheduler's job).
 
-On a tensor-parallel rank (`tp`, an engine.parallel.comm.TPComm), the KV cache holds the
-rank's share of the KV heads, and compute() first receives rank 0's input buffer (a broadcast
-on the device, inside the step, so a graph captures it too); every rank then samples the same
-tokens from the same gathered logits, so every rank's token table stays the same.
+On a tensor-parallel rank (`tp`: a `RankComm`, which engine.parallel.comm.TPComm is; step/
+sits below parallel/ and never imports it), the KV cache holds the rank's share of the KV
+heads, and compute() first receives rank 0's input buffer (a broadcast on the device, inside
+the step, so a graph captures it too); every rank then samples the same tokens from the same
+gathered logits, so every rank's token table stays the same.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from engine.attention.interface import AttnContext, Backend
 from engine.core.batch import BufferLayout
 from engine.core.scratch import PAD_ROW, Scratch
 from engine.model.hf_config import kv_cache_shape
-from engine.parallel.comm import TPComm
+from engine.step.protocols import RankComm
 from engine.step.sampler import sample
 
 
@@ -69,7 +70,7 @@ class ModelRunner:
         max_num_seqs: int,
         max_model_len: int,
         *,
-        tp: TPComm | None = None,
+        tp: RankComm | None = None,
     ) -> None:
         self.model = model
         self.tp = tp
