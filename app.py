@@ -29,10 +29,12 @@ from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import engine_controls, load_generator
 from ui.gauges import gauge_values, gauges_figure, live_window, steps_in_flight
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
+from ui.kernel_lane import kernel_lane_figure, samples_of
 from ui.lanes import ASYNC_NOTE
 from ui.live_plot import live_plot
 from ui.status import current_settings, engine_status
-from ui.timeline import recent_window, timeline_figure
+from ui.timeline import recent_window, timeline_figure, window_end_ns
+from ui.waterfall import waterfall_figure
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -48,6 +50,9 @@ FAVICON = Path(__file__).resolve().parent / "ui" / "frontend" / "favicon.png"
 TOP_PADDING = "4rem"
 HISTORY_HEIGHT_PX = 150
 TIMELINE_HEIGHT_PX = 380
+KERNEL_LANE_HEIGHT_PX = 110
+WATERFALL_HEIGHT_PX = 110
+SAMPLE_SCAN_STEPS = 1000  # kernel samples ride on later records: look a little further back
 
 PAUSE_KEY = "live.pause"
 FROZEN_KEY = "live.frozen"
@@ -104,6 +109,20 @@ def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> 
     return recent
 
 
+def draw_kernels(shown: list[StepRecord], source: list[StepRecord], window_ms: float,
+                 device: str) -> None:
+    """Under the timeline: the kernel lane (measured kernels of sampled steps) and the
+    waterfall of the steps shown (issue 20)."""
+    end = window_end_ns(shown) or 0
+    samples = samples_of(source)
+    lane = kernel_lane_figure(shown, samples, end_ns=end, window_ms=window_ms, device=device,
+                              width_px=TIMELINE_WIDTH_PX, height_px=KERNEL_LANE_HEIGHT_PX)
+    lane.update_layout(uirevision="live.timeline")
+    live_plot(lane, key="live.kernels", height_px=KERNEL_LANE_HEIGHT_PX)
+    live_plot(waterfall_figure(shown, samples, device=device, height_px=WATERFALL_HEIGHT_PX),
+              key="live.waterfall", height_px=WATERFALL_HEIGHT_PX)
+
+
 def frozen_records(client: EngineClient) -> list[StepRecord]:
     """What a pause froze (taken now when the pause came before any live refresh)."""
     frozen = st.session_state.get(FROZEN_KEY) or client.telemetry().snapshot_steps(
@@ -127,10 +146,12 @@ def live_view(client: EngineClient, settings: dict) -> None:
         if shown is None:
             shown = recent_window(frozen_records(client), window)
         draw_timeline(shown, window, paused=True)
+        draw_kernels(shown, frozen_records(client), window, settings.get("device", "cpu"))
         return
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     st.session_state[LAST_KEY] = records  # what a pause would freeze
-    draw_timeline(records, window, paused=False)
+    recent = draw_timeline(records, window, paused=False)
+    draw_kernels(recent, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"))
 
 
 def controls(client: EngineClient) -> None:

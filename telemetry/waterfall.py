@@ -44,7 +44,7 @@ LABELS: dict[str, str] = {
     "no_work": "no work",
 }
 UNSPLIT = "compute_unsampled"  # the meter's step busy when no kernel sample splits it
-_CAUSE_PART = {"cpu": "idle_cpu", "graph_launch": "idle_launch", "h2d": "copies_sync",
+CAUSE_PART = {"cpu": "idle_cpu", "graph_launch": "idle_launch", "h2d": "copies_sync",
                "previous_step": "copies_sync", "no_work": "no_work"}
 
 
@@ -125,7 +125,7 @@ def waterfall(records: Sequence[StepRecord], lo: int, hi: int,
     idle = idle_by_cause(records, lo, hi)
     parts: dict[str, int | None] = dict.fromkeys(COMPONENTS, 0)
     for cause, ns in idle.by_cause.items():
-        parts[_CAUSE_PART[cause]] = (parts[_CAUSE_PART[cause]] or 0) + ns
+        parts[CAUSE_PART[cause]] = (parts[CAUSE_PART[cause]] or 0) + ns
     shares = kernel_shares(records, samples)
     kernel = floor = 0.0
     known = shares.overall is not None

@@ -20,6 +20,7 @@ from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, default_
 from engine.process.client import EngineDead
 from telemetry.anatomy import Kernel, StepKernels, kernel_family, summary_dict
 from telemetry.bus import TelemetryBus
+from telemetry.kernels import KernelRecord, KernelSample, SampledStep, family_of, make_sample
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
 REPLY = ["def", " add", "(a", ",", " b", "):", "\n", "    return", " a", " +", " b", "\n"]
@@ -62,6 +63,19 @@ def fake_steps(first_step: int, n: int, mode: str, t0_ns: int) -> list[StepRecor
             )
         )
     return out
+
+
+def fake_kernel_sample(rec: StepRecord) -> KernelSample:
+    """One sampled step's kernels inside its compute span: a GEMM, attention, a norm."""
+    (c,) = [s for s in rec.spans if s.lane == "compute"]
+    third = c.duration_ns // 3
+    names = ("nvjet_tst_128x64_gemm", "_paged_attention_kernel", "rms_norm_kernel")
+    kernels = [KernelRecord(n, family_of(n), c.start_ns + i * third,
+                            c.start_ns + i * third + third - 2_000)
+               for i, n in enumerate(names)]
+    sample = make_sample([SampledStep(rec.step, kernels)], None)
+    assert sample is not None
+    return sample
 
 
 class FakeEngineClient:
@@ -135,7 +149,12 @@ class FakeEngineClient:
         with self._lock:
             mode = "async" if self._settings["async_batching"] else "sync"
             t0 = time.perf_counter_ns() - n * 1_000_000
-            for rec in fake_steps(self._step, n, mode, t0):
+            recs = fake_steps(self._step, n, mode, t0)
+            if self._settings["device"] == "cuda":  # the engine's kernel sampler, recorded
+                for a, b in zip(recs, recs[1:], strict=False):
+                    if a.step % 5 == 0:
+                        b.kernel_samples = [fake_kernel_sample(a)]
+            for rec in recs:
                 self.bus.publish_step(rec)
             self._step += n
 

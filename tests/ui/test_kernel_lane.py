@@ -1,0 +1,62 @@
+"""The kernel lane and the waterfall bar, fed by the fake engine's recorded kernel samples
+(as the engine's sampler publishes them: a sample rides on the next step's record)."""
+
+from __future__ import annotations
+
+from tests.ui.fake_engine import FakeEngineClient
+from telemetry.records import StepRecord
+from ui.kernel_lane import NO_KERNELS, NONE_IN_WINDOW, kernel_lane_figure, samples_of
+from ui.timeline import window_end_ns
+from ui.waterfall import NO_KERNELS as WF_NO_KERNELS
+from ui.waterfall import waterfall_figure
+
+
+def records_of(client: FakeEngineClient, n: int = 20) -> list[StepRecord]:
+    client.publish_steps(n)
+    return client.telemetry().snapshot_steps(1000)
+
+
+def test_sampled_steps_show_their_kernels_by_family_and_the_rest_say_not_sampled():
+    recs = records_of(FakeEngineClient(graphs_available=True))
+    samples = samples_of(recs)
+    assert samples, "the fake engine publishes kernel samples on a GPU"
+    fig = kernel_lane_figure(recs, samples, end_ns=window_end_ns(recs), window_ms=100)
+    names = {t.name: t for t in fig.data}
+    assert {"gemm", "attention", "norm"} <= set(names)
+    assert "nvjet_tst_128x64_gemm" in names["gemm"].hovertext[0]
+    sampled = {st.step for s in samples for st in s.steps}
+    pale = names["not sampled"]
+    assert len(pale.x) == len([r for r in recs if r.step not in sampled])
+    assert all("not sampled" in t for t in pale.hovertext)
+    assert "kernels" in names["gemm"].hovertext[0] and "step" in names["gemm"].hovertext[0]
+    assert not fig.layout.annotations
+
+
+def test_on_a_cpu_each_tile_says_in_one_line_there_are_no_kernels():
+    recs = records_of(FakeEngineClient(graphs_available=False))
+    assert not samples_of(recs)
+    lane = kernel_lane_figure(recs, [], end_ns=window_end_ns(recs), window_ms=100,
+                              device="cpu")
+    assert [a.text for a in lane.layout.annotations] == [NO_KERNELS]
+    wf = waterfall_figure(recs, [], device="cpu")
+    assert WF_NO_KERNELS in wf.layout.title.text
+    assert {t.name for t in wf.data} <= {"cpu.schedule", "cpu.prepare", "cpu.launch",
+                                         "cpu.wait", "cpu.post", "other"}
+
+
+def test_a_window_without_samples_on_a_gpu_says_so():
+    recs = records_of(FakeEngineClient(graphs_available=True))
+    unsampled = [r for r in recs if not r.kernel_samples][:2]
+    for r in unsampled:
+        r.kernel_samples = []
+    fig = kernel_lane_figure(unsampled, [], end_ns=window_end_ns(unsampled), window_ms=5)
+    assert [a.text for a in fig.layout.annotations] == [NONE_IN_WINDOW]
+
+
+def test_the_waterfall_bar_adds_up_to_the_window():
+    recs = records_of(FakeEngineClient(graphs_available=True))
+    fig = waterfall_figure(recs, samples_of(recs))
+    comp = [s for r in recs for s in r.spans if s.lane == "compute"]
+    wall_ms = (max(s.end_ns for s in comp) - min(s.start_ns for s in comp)) / 1e6
+    assert abs(sum(t.x[0] for t in fig.data) - wall_ms) <= 0.01 * wall_ms
+    assert "kernels above floor" in {t.name for t in fig.data}

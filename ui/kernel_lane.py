@@ -1,0 +1,103 @@
+"""The kernel lane: the measured kernels of sampled steps, under the timeline's compute lane.
+
+Owns the figure: the same x axis as the timeline (ms before the window's end), one row,
+each kernel a bar coloured by family (telemetry.kernels.FAMILIES) with its name, duration
+and step in the hover. A step in the window that was not sampled shows as a pale bar over
+its compute span that says "not sampled", so an unsampled stretch never reads as idle; each
+step's hover carries its waterfall (ui.waterfall.step_parts_text). On a CPU the lane says in
+one line that there are no kernels. Pure functions: no streamlit, no engine, no clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from telemetry.kernels import FAMILIES, KernelSample
+from telemetry.records import StepRecord
+from ui.waterfall import step_parts_text
+
+FAMILY_COLOURS: dict[str, str] = {
+    "gemm": "#6a3d9a",
+    "attention": "#e31a1c",
+    "norm": "#ff7f00",
+    "elementwise": "#33a02c",
+    "sampling": "#1f78b4",
+    "copies": "#b15928",
+    "marker": "#999999",
+}
+NOT_SAMPLED_COLOUR = "rgba(180,180,180,0.35)"
+NO_KERNELS = "No kernels on a CPU: the kernel lane needs a GPU (CUDA kernels are sampled)."
+NONE_IN_WINDOW = ("Kernels are recorded for a few steps every kernel_sample_period_s: no "
+                  "sampled step in this window (pale bars: steps not sampled).")
+
+
+def samples_of(records: Sequence[StepRecord]) -> list[KernelSample]:
+    """Every kernel sample the records carry (a sample rides on a later step's record)."""
+    return [s for r in records for s in r.kernel_samples]
+
+
+def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSample], *,
+                       end_ns: int, window_ms: float, device: str = "cuda",
+                       height_px: int = 120, width_px: int = 1600) -> go.Figure:
+    """The lane for the window [end_ns - window_ms, end_ns] (x: ms before end_ns)."""
+    lo = end_ns - int(window_ms * 1e6)
+    px_ns = max(end_ns - lo, 1) / width_px
+    by_step = {st.step: st for s in samples for st in s.steps}
+    fig = go.Figure()
+    pale_x, pale_base, pale_text = [], [], []
+    sampled_steps = 0
+    per_family: dict[str, tuple[list[float], list[float], list[str]]] = {
+        f: ([], [], []) for f in FAMILIES}
+    for rec in records:
+        comp = [s for s in rec.spans if s.lane == "compute"]
+        if not comp or comp[0].end_ns < lo or comp[0].start_ns > end_ns:
+            continue
+        c = comp[0]
+        parts = step_parts_text(rec, records, samples)
+        st = by_step.get(rec.step)
+        if st is None:
+            pale_base.append((c.start_ns - end_ns) / 1e6)
+            pale_x.append(max(c.duration_ns, px_ns) / 1e6)
+            pale_text.append(f"<b>step {rec.step}: not sampled</b><br>{parts}")
+            continue
+        sampled_steps += 1
+        for k in st.kernels:
+            if k.end_ns < lo or k.start_ns > end_ns:
+                continue
+            xs, bases, texts = per_family.setdefault(k.family, ([], [], []))
+            bases.append((k.start_ns - end_ns) / 1e6)
+            xs.append(max(k.duration_ns, px_ns) / 1e6)
+            texts.append(f"<b>{k.family}</b> {k.duration_ns / 1e3:.2f} us<br>{k.name[:120]}"
+                         f"<br>step {rec.step}<br>{parts}")
+    if pale_x:
+        fig.add_trace(go.Bar(orientation="h", y=np.zeros(len(pale_x)), base=pale_base,
+                             x=pale_x, name="not sampled",
+                             marker={"color": NOT_SAMPLED_COLOUR, "line": {"width": 0}},
+                             hovertext=np.array(pale_text, dtype=str), hoverinfo="text"))
+    for family, (xs, bases, texts) in per_family.items():
+        if xs:
+            fig.add_trace(go.Bar(orientation="h", y=np.zeros(len(xs)), base=bases, x=xs,
+                                 name=family, marker={"color": FAMILY_COLOURS.get(
+                                     family, "#666666"), "line": {"width": 0}},
+                                 hovertext=np.array(texts, dtype=str), hoverinfo="text"))
+    note = None
+    if device != "cuda":
+        note = NO_KERNELS
+    elif not sampled_steps:
+        note = NONE_IN_WINDOW
+    if note:
+        fig.add_annotation(text=note, xref="paper", yref="paper", x=0.5, y=0.5,
+                           showarrow=False, font={"size": 12})
+    fig.update_layout(
+        barmode="overlay", bargap=0.3, height=height_px,
+        margin={"l": 10, "r": 10, "t": 28, "b": 30},
+        title={"text": f"kernels (measured, {sampled_steps} sampled steps)",
+               "font": {"size": 13}, "x": 0.01},
+        xaxis={"range": [-float(window_ms), 0.0], "ticksuffix": " ms", "zeroline": False},
+        yaxis={"tickmode": "array", "tickvals": [0.0], "ticktext": ["kernels"],
+               "fixedrange": True, "range": [0.5, -0.5]},
+        legend={"orientation": "h", "font": {"size": 10}}, hovermode="closest")
+    return fig
