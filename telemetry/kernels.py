@@ -165,3 +165,14 @@ def family_time_ns(samples: Iterable[KernelSample]) -> dict[str, int]:
             for k in st.kernels:
                 out[k.family] = out.get(k.family, 0) + k.duration_ns
     return out
+
+
+def sample_from_dict(d: dict) -> KernelSample:
+    """A KernelSample back from its JSON form (dataclasses.asdict, as telemetry/export.py
+    writes it)."""
+    steps = [SampledStep(int(s["step"]), [KernelRecord(str(k["name"]), str(k["family"]),
+                                                       int(k["start_ns"]), int(k["end_ns"]))
+                                          for k in s["kernels"]]) for s in d["steps"]]
+    lo, hi = d["window"]
+    return KernelSample(steps, (int(lo), int(hi)), int(d["kernel_ns"]),
+                        str(d.get("aligned", "")), int(d.get("cost_ns", 0)))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.kernels import sample_from_dict
 from telemetry.records import RequestEvent, Span, StepRecord
 
 RECORDINGS_DIR = Path(__file__).resolve().parents[1] / "docs" / "recordings"
@@ -70,6 +71,8 @@ def _step(obj: dict[str, Any], line_no: int) -> StepRecord:
     try:
         spans = [Span(str(s["lane"]), int(s["start_ns"]), int(s["end_ns"])) for s in obj["spans"]]
         facts = {k: obj[k] for k in _STEP_FIELDS if k in obj}
+        if facts.get("kernel_samples"):  # the kernel sampler's (telemetry/kernels.py)
+            facts["kernel_samples"] = [sample_from_dict(d) for d in facts["kernel_samples"]]
         return StepRecord(spans=spans, **facts)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"line {line_no}: not a step record ({exc})") from None

@@ -60,3 +60,13 @@ def test_the_waterfall_bar_adds_up_to_the_window():
     wall_ms = (max(s.end_ns for s in comp) - min(s.start_ns for s in comp)) / 1e6
     assert abs(sum(t.x[0] for t in fig.data) - wall_ms) <= 0.01 * wall_ms
     assert "kernels above floor" in {t.name for t in fig.data}
+
+
+def test_kernel_samples_survive_a_recording_round_trip(tmp_path):
+    from telemetry.export import write_jsonl
+    from ui.recordings import load_recording
+
+    recs = records_of(FakeEngineClient(graphs_available=True))
+    path = write_jsonl(tmp_path / "r.jsonl", recs)
+    back = load_recording(path)
+    assert samples_of(back.steps) == samples_of(recs)
