@@ -382,10 +382,15 @@ class Engine:
                     self.loop.recover(e)
                     worked = True
                 if not worked:
+                    # Idle: a kernel sample still open would never see its last step
+                    # (and would hold the profiler): drop it, on this thread that owns it.
+                    self.loop.pipeline.kernels.abort()
                     self._wake.wait(0.05)
                     self._wake.clear()
         except BaseException as e:  # nothing may end this thread silently
             self._die(e)
+        finally:
+            self.loop.pipeline.kernels.close()  # the profiler is this thread's to stop
 
     def _die(self, error: BaseException) -> None:
         """The loop thread cannot go on: say why to every caller, now and later."""
