@@ -90,9 +90,9 @@ class SampledStep:
 class KernelSample:
     """A run of consecutive sampled steps. ``window`` is (start, end) ns: from the first
     step's first kernel to the first kernel of the step after the last counted one;
-    ``kernel_ns`` the union of kernel time inside it. ``aligned`` says how the profiler's
-    clock was put on ours: "clock" (the profiler's wall clock less time.time_ns -
-    perf_counter_ns) or "fitted" (moved onto our compute spans: the clock pair disagreed)."""
+    ``kernel_ns`` the union of kernel time inside it. ``aligned`` says how the steps were
+    found in the trace and put on our clock: "brackets" (CUDA runtime calls around each
+    launch) or "ranges" (profiler ranges, the fallback); engine/step/kernel_trace.py."""
 
     steps: list[SampledStep]
     window: tuple[int, int]

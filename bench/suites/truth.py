@@ -171,6 +171,9 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         time.sleep(args.window_s)
         sampler.set_period(0)
         t1 = time.perf_counter_ns()
+        deadline = time.monotonic() + 5
+        while sampler.open and time.monotonic() < deadline:  # its last steps, still decoding
+            time.sleep(0.005)
         time.sleep(0.3)  # the last sample's conversion, carried by a later record
     for h in handles:
         eng.abort(h.request_id)

@@ -280,10 +280,11 @@ def by_brackets(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, i
     if not q_ns or not ours:
         raise ValueError("kernel sampler: no bracket calls in the trace")
     # Other threads may query events too: take the offset under which most of our bracket
-    # calls land on a query within 3 us, then each bracket's nearest query.
+    # calls land on a query within 20 us (the clocks' rates agree; only their origins
+    # differ), then each bracket's nearest query.
     best: tuple[int, float] = (-1, 0.0)
     for cand in {q - ours[0][0] for q in q_ns}:
-        hits = sum(1 for t, _, _ in ours if _near(q_ns, t + cand) <= 3000)
+        hits = sum(1 for t, _, _ in ours if _near(q_ns, t + cand) <= 20_000)
         if hits > best[0]:
             best = (hits, cand)
     hits, off = best
