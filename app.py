@@ -50,8 +50,8 @@ FAVICON = Path(__file__).resolve().parent / "ui" / "frontend" / "favicon.png"
 TOP_PADDING = "4rem"
 HISTORY_HEIGHT_PX = 150
 TIMELINE_HEIGHT_PX = 380
-KERNEL_LANE_HEIGHT_PX = 110
-WATERFALL_HEIGHT_PX = 110
+KERNEL_LANE_HEIGHT_PX = 150
+WATERFALL_HEIGHT_PX = 170
 SAMPLE_SCAN_STEPS = 1000  # kernel samples ride on later records: look a little further back
 
 PAUSE_KEY = "live.pause"

@@ -93,11 +93,11 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
                            showarrow=False, font={"size": 12})
     fig.update_layout(
         barmode="overlay", bargap=0.3, height=height_px,
-        margin={"l": 10, "r": 10, "t": 28, "b": 30},
+        margin={"l": 10, "r": 10, "t": 28, "b": 24},
         title={"text": f"kernels (measured, {sampled_steps} sampled steps)",
                "font": {"size": 13}, "x": 0.01},
         xaxis={"range": [-float(window_ms), 0.0], "ticksuffix": " ms", "zeroline": False},
-        yaxis={"tickmode": "array", "tickvals": [0.0], "ticktext": ["kernels"],
-               "fixedrange": True, "range": [0.5, -0.5]},
-        legend={"orientation": "h", "font": {"size": 10}}, hovermode="closest")
+        yaxis={"tickmode": "array", "tickvals": [0.0], "ticktext": ["kernels (sampled)"],
+               "fixedrange": True, "range": [0.5, -0.5], "automargin": True},
+        legend={"font": {"size": 10}, "tracegroupgap": 2}, hovermode="closest")
     return fig

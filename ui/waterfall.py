@@ -76,11 +76,11 @@ def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSamp
                        f"({100 * ns / total:.1f}% of {total / 1e6:.2f} ms)"],
             hoverinfo="text"))
     fig.update_layout(
-        barmode="stack", height=height_px, margin={"l": 10, "r": 10, "t": 28, "b": 30},
+        barmode="stack", height=height_px, margin={"l": 10, "r": 10, "t": 28, "b": 24},
         title={"text": "Where the window's time went" + (f" · {note}" if note else ""),
                "font": {"size": 13}, "x": 0.01},
-        xaxis={"title": {"text": "ms of wall time"}, "ticksuffix": " ms"},
-        yaxis={"visible": False}, legend={"orientation": "h", "font": {"size": 10}})
+        xaxis={"ticksuffix": " ms"}, yaxis={"visible": False},
+        legend={"font": {"size": 10}, "tracegroupgap": 1})
     return fig
 
 
