@@ -39,6 +39,7 @@ class EngineConfig:
     block_size: int = 16
     num_blocks: int | None = None
     gpu_memory_fraction: float = 0.85
+    prefix_caching: bool = True
     seed: int = 0
     attention_backend: str = "auto"
     model_impl: str = "auto"
@@ -115,6 +116,7 @@ class EngineConfig:
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, 2)
+        _check_type("prefix_caching", self.prefix_caching, bool)
         _check_int("block_size", self.block_size, 1)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")

@@ -128,7 +128,11 @@ class Engine:
         self.runner = ModelRunner(model, backend, self.device, self.dtype, num_blocks,
                                   config.block_size, config.max_num_seqs, self.max_model_len,
                                   tp=None if tp is None else tp.comm)
-        allocator = BlockAllocator(self.runner.num_cache_blocks)
+        # The prefix cache's extra key: what else changes a block's KV for the same tokens.
+        identity = f"{config.model}|{self.model_impl}|{self.dtype}|{config.block_size}"
+        allocator = BlockAllocator(self.runner.num_cache_blocks, block_size=config.block_size,
+                                   prefix_caching=config.prefix_caching,
+                                   extra_key=zlib.crc32(identity.encode()))
         self.scheduler = Scheduler(allocator, config.block_size, config.max_num_seqs,
                                    config.max_num_batched_tokens, self.max_model_len)
         self.streams = StreamSet(self.device)
@@ -322,6 +326,7 @@ class Engine:
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "max_model_len": self.max_model_len,
             "block_size": self.config.block_size,
+            "prefix_caching": self.config.prefix_caching,
             "telemetry": self.config.telemetry,
         }
 
@@ -336,6 +341,10 @@ class Engine:
             "generated_tokens": self.loop.generated_tokens,
             "discarded_tokens": self.loop.discarded_tokens,
             "preemptions": sch.total_preemptions,
+            # Prefix cache (tokens): looked up at admission, and found cached there.
+            "prefix_cache_queries": sch.allocator.queries,
+            "prefix_cache_hits": sch.allocator.hits,
+            "kv_blocks_cached": sch.allocator.num_cached,
             # Submitted and not finished, including requests not yet picked up by the loop.
             "unfinished": self._sink.num_open,
             **({} if self.loop.sentinel is None else self.loop.sentinel.stats()),

@@ -126,4 +126,5 @@ def output_of(req: Request) -> RequestOutput:
             decode_s = (req.finished_ns - req.first_token_ns) / 1e9
             metrics["decode_tokens_per_s"] = (len(req.output_token_ids) - 1) / max(decode_s, 1e-9)
     return RequestOutput(req.request_id, list(req.prompt_token_ids), list(req.output_token_ids),
-                         req.text, req.finish_reason, req.error, metrics)
+                         req.text, req.finish_reason, req.error, metrics,
+                         req.num_cached_tokens)

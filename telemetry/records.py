@@ -77,6 +77,13 @@ class StepRecord:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     preemptions: int = 0  # preemptions made while scheduling this step
+    # Prefix cache: tokens of the requests admitted in this step, looked up and found cached
+    # (their prefill starts after the cached ones).
+    queried_tokens: int = 0
+    cached_tokens: int = 0
+    # (request id, tokens it computed in this step, its context length after them): which
+    # requests rode the step, for the request ledger. Empty when telemetry is off.
+    chunks: list[tuple[str, int, int]] = field(default_factory=list)
     # Measured kernels (telemetry.kernels.KernelSample) of sampled steps that finished since
     # the last record: the kernel sampler's output rides on the next record published.
     kernel_samples: list[Any] = field(default_factory=list)

@@ -40,6 +40,12 @@ class Request:
     finished_ns: int | None = None
     text: str = ""
     error: str | None = None
+    # Prefix cache: prompt tokens found cached at first admission; the key chain of the
+    # sequence's full blocks and the cached block standing for its last (block_allocator).
+    num_cached_tokens: int = 0
+    block_keys: list[int] = field(default_factory=list)
+    cache_tail: tuple[int, int] | None = None
+    first_scheduled_ns: int | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -57,6 +63,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    def known_token_ids(self) -> list[int]:
+        """Every token id the host knows: the prompt, then the outputs already read."""
+        if not self.output_token_ids:
+            return self.prompt_token_ids
+        return self.prompt_token_ids + self.output_token_ids
 
     def token_id_at(self, pos: int) -> int:
         """Token at a known position (prompt or already-read output)."""
@@ -76,3 +88,4 @@ class RequestOutput:
     finish_reason: str | None
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache

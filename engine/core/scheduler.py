@@ -8,6 +8,14 @@ request admitted last), then waiting requests, FCFS, as prefill chunks filling w
 the token budget. When blocks run out, the most recently admitted request is preempted
 (its blocks freed, recomputed later). Blocks for a step are reserved when the step is
 scheduled, which is one step ahead of its results in async mode.
+
+Prefix caching (when the allocator has it on): a request admitted takes the cached blocks of
+the longest prefix of its known tokens (never the last token: it must be computed to give a
+logit), counts them as computed, and its first chunk starts after them, charged to the token
+budget only for the rest. A request's full blocks are offered to the cache one schedule()
+after the step that computes them was scheduled (so no step reads a block that the same step
+writes), and again when it is released. When blocks run out and enough are waiting for the
+step in flight to complete (deferred frees), a request waits one step instead of preempting.
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # Tokens of the requests admitted here: looked up in the prefix cache, and found there.
+    num_queried_tokens: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -66,6 +77,7 @@ class Scheduler:
         # Per request: first position whose token id lives in its device token-table row.
         self._table_from: dict[str, int] = {}
         self.total_preemptions = 0
+        self.prefix_caching = allocator.prefix_caching
 
     # ----------------------------------------------------------------------------- queue
     def add(self, req: Request) -> None:
@@ -98,6 +110,9 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         scheduled: set[str] = set()
+        if self.prefix_caching:
+            for req in self.running:
+                self._offer(req)
 
         # Running requests: _chunk_len, _reserve and _chunk inlined (the same decisions, each
         # request's lengths read once), as this loop runs over every decoding request at
@@ -119,10 +134,13 @@ class Scheduler:
                 # Its last token is already sampled by a step in flight: nothing to compute.
                 i += 1
                 continue
-            if -(-(start + n) // bs) > len(req.block_ids) and not self._reserve(
-                    req, n, out, scheduled):
-                # req itself was preempted (it was the newest): the list shrank under i.
-                continue
+            if -(-(start + n) // bs) > len(req.block_ids):
+                got = self._reserve(req, n, out, scheduled)
+                if got is None:  # blocks come free when the step in flight completes
+                    i += 1
+                    continue
+                if not got:  # req itself was preempted (the newest): the list shrank under i
+                    continue
             req.num_computed = start + n
             samples = n == remaining
             if samples:
@@ -136,14 +154,27 @@ class Scheduler:
             req = self._next_admissible()
             if req is None:
                 break
-            n = self._chunk_len(req, budget)
-            if n == 0:
+            alloc, seq_len = self.allocator, req.seq_len
+            hits, keys, tail = alloc.match(req.known_token_ids(), (seq_len - 1) // self.block_size
+                                           ) if self.prefix_caching else ([], [], None)
+            cached = len(hits) * self.block_size
+            remaining = seq_len - cached
+            n = min(remaining, budget)
+            if n == remaining and not self._may_sample(req):
                 break
-            need = blocks_needed(req.num_computed + n, self.block_size) - len(req.block_ids)
-            if not self.allocator.can_allocate(need):
+            need = blocks_needed(cached + n, self.block_size) - len(hits)
+            if need > alloc.num_free - alloc.num_free_among(hits):
                 break  # never preempt a running request to admit a new one
             self.waiting.remove(req)
-            req.block_ids.extend(self.allocator.allocate(need))
+            alloc.take(hits)
+            alloc.record_lookup(seq_len, cached)
+            req.block_ids = hits + alloc.allocate(need)
+            req.block_keys, req.cache_tail = keys, tail
+            req.num_computed = cached
+            if req.num_preemptions == 0:
+                req.num_cached_tokens = cached
+            out.num_cached_tokens += cached
+            out.num_queried_tokens += seq_len
             req.row = self._free_rows.pop()
             req.status = RequestStatus.RUNNING
             self._table_from[req.request_id] = req.seq_len
@@ -192,18 +223,24 @@ class Scheduler:
 
     def _reserve(
         self, req: Request, n: int, out: SchedulerOutput, scheduled: set[str]
-    ) -> bool:
+    ) -> bool | None:
+        """True when reserved; None when enough blocks come free once the step in flight
+        completes (req skips this step rather than preempt anyone); False when req itself
+        was preempted."""
         need = blocks_needed(req.num_computed + n, self.block_size) - len(req.block_ids)
         if need <= 0:
             return True  # most decode steps: the current block still has room
-        while not self.allocator.can_allocate(need):
+        alloc = self.allocator
+        while not alloc.can_allocate(need):
+            if alloc.num_free + alloc.num_deferred >= need:
+                return None
             victim = self.running[-1]
             assert victim.request_id not in scheduled, "victims are newer than req"
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is req:
                 return False
-        req.block_ids.extend(self.allocator.allocate(need))
+        req.block_ids.extend(alloc.allocate(need))
         return True
 
     def _preempt(self, req: Request) -> None:
@@ -215,9 +252,20 @@ class Scheduler:
         self.total_preemptions += 1
         self.waiting.appendleft(req)
 
+    def _offer(self, req: Request) -> None:
+        """Offer req's full blocks, computed (or being computed by a launched step) and with
+        known token ids, to the prefix cache."""
+        upto = min(req.num_computed, len(req.prompt_token_ids) + len(req.output_token_ids))
+        if upto >= (len(req.block_keys) + 1) * self.block_size:
+            req.cache_tail = self.allocator.register(
+                req.block_ids, req.block_keys, req.cache_tail, req.known_token_ids(), upto)
+
     def _release(self, req: Request) -> None:
+        if self.prefix_caching:
+            self._offer(req)
         self.allocator.free(req.block_ids)
         req.block_ids = []
+        req.block_keys, req.cache_tail = [], None
         self._free_rows.append(req.row)
         req.row = -1
         self._table_from.pop(req.request_id, None)

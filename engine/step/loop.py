@@ -119,6 +119,9 @@ class StepLoop:
                 except Exception:  # the step's requests end below anyway
                     pass
         self.inflight = None
+        alloc = self.scheduler.allocator
+        alloc.complete_all()
+        alloc.drop_cache()  # a step that failed half-way may have left blocks half-written
         self.end_all("error", describe(error))
 
     # ------------------------------------------------------------------------ settings
@@ -201,8 +204,12 @@ class StepLoop:
             return False
         step_no = self.step_no
         self.step_no += 1
+        # From here this step holds its requests' blocks: a block released before it has
+        # completed is not handed out again until then (the deferred-free guard).
+        self.scheduler.allocator.launched(step_no)
         slot = self.pipeline.slot_for(step_no)
         self.pipeline.wait_host_input(slot)
+        self.pipeline.claim_host_input(slot, step_no)
         t2 = now()
         bucket = self.graphs.bucket_for(sched.num_tokens) if self.graphs_active else None
         meta = assemble(sched, slot.host, self.block_size, self.scratch, pad_to=bucket)
@@ -214,7 +221,11 @@ class StepLoop:
             padded_tokens=meta.padded_tokens, graph_bucket=bucket,
             spans=[Span("cpu.schedule", t0, t1), Span("cpu.prepare", t2, t3)],
             preemptions=len(sched.preempted),
+            cached_tokens=sched.num_cached_tokens, queried_tokens=sched.num_queried_tokens,
         )
+        if self.bus is not None:  # for the request ledger: who rode this step, and how far
+            record.chunks = [(c.request.request_id, c.num_tokens, c.start + c.num_tokens)
+                             for c in sched.chunks]
         if slot.inflight is not None:
             # One slot in async mode: the slot's last step must be read before reuse.
             self._complete(slot.inflight)
@@ -262,9 +273,11 @@ class StepLoop:
             tokens = self.pipeline.wait_results(step)
         except Exception as e:
             tp = now()
+            self.scheduler.allocator.completed(step.step)
             self._fail(step, e)
         else:
             tp = now()
+            self.scheduler.allocator.completed(step.step)
             self.deliver(step.meta.samplers, tokens.tolist())
         rec = step.record
         rec.spans.append(Span("cpu.wait", tw, tp))
@@ -283,6 +296,7 @@ class StepLoop:
 
     def _fail(self, step: InflightStep, error: BaseException) -> None:
         log.error("step %d failed: %s", step.step, error)
+        self.scheduler.allocator.drop_cache()  # what it computed cannot be trusted
         msg = describe(error)
         for req in step.meta.samplers:
             req.num_pending -= 1

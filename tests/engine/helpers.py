@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -32,10 +33,20 @@ def mixed_prompts(n: int = 9, vocab: int = 300, seed: int = 0) -> list[list[int]
     return [torch.randint(1, vocab, (n_,), generator=g).tolist() for n_ in lengths]
 
 
-def assert_all_blocks_free(engine: Engine) -> None:
-    """Nothing held: no KV block, no token-table row, no queued or running request."""
+def assert_all_blocks_free(engine: Engine, timeout_s: float = 10.0) -> None:
+    """Nothing held: no KV block, no token-table row, no queued or running request.
+
+    The last request's end is delivered while the step after it may still be in flight
+    (async batching): its blocks come free once that step completes (the deferred-free guard).
+    A threaded engine gets there on its own; a manually stepped one is stepped to idle."""
     sch = engine.scheduler
     alloc = sch.allocator
+    deadline = time.monotonic() + timeout_s
+    while alloc.num_deferred and time.monotonic() < deadline:
+        if engine._thread is None:
+            engine.step()
+        else:
+            time.sleep(0.005)
     assert alloc.num_used == 0, f"{alloc.num_used} KV blocks still allocated"
     assert alloc.num_free == alloc.num_blocks
     assert sch.num_free_rows == sch.max_num_seqs, (
