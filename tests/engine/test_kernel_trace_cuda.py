@@ -15,12 +15,13 @@ from engine import Engine, EngineConfig, SamplingParams
 pytestmark = pytest.mark.cuda
 
 
-def _engine(tiny_model_dir, graphs: bool, period: float) -> Engine:
+def _engine(tiny_model_dir, graphs: bool, period: float, max_model_len: int = 512) -> Engine:
     with torch.profiler.profile():  # Kineto's client registered on this (the main) thread
         pass
     return Engine(EngineConfig(model=str(tiny_model_dir("llama")), device="cuda",
                                dtype="bfloat16", max_num_seqs=8, max_num_batched_tokens=64,
-                               block_size=16, num_blocks=128, max_model_len=512,
+                               block_size=16, num_blocks=8 * max_model_len // 16 + 16,
+                               max_model_len=max_model_len,
                                cuda_graphs=graphs, kernel_sample_period_s=period))
 
 
@@ -66,9 +67,10 @@ def test_kernels_of_a_sampled_step_lie_inside_its_compute_span(tiny_model_dir, g
 def test_sampled_kernel_busy_matches_the_profiler(tiny_model_dir, mode, tmp_path):
     from bench.suites import truth
 
-    model_eng = _engine(tiny_model_dir, graphs=True, period=0.0)
+    # Long requests: the batch must still decode through both windows (~1 ms steps).
+    model_eng = _engine(tiny_model_dir, graphs=True, period=0.0, max_model_len=4096)
     try:
-        args = argparse.Namespace(device="cuda", prompt=64, window_s=0.6, sample_period=0.05)
+        args = argparse.Namespace(device="cuda", prompt=64, window_s=0.5, sample_period=0.05)
         prompts = [[3 + (i * 7 + j) % 200 for j in range(64)] for i in range(8)]
         res, _ = truth.truth_mode(model_eng, None, prompts, mode, args, None, None)
     finally:
