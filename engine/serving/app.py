@@ -218,7 +218,7 @@ def create_app(client: Any, *, tokenizer: Any,
             raise failure
         return JSONResponse(body(
             er.request_id, model, created, out.text, out.finish_reason,
-            schema.usage(er.prompt_len, len(out.token_ids))))
+            schema.usage(er.prompt_len, len(out.token_ids), out.num_cached_tokens)))
 
     async def reply_events(er: EngineRequest, text_chunk: Callable[[str], str],
                            finish_chunk: Callable[[str | None], str],
@@ -236,7 +236,8 @@ def create_app(client: Any, *, tokenizer: Any,
         else:
             yield finish_chunk(out.finish_reason)
             if usage_chunk is not None:
-                yield usage_chunk(schema.usage(er.prompt_len, len(out.token_ids)))
+                yield usage_chunk(schema.usage(er.prompt_len, len(out.token_ids),
+                                               out.num_cached_tokens))
         yield DONE
 
     @v1.post("/completions")

@@ -20,7 +20,8 @@ gapless:device_idle_seconds_total{cause}, gapless:steps_total{mode,cuda_graph},
 gapless:padded_tokens_total, gapless:discarded_tokens_total, gapless:kv_blocks_used / _total,
 gapless:async_batching, gapless:num_slots, gapless:cuda_graphs(_available), gapless:engine_up,
 gapless:telemetry_dropped_records_total, and with a GPU NVML's gapless:gpu_utilization_percent,
-gapless:gpu_memory_used_bytes / _total_bytes, gapless:gpu_sm_clock_mhz, gapless:gpu_power_watts.
+gapless:gpu_memory_used_bytes / _total_bytes, gapless:gpu_sm_clock_mhz, gapless:gpu_power_watts,
+and where GPM works gapless:gpu_dram_bandwidth_percent, _sm_active_percent, _sm_occupancy_percent.
 
 Figures from telemetry (prompt tokens, latencies, steps, busy, idle) count only while the
 engine's telemetry is on; generation tokens and the gauges come from stats() and always do.
@@ -58,6 +59,12 @@ NVML_GAUGES = (
     ("memory_total_bytes", "gapless:gpu_memory_total_bytes", "GPU memory in all (NVML)."),
     ("sm_clock_mhz", "gapless:gpu_sm_clock_mhz", "SM clock (NVML)."),
     ("power_w", "gapless:gpu_power_watts", "Board power draw (NVML)."),
+    # GPM (Hopper and newer), over the interval between two NVML polls.
+    ("dram_bw_util_pct", "gapless:gpu_dram_bandwidth_percent", "Memory bandwidth used, % of "
+     "peak (NVML GPM DRAM_BW_UTIL): how near the byte floor decode runs."),
+    ("sm_util_pct", "gapless:gpu_sm_active_percent", "SM activity, % (NVML GPM SM_UTIL)."),
+    ("sm_occupancy_pct", "gapless:gpu_sm_occupancy_percent", "SM occupancy, % (NVML GPM "
+     "SM_OCCUPANCY)."),
 )
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -83,6 +90,10 @@ class EngineMetrics:
                              "step starts.", ["cause"], registry=r)
         self._steps = Counter("gapless:steps", "Engine steps by mode and whether a CUDA graph "
                               "ran them.", ["mode", "cuda_graph"], registry=r)
+        for cause in ("host", "no_requests"):  # at 0 from the start, so rate() has a series
+            self._idle.labels(cause)
+        for mode in ("sync", "async"):
+            self._steps.labels(mode, "false")
         # The step waterfall (telemetry/waterfall.py): wall time by component, kernel time
         # split by the engine's kernel samples; the floor needs the model's bytes: 0 here.
         self._waterfall = WaterfallMeter()
@@ -246,6 +257,11 @@ class _LiveGauges(Collector):
                       stats["generated_tokens"])
         yield counter(mn.NUM_PREEMPTIONS, "Requests preempted (to be recomputed).",
                       stats["preemptions"])
+        # vLLM v1's prefix-cache counters (exposed with _total): tokens looked up, and hits.
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens (prompt "
+                      "tokens of admitted requests).", stats.get("prefix_cache_queries", 0))
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens (prompt tokens "
+                      "whose KV was reused).", stats.get("prefix_cache_hits", 0))
         yield counter("gapless:discarded_tokens", "Tokens computed one step late for a "
                       "request that had already finished, never emitted.",
                       stats["discarded_tokens"], labelled=False)

@@ -195,9 +195,15 @@ def _describe(err: Any) -> tuple[str, str | None]:
 
 
 # ---------------------------------------------------------------------------- responses
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int,
+          cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; with cached_tokens (a finished request's prompt tokens found in the
+    prefix cache) also `prompt_tokens_details.cached_tokens`, as OpenAI and vLLM report it."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def completion_body(rid: str, model: str, created: int, text: str | None,

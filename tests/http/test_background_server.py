@@ -93,7 +93,8 @@ def test_it_answers_and_streams(background):
     assert r.status_code == 200
     body = r.json()
     assert body["choices"][0]["text"] == "hello"
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     with httpx.stream("POST", f"{srv.url}/v1/completions", timeout=30,
                       json={"prompt": "abc", "stream": True}) as r:
         lines = [ln[len("data: "):] for ln in r.iter_lines() if ln.startswith("data: ")]
