@@ -237,7 +237,8 @@ class StepLoop:
         step = self.pipeline.launch(slot, sched, meta, record, compute_fn)
         record.spans.append(Span("cpu.launch", t4, now()))
         for chunk in sched.chunks:
-            if chunk.start == 0 and chunk.request.num_preemptions == 0:
+            req = chunk.request  # its first chunk starts after its cached prefix
+            if chunk.start == req.num_cached_tokens and req.num_preemptions == 0:
                 self._event(chunk.request, "scheduled")
         if self.settings.async_batching:
             prev, self.inflight = self.inflight, step
