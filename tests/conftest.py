@@ -15,7 +15,33 @@ from tiny_models import save_tiny_model  # noqa: E402
 has_cuda = torch.cuda.is_available()
 
 
+# Folders whose tests share one session-long server (tests/http: `engine serve`; tests/browser:
+# `streamlit run` and Chromium). Under pytest-xdist each stays on one worker, so the server
+# starts once; the browser's worker is also the only process with playwright's asyncio loop.
+SESSION_FOLDERS = ("http", "browser")
+# Started first under xdist (--dist loadgroup): the longest units, so they run beside the
+# rest instead of after it.
+FIRST = ("tests/browser", "tests/http")
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The unit one xdist worker runs whole: a session folder, or else the test's module
+    (its module-scoped engine or model is then built once)."""
+    rel = item.path.relative_to(Path(__file__).parent.parent)
+    if len(rel.parts) > 2 and rel.parts[1] in SESSION_FOLDERS:
+        return "/".join(rel.parts[:2])
+    return rel.as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+        # xdist hands out groups in collection order (--no-loadscope-reorder, as the README
+        # line runs it); sort is stable, so the order within a group is kept.
+        items.sort(key=lambda item: FIRST.index(g) if (g := xdist_group(item)) in FIRST
+                   else len(FIRST))
     if has_cuda:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,12 +27,34 @@ if TYPE_CHECKING:
     from playwright import sync_api
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The browser tests run after every other test. Their browser lives for the session,
-    and while playwright's sync API is open the main thread has a running asyncio loop, so
-    a later test's asyncio.run() would fail (seen in tests/http on 2026-12-02)."""
-    here = Path(__file__).parent
-    items.sort(key=lambda item: item.path.is_relative_to(here))  # stable: order kept within
+HERE = Path(__file__).parent
+# Closers of the session's browser and server, run once the last browser test of this
+# process is done (see pytest_runtest_teardown).
+_AT_LAST_BROWSER_TEST: list[Callable[[], None]] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The browser tests run after every other test. While playwright's sync API is open
+    the main thread has a running asyncio loop, so a later test's asyncio.run() would fail
+    (seen in tests/http on 2026-12-02). Under pytest-xdist (--dist loadgroup) the browser
+    tests are one unit that tests/conftest.py starts first, on a worker of its own; there
+    pytest_runtest_teardown below closes playwright before that worker's next test."""
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        return
+    items.sort(key=lambda item: item.path.is_relative_to(HERE))  # stable: order kept within
+
+
+@pytest.hookimpl(trylast=True)  # after the module's fixtures (the tab) are torn down
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last browser test of this process: close Chromium and playwright (its
+    asyncio loop), then stop the server, rather than at the session's end."""
+    if not item.path.is_relative_to(HERE):
+        return
+    if getattr(item, "_finalizers_suspended", False):
+        return  # pytest-rerunfailures runs this test again (flaky): the browser stays
+    if nextitem is None or not nextitem.path.is_relative_to(HERE):
+        while _AT_LAST_BROWSER_TEST:
+            _AT_LAST_BROWSER_TEST.pop()()
 
 
 @pytest.fixture(scope="session")
@@ -58,14 +80,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
         start_new_session=True,  # its own process group: the engine goes down with it
     )
     url = f"http://127.0.0.1:{port}"
-    try:
-        headless.wait_healthy(url, SERVER_START_S, proc)
-        yield url, proc.pid
-    finally:
+
+    def stop() -> None:
+        if log.closed:
+            return
         headless.stop_group(proc)  # a SIGSTOPped engine too
         log.close()
         tail = log_path.read_text(errors="replace")[-3000:]
         print(f"--- streamlit log (tail) ---\n{tail}")
+
+    _AT_LAST_BROWSER_TEST.append(stop)
+    try:
+        headless.wait_healthy(url, SERVER_START_S, proc)
+        yield url, proc.pid
+    finally:
+        stop()
 
 
 @pytest.fixture(scope="session")
@@ -75,12 +104,27 @@ def browser(server: tuple[str, int]) -> Iterator[tuple[sync_api.Browser, list[st
 
     url = server[0]
     outside: list[str] = []
-    with sync_api.sync_playwright() as p:
+    p = sync_api.sync_playwright().start()
+    closed: list[bool] = []
+
+    def close() -> None:
+        if not closed:
+            closed.append(True)
+            try:
+                b.close()
+            finally:
+                p.stop()
+
+    try:
         b = p.chromium.launch(executable_path=str(headless.CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield b, outside
-        finally:
-            b.close()
+    except BaseException:
+        p.stop()
+        raise
+    _AT_LAST_BROWSER_TEST.append(close)
+    try:
+        yield b, outside
+    finally:
+        close()
     assert not [u for u in outside if not u.startswith(url)], outside
 
 
