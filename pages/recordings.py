@@ -70,7 +70,7 @@ def main() -> None:
     st.title("Recordings")
     st.caption(
         "A recording is the engine's telemetry as JSON lines (telemetry/export.py), made with "
-        "`bench/record_timeline.py`: every step's spans, one mode after another. It opens "
+        "`python -m bench record-timeline`: every step's spans, one mode after another. It opens "
         "here without an engine, so a machine with no GPU shows what each mode does on one."
     )
     rec = pick()

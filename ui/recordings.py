@@ -3,7 +3,7 @@
 A recording is what telemetry/export.py writes (one ``{"type": "step", ...}`` or ``{"type":
 "event", ...}`` object per line, spans nested), optionally led by one ``{"type": "meta",
 ...}`` line that says where it was made (machine, date, commit, model, workload;
-bench/record_timeline.py writes it). Owns parsing such a file back into StepRecords and
+`python -m bench record-timeline` writes it). Owns parsing such a file back into StepRecords and
 RequestEvents, listing the shipped recordings (docs/recordings/), and splitting a recording
 into one window per mode for the A/B view. Pure functions: no streamlit, no engine.
 

@@ -34,7 +34,7 @@ from engine.attention.reference import checked_output
 LOG2E = 1.4426950408889634
 
 # Below this many (token, kv head) programs per SM, long decodes split their keys. Measured
-# on the H200 (docs/benchmarks.md, bench/bench_attention.py): at batch 32 x 8 kv heads (256
+# on the H200 (docs/benchmarks.md, `python -m bench attention`): at batch 32 x 8 kv heads (256
 # programs, ~2 per SM) one split with 128-key tiles was fastest at contexts 1280 and 8448
 # (84% and 97% of the KV-bytes floor, against 69% and lower with 4 splits of 64 keys).
 _PROGRAMS_PER_SM_TARGET = 1

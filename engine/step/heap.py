@@ -2,7 +2,7 @@
 
 Owns one policy. A full (generation 2) collection walks every tracked object in the process:
 torch, transformers and a loaded model make that ~400k objects, and one full collection on
-the loop thread then stops the engine for 0.2-0.4 s (bench/bench_step_cpu.py --gc: 425 ms on
+the loop thread then stops the engine for 0.2-0.4 s (`python -m bench step-cpu --gc`: 425 ms on
 the 2-core VM; one unexplained 190-330 ms gap per long 8B run on the H200). `settle()`, once
 the model is loaded and the graphs captured, collects once and moves everything alive into
 the permanent generation (`gc.freeze()`), so later collections walk only what the engine
