@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from tests.ui.fake_engine import FakeEngineClient
 from telemetry.records import StepRecord
+from tests.ui.fake_engine import FakeEngineClient
 from ui.kernel_lane import NO_KERNELS, NONE_IN_WINDOW, kernel_lane_figure, samples_of
 from ui.timeline import window_end_ns
 from ui.waterfall import NO_KERNELS as WF_NO_KERNELS
