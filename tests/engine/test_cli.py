@@ -44,6 +44,7 @@ def test_cli_names_the_line_of_a_yaml_error(tmp_path):
 
 
 def test_cli_refuses_a_prompt_that_is_not_utf8():
-    p = run(b"def \xff(n):".decode("utf-8", "surrogateescape"), "--device", "cpu")
+    p = run(b"def \xff(n):".decode("utf-8", "surrogateescape"), "--model", TINY,
+            "--device", "cpu")  # the tiny model: the default one loads ~10 s longer
     assert p.returncode == 2
     assert "encodes as UTF-8" in p.stderr
