@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.core.request import RequestOutput
 from engine.process.client import EngineDead, EngineError
-from engine.serving import schema
+from engine.serving import limits, schema
 from engine.serving.bridge import EngineRequest
 from engine.serving.model_names import accepted_names, served_names
 from engine.serving.prometheus import CONTENT_TYPE, EngineMetrics
@@ -130,10 +130,12 @@ async def until_done(request: Request, er: EngineRequest) -> RequestOutput | Non
 
 def create_app(client: Any, *, tokenizer: Any,
                served_model_name: str | Sequence[str] | None = None,
-               api_key: str | None = None, metrics_period_s: float = 0.25) -> FastAPI:
+               api_key: str | None = None, metrics_period_s: float = 0.25,
+               max_body_bytes: int = limits.MAX_BODY_BYTES) -> FastAPI:
     """The app for one client. Reads client.settings() once, here (model and
     max_model_len); /metrics polls the client on a thread while the app runs.
-    ``served_model_name``: one alias or several (model_names.py says the default)."""
+    ``served_model_name``: one alias or several (model_names.py says the default).
+    ``max_body_bytes``: larger bodies get 413 before they are read (limits.py)."""
     settings = client.settings()
     names = served_names(settings["model"], served_model_name)
     model = names[0]  # answers in responses and labels the metrics, as in vLLM
@@ -240,9 +242,18 @@ def create_app(client: Any, *, tokenizer: Any,
                                                out.num_cached_tokens))
         yield DONE
 
+    async def parse(request: Request, model_type: Any) -> Any:
+        """The request, refused (413/400) on its size, nesting or prompt characters before
+        it is parsed or tokenized."""
+        raw = await limits.read_body(request, max_body_bytes)
+        limits.check_json_depth(raw)
+        req = schema.parse_request(raw, model_type)
+        limits.check_prompt_chars(limits.prompt_chars(req), max_model_len)
+        return req
+
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
-        req = schema.parse_request(await request.body(), CompletionRequest)
+        req = await parse(request, CompletionRequest)
         check_model(req.model)
         ids = await run_in_threadpool(prompts.completion_ids, req)
         return await answer(request, req, ids, "cmpl", _completion_events,
@@ -268,7 +279,7 @@ def create_app(client: Any, *, tokenizer: Any,
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = schema.parse_request(await request.body(), ChatCompletionRequest)
+        req = await parse(request, ChatCompletionRequest)
         check_model(req.model)
         ids = await run_in_threadpool(prompts.chat_ids, req, model)
         return await answer(request, req, ids, "chatcmpl", _chat_events, schema.chat_body)
@@ -292,12 +303,33 @@ def create_app(client: Any, *, tokenizer: Any,
 
     app.include_router(v1)
 
+    def engine_state() -> tuple[str, str | None]:
+        status = getattr(client, "status", None)
+        if status is None:  # a client without liveness states: alive or dead
+            return ("alive", None) if client.alive() else ("dead", client.death_reason())
+        st = status()
+        return st.state, getattr(st, "reason", None)
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        if client.alive():
+        """Liveness of the engine: 200 while it answers (alive, or stalled on a long step),
+        503 with the reason while it is hung (not responding) or dead."""
+        state, reason = engine_state()
+        if state in ("alive", "stalled"):
             return JSONResponse({"status": "ok"})
-        raise ApiError(503, f"the engine is not running: {client.death_reason()}",
-                       type="server_error", code="engine_dead")
+        code = "engine_dead" if state == "dead" else "engine_not_responding"
+        what = "is not running" if state == "dead" else "is not responding"
+        raise ApiError(503, f"the engine {what}: {reason}", type="server_error", code=code)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """Readiness: 200 only while the engine is alive and not stalled, so a load balancer
+        sends new requests elsewhere meanwhile."""
+        state, reason = engine_state()
+        if state == "alive":
+            return JSONResponse({"status": "ready"})
+        raise ApiError(503, f"the engine is not ready ({state}): {reason}",
+                       type="server_error", code=f"engine_{state}")
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

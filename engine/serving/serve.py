@@ -18,6 +18,8 @@ import sys
 import threading
 from typing import Any
 
+from engine.serving.limits import MAX_BODY_BYTES
+
 USAGE = """\
 python -m engine serve [--host 127.0.0.1] [--port 8000] [--config config.yaml] [--api-key KEY]
 
@@ -51,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attach", metavar="PATH", default=None,
                     help="serve an engine that is already running (its socket) instead of "
                     "starting one; --config still names its model's tokenizer")
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                    help="refuse request bodies larger than this with 413 before reading "
+                         f"them (default {MAX_BODY_BYTES})")
     ap.add_argument("--log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug"])
     return ap
@@ -95,7 +100,8 @@ def tokenizer_of(config: Any, chat_template: str | None = None) -> Any:
 def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
           sock: socket.socket | None = None, api_key: str | None = None,
           served_model_name: str | list[str] | None = None, chat_template: str | None = None,
-          tokenizer: Any = None, log_level: str = "info") -> int:
+          tokenizer: Any = None, log_level: str = "info",
+          max_body_bytes: int = MAX_BODY_BYTES) -> int:
     """Serve ``client`` (an EngineClient, or any object with its methods) until Ctrl-C or
     SIGTERM, on ``sock`` when given (from bind()), else on host:port. ``tokenizer``
     defaults to the one of the client's config (its tokenizer or model folder).
@@ -110,7 +116,7 @@ def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
             raise ValueError("give a tokenizer: the client has no config to load it from")
         tokenizer = tokenizer_of(config, chat_template)
     app = create_app(client, tokenizer=tokenizer, served_model_name=served_model_name,
-                     api_key=api_key)
+                     api_key=api_key, max_body_bytes=max_body_bytes)
     if sock is None:
         sock = bind(host, port)
     bound_port = sock.getsockname()[1]
@@ -164,6 +170,14 @@ class BackgroundServer:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.api_key is not None and not args.api_key.strip():
+        print("error: --api-key is empty: give a key, or leave the flag out to serve "
+              "without authentication", file=sys.stderr)
+        return 2
+    if args.max_body_bytes < 1024:
+        print(f"error: --max-body-bytes {args.max_body_bytes}: give at least 1024",
+              file=sys.stderr)
+        return 2
     api_key = args.api_key or os.environ.get("GAPLESS_API_KEY") or None
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
     from engine.config import EngineConfig
@@ -200,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return serve(client, host=args.host, sock=sock, api_key=api_key,
                      served_model_name=args.served_model_name, tokenizer=tokenizer,
-                     log_level=args.log_level)
+                     log_level=args.log_level, max_body_bytes=args.max_body_bytes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
