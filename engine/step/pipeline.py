@@ -34,6 +34,7 @@ from engine.core.scheduler import SchedulerOutput
 from engine.step.anatomy import AnatomyRecorder, marked
 from engine.step.kernel_trace import KernelSampler
 from engine.step.runner import DeviceView
+from engine.step.slot_guard import SlotGuards
 from engine.step.streams import Event, Stream, StreamSet, TimedOp
 from telemetry.records import StepRecord
 
@@ -50,6 +51,7 @@ class Slot:
     compute_done: Event | None = None
     d2h_done: Event | None = None
     inflight: InflightStep | None = None  # launched, results not yet read
+    guards: SlotGuards | None = None  # generation counters of the four buffers
 
     @classmethod
     def allocate(cls, index: int, layout: BufferLayout, device: torch.device) -> Slot:
@@ -63,6 +65,7 @@ class Slot:
             dev=DeviceView.allocate(layout, device),
             host_out=host_out,
             host_out_np=host_out.numpy(),
+            guards=SlotGuards.for_slot(index),
         )
 
 
@@ -136,6 +139,11 @@ class Pipeline:
         if slot.h2d_done is not None and slot.inflight is not None:
             slot.h2d_done.synchronize()
 
+    def claim_host_input(self, slot: Slot, step: int) -> None:
+        """The CPU is about to write `step`'s inputs into the slot: raises SlotOverwriteError
+        if the slot's last H2D copy may still be reading them."""
+        slot.guards.host_in.claim(step, slot.h2d_done)  # type: ignore[union-attr]
+
     def launch(
         self,
         slot: Slot,
@@ -176,24 +184,46 @@ class Pipeline:
         h2d_done, compute_done, d2h_done = s.event(), s.event(), s.event()
         ops: list[TimedOp] = []
         error: BaseException | None = None
+        g, n = slot.guards, record.step
+        assert g is not None
         if slot.compute_done is not None:
             # device input still read by the slot's last step (ordering only)
             s.h2d.order_after(slot.compute_done)
-        self._queue(s.h2d, "h2d", lambda: slot.dev.buf.copy_(slot.host_buf, non_blocking=True),
-                    ops)
+
+        def h2d() -> None:
+            g.host_in.check(n)
+            g.dev_in.claim(n)
+            slot.dev.buf.copy_(slot.host_buf, non_blocking=True)
+            if not s.is_cuda:  # on CUDA the copy is still queued: h2d_done releases it
+                g.host_in.release(n)
+
+        self._queue(s.h2d, "h2d", h2d, ops)
         s.h2d.record(h2d_done)
         s.compute.wait(h2d_done)
         if slot.d2h_done is not None:
             # device output still read by the slot's last D2H (ordering only)
             s.compute.order_after(slot.d2h_done)
+
+        def compute() -> None:  # on CUDA this runs at launch, in launch order
+            g.dev_in.check(n)
+            g.dev_out.claim(n)
+            compute_fn()
+            g.dev_in.release(n)
+
         try:
-            self._queue(s.compute, "compute", compute_fn, ops)
+            self._queue(s.compute, "compute", compute, ops)
         except Exception as e:  # CUDA launches run here, in the calling thread
             error = e
         s.compute.record(compute_done)
         s.d2h.wait(compute_done)
-        self._queue(s.d2h, "d2h", lambda: slot.host_out.copy_(slot.dev.out, non_blocking=True),
-                    ops)
+
+        def d2h() -> None:
+            g.dev_out.check(n)
+            g.host_out.claim(n)
+            slot.host_out.copy_(slot.dev.out, non_blocking=True)
+            g.dev_out.release(n)
+
+        self._queue(s.d2h, "d2h", d2h, ops)
         s.d2h.record(d2h_done)
         slot.h2d_done, slot.compute_done, slot.d2h_done = h2d_done, compute_done, d2h_done
         step = InflightStep(record.step, slot, sched, meta, record, d2h_done, ops, error)
@@ -217,8 +247,13 @@ class Pipeline:
     def wait_results(self, step: InflightStep) -> np.ndarray:
         """Block until the step's tokens are on the host; returns a copy of them. Raises
         what the step's device work raised."""
+        guards = step.slot.guards
+        assert guards is not None
         try:
             step.d2h_done.synchronize()
+        except BaseException:
+            guards.reset()  # its readers may have been skipped; nothing of it is in flight
+            raise
         finally:
             step.slot.inflight = None  # read, or failed: either way the slot is free again
             if self.anatomy.active:
@@ -229,5 +264,9 @@ class Pipeline:
             if ks.ready:
                 step.record.kernel_samples = ks.take()
         if step.error is not None:
+            guards.reset()
             raise step.error
-        return step.slot.host_out_np[: step.meta.num_samples].copy()
+        guards.host_out.check(step.step)
+        tokens = step.slot.host_out_np[: step.meta.num_samples].copy()
+        guards.host_out.release(step.step)
+        return tokens

@@ -1,5 +1,6 @@
 """Sync and async modes, 1-3 slots and live switches all give the same greedy tokens; a slot
-reused too early is caught; the host streams really overlap CPU prep with compute."""
+reused too early raises (generation counters) and, with them off, gives wrong tokens; the host
+streams really overlap CPU prep with compute."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.step.pipeline import Pipeline
+from engine.step.slot_guard import BufferGuard, SlotOverwriteError
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 TIGHT = dict(device="cpu", max_num_seqs=5, max_num_batched_tokens=16, block_size=4,
@@ -93,11 +95,32 @@ def test_a_slow_stream_never_lets_a_slot_be_reused_early(workload, slow_lane, nu
     eng.shutdown()
 
 
+def test_an_early_slot_reuse_raises_loudly(workload, monkeypatch):
+    """Without the wait for the slot's last H2D copy, the slot's generation counter refuses
+    the next step's write of inputs still being copied: SlotOverwriteError, naming both."""
+    model_dir, prompts, _ = workload
+    monkeypatch.setattr(Pipeline, "wait_host_input", lambda self, slot: None)
+    eng = make_engine(model_dir, async_batching=True, num_slots=1)
+    eng.streams.h2d.delay_s = 0.003
+    hs = [eng.submit(p, SamplingParams(max_tokens=14, **GREEDY)) for p in prompts]
+    try:
+        with pytest.raises(SlotOverwriteError, match=r"slot 0 host input: step \d+ would "
+                           r"overwrite step \d+'s data"):
+            drive(eng)
+        eng.loop.recover(RuntimeError("test"))  # what the engine thread does after a raise
+        assert all(h.result(1).finish_reason == "error" for h in hs)
+    finally:
+        eng.shutdown()
+
+
 def test_the_slot_test_can_fail(workload, monkeypatch):
-    """Negative control: without the wait for the slot's last H2D copy, a slow H2D stream
-    makes the next step overwrite inputs still being copied, and tokens go wrong."""
+    """Negative control: without the wait for the slot's last H2D copy (and with the
+    generation counters off), a slow H2D stream makes the next step overwrite inputs still
+    being copied, and tokens go wrong."""
     model_dir, prompts, expected = workload
     monkeypatch.setattr(Pipeline, "wait_host_input", lambda self, slot: None)
+    for method in ("claim", "check", "release"):
+        monkeypatch.setattr(BufferGuard, method, lambda self, *a: None)
     eng = make_engine(model_dir, async_batching=True, num_slots=1)
     eng.streams.h2d.delay_s = 0.003
     hs = [eng.submit(p, SamplingParams(max_tokens=14, **GREEDY)) for p in prompts]
