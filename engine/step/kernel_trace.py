@@ -9,18 +9,21 @@ dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 Every ``period_s`` (config kernel_sample_period_s, default 2 s; 0 = off) the next
 ``steps + 1`` steps are recorded with CUDA activities only (no CPU-op recording: it would slow
 an eager step's dispatch and so change the very busy figure it measures). Each sampled
-step's launch is bracketed by two ``cudaEventQuery`` calls on an event of ours recorded once
-long ago (about a microsecond each): in the trace they are CUDA runtime events on the CPU
-timeline, so the launch calls between them, and through their correlation ids the kernels,
-belong to that step. The profiler is stopped once the last of them has had its results read
-(no sync: those kernels are done). The extra step only gives the window's end (its first
-kernel). Stopping costs the loop thread the profiler's disable call; the trace is written,
-read and grouped by step on a worker thread, and the finished `telemetry.kernels.KernelSample`
-rides out on the next step record the loop publishes (``StepRecord.kernel_samples``).
-Should a trace carry no runtime events (a Kineto build without them), the sampler falls
-back to CPU activities with ``gapless.step <n>`` ranges, as the anatomy records.
+step's launch is bracketed by two launches of a zero-cycle spin kernel
+(``torch.cuda._sleep(0)``) on a side stream of ours, which orders nothing of the step's: in
+the trace, the spin kernels' correlation ids name their launch calls on the CPU timeline, so
+the launch calls made between a step's two brackets on the same thread, and through their
+correlation ids the kernels, belong to that step. (Bracketing by ``cudaEventQuery`` calls
+and matching them by time, tried first, found only 1 to 4 of 10 brackets on the H200.) The
+profiler is stopped once the last of them has had its results read (no sync: those kernels
+are done). The extra step only gives the window's end (its first kernel). Stopping costs the
+loop thread the profiler's disable call; the trace is written, read and grouped by step on a
+worker thread, and the finished `telemetry.kernels.KernelSample` rides out on the next step
+record the loop publishes (``StepRecord.kernel_samples``). Should a trace carry no runtime
+events (a Kineto build without them), the sampler falls back to CPU activities with
+``gapless.step <n>`` ranges, as the anatomy records.
 
-Clock: kernel times come in the profiler's clock. Each bracket call notes
+Clock: kernel times come in the profiler's clock. Each bracket launch notes
 time.perf_counter_ns just before and after it; the median difference of midpoints puts the
 trace on our clock (error about a microsecond; no assumption about which clock Kineto uses).
 
@@ -79,7 +82,7 @@ class KernelSampler:
         # step -> perf ns (before, after) its opening and closing bracket calls
         self.marks: dict[int, tuple[int, int, int, int]] = {}
         self.with_cpu = False  # fallback: CPU activities and step ranges
-        self._probe: Any = None  # the never-recorded event the brackets query
+        self._side: Any = None  # the side stream of the bracket kernels
         self.cost_ns = 0
         self.ready: deque[KernelSample] = deque(maxlen=MAX_READY)  # for the next record
         self.samples_made = 0
@@ -107,12 +110,9 @@ class KernelSampler:
                 return False
             t0 = time.perf_counter_ns()
             try:
-                if self._probe is None:
-                    # Recorded once, so that query() really calls cudaEventQuery (torch
-                    # answers for a never-recorded event without calling CUDA).
-                    self._probe = torch.cuda.Event()
-                    self._probe.record()
-                    self._probe.synchronize()
+                if self._side is None:
+                    # The bracket kernels' own stream: they order nothing of the step's.
+                    self._side = torch.cuda.Stream()
                 _start(self.with_cpu)
             except Exception as e:  # another profiler holds CUPTI: try next period
                 self._failed(e)
@@ -124,18 +124,20 @@ class KernelSampler:
     @contextmanager
     def marked(self, step: int) -> Iterator[None]:
         """Bracket a sampled step's launch (see the module docstring)."""
-        probe, clock = self._probe, time.perf_counter_ns
+        side, clock = self._side, time.perf_counter_ns
         ctx = (torch.profiler.record_function(f"{STEP_MARKER}{step}") if self.with_cpu
                else nullcontext())
         with ctx:
             a = clock()
-            probe.query()
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(0)
             b = clock()
             try:
                 yield
             finally:
                 c = clock()
-                probe.query()
+                with torch.cuda.stream(side):
+                    torch.cuda._sleep(0)
                 self.marks[step] = (a, b, c, clock())
 
     def step_done(self, step: int) -> None:
@@ -195,6 +197,7 @@ class KernelSampler:
                 continue
             except Exception as e:  # a bad trace loses one sample, never the loop
                 self._failed(e)
+                _dump(job, e)
                 continue
             if sample is not None:
                 self.samples_made += 1
@@ -204,6 +207,23 @@ class KernelSampler:
         self.abort()
         if self._jobs is not None:
             self._jobs.put(None)
+
+
+def _dump(job: tuple[Any, int, int, dict, int], error: BaseException) -> None:
+    """With GAPLESS_KERNEL_TRACE_DUMP=<folder>, a trace that failed to convert is kept there
+    (events and our bracket times) for a look off the GPU machine."""
+    folder = os.environ.get("GAPLESS_KERNEL_TRACE_DUMP")
+    if not folder:
+        return
+    try:
+        result, first, steps, marks, _ = job
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"failed-sample-{first}.json"), "w") as f:
+            json.dump({"error": str(error), "first": first, "steps": steps,
+                       "marks": {str(k): v for k, v in marks.items()},
+                       "events": trace_events(result)}, f)
+    except Exception as e:  # diagnostics must never take the worker down
+        log.warning("kernel sampler: dump failed: %s", e)
 
 
 class NoRuntimeEvents(RuntimeError):
@@ -263,45 +283,43 @@ def _near(sorted_ns: list[float], t: float) -> float:
     return abs(sorted_ns[_nearest(sorted_ns, t)] - t)
 
 
-def by_brackets(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int, int]],
-                ) -> tuple[dict[int, list[dict[str, Any]]], float]:
-    """Device events per sampled step, found by the bracket calls (cudaEventQuery pairs in
-    step order), and the trace-to-host offset (ns). Raises NoRuntimeEvents without them."""
+MARK_KERNEL = "spin_kernel"  # torch.cuda._sleep(0): our bracket launches, on a side stream
+
+
+def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int, int]],
+               ) -> tuple[dict[int, list[dict[str, Any]]], float]:
+    """Device events per sampled step, found by the bracket launches (a zero-cycle spin
+    kernel on a side stream, two per step, in step order), and the trace-to-host offset
+    (ns). The bracket launches are found through their kernels' correlation ids, so no
+    clock matching is needed to find them; launches made between a step's two brackets on
+    the same thread belong to it. Raises NoRuntimeEvents without runtime events."""
     runtime = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in _RUNTIME),
                      key=lambda e: float(e["ts"]))
-    queries = [e for e in runtime if "EventQuery" in str(e.get("name", ""))]
-    steps = sorted(marks)
     if not runtime:
         raise NoRuntimeEvents("kernel sampler: the trace has no CUDA runtime events")
-    ours = [((a + b) / 2, n, 0) for n in steps for a, b in [marks[n][:2]]] + [
-        ((c + d) / 2, n, 1) for n in steps for c, d in [marks[n][2:]]]
-    ours.sort()
-    q_ns = [_ns(q, 0.5) for q in queries]
-    if not q_ns or not ours:
-        raise ValueError("kernel sampler: no bracket calls in the trace")
-    # Other threads may query events too: take the offset under which most of our bracket
-    # calls land on a query within 20 us (the clocks' rates agree; only their origins
-    # differ), then each bracket's nearest query.
-    best: tuple[int, float] = (-1, 0.0)
-    for cand in {q - ours[0][0] for q in q_ns}:
-        hits = sum(1 for t, _, _ in ours if _near(q_ns, t + cand) <= 20_000)
-        if hits > best[0]:
-            best = (hits, cand)
-    hits, off = best
-    if hits < len(ours):
-        raise ValueError(f"kernel sampler: {hits} of {len(ours)} bracket calls found")
-    found = {(n, k): _nearest(q_ns, t + off) for t, n, k in ours}
-    offsets = [q_ns[found[(n, k)]] - t for t, n, k in ours]
-    ranges = [(_ns(queries[found[(n, 0)]]), _ns(queries[found[(n, 1)]], 1.0), n)
-              for n in steps]
+    mark_corr = {_corr(e) for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"
+                 and MARK_KERNEL in str(e.get("name", ""))}
+    calls = [e for e in runtime if _corr(e) in mark_corr]
+    steps = sorted(marks)
+    ours = sorted([((a + b) / 2, n, 0) for n in steps for a, b in [marks[n][:2]]]
+                  + [((c + d) / 2, n, 1) for n in steps for c, d in [marks[n][2:]]])
+    if not calls or len(calls) > len(ours):
+        raise ValueError(f"kernel sampler: {len(calls)} bracket launches in the trace for "
+                         f"{len(ours)} brackets")
+    # Launches made just after the profiler started may be missing: match from the end.
+    matched = list(zip(ours[len(ours) - len(calls):], calls, strict=True))
+    offsets = [_ns(call, 0.5) - t for (t, _, _), call in matched]
+    found = {(n, k): call for (_, n, k), call in matched}
     step_of: dict[Any, int] = {}
-    for e in runtime:
-        t = _ns(e)
-        corr = _corr(e)
-        for lo, hi, n in ranges:
-            if lo <= t <= hi and corr is not None:
-                step_of[corr] = n
-                break
+    for n in steps:
+        lo_ev, hi_ev = found.get((n, 0)), found.get((n, 1))
+        if lo_ev is None or hi_ev is None:
+            continue
+        lo, hi, tid = _ns(lo_ev), _ns(hi_ev, 1.0), lo_ev.get("tid")
+        for e in runtime:
+            t = _ns(e)
+            if lo < t < hi and e.get("tid") == tid and _corr(e) not in mark_corr | {None}:
+                step_of[_corr(e)] = n
     out: dict[int, list[dict[str, Any]]] = {n: [] for n in steps}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in _DEVICE:
@@ -337,7 +355,7 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
     """A trace's kernels grouped by sampled step on our clock; steps first..first+steps-1
     are counted, the next one ends the window."""
     has_ranges = any(str(e.get("name", "")).startswith(STEP_MARKER) for e in events)
-    per_step, off = (by_ranges if has_ranges else by_brackets)(events, marks)
+    per_step, off = (by_ranges if has_ranges else by_markers)(events, marks)
     sampled: list[SampledStep] = []
     next_start: int | None = None
     for n in range(first, first + steps + 1):

@@ -210,6 +210,8 @@ class Pipeline:
             compute_fn()
             g.dev_in.release(n)
 
+        # A graph replay's in-graph events stay visible to the timed op (see _queue).
+        compute.device_events = getattr(compute_fn, "device_events", None)  # type: ignore[attr-defined]
         try:
             self._queue(s.compute, "compute", compute, ops)
         except Exception as e:  # CUDA launches run here, in the calling thread

@@ -1,6 +1,6 @@
 """The kernel sampler's trace conversion on a CPU, from a synthetic Kineto trace: kernels
-join the step whose bracket calls hold their launch, land on our clock, the extra step ends
-the window, and a foreign event query between steps does not confuse the brackets."""
+join the step whose bracket launches hold their launch, land on our clock, the extra step
+ends the window, and another thread's launch inside a step's brackets joins no step."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import pytest
 from engine.step.kernel_trace import KernelSampler, NoRuntimeEvents, to_sample
 
 OFF_US = 1_000_000.0  # the trace clock runs 1 s ahead of ours (in us)
+SPIN = "void at::cuda::(anonymous namespace)::spin_kernel(long)"
 
 
-def rt(name, ts, corr=None, dur=1.0):
+def rt(name, ts, corr=None, dur=1.0, tid=1):
     return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts + OFF_US, "dur": dur,
-            "args": {"correlation": corr} if corr is not None else {}}
+            "tid": tid, "args": {"correlation": corr} if corr is not None else {}}
 
 
 def kern(name, ts, dur, corr):
@@ -21,14 +22,18 @@ def kern(name, ts, dur, corr):
             "args": {"correlation": corr}}
 
 
-def trace(steps, foreign_query_at=None):
-    """Each step at t0 = 100 * i us: brackets at t0 and t0 + 10, a graph launch at t0 + 5
-    whose marker and two kernels run at t0 + 20.."""
+def trace(steps, foreign_at=None):
+    """Each step at t0 = 100 * i us: bracket launches (spin kernels) at t0 and t0 + 10, a
+    graph launch at t0 + 5 whose marker and two kernels run at t0 + 20.. A foreign launch (on
+    another thread, inside a step's brackets) must join no step."""
     events, marks = [], {}
     for i, n in enumerate(steps):
         t0 = 100.0 * i
-        events += [rt("cudaEventQuery", t0), rt("cudaGraphLaunch", t0 + 5, corr=n),
-                   rt("cudaEventQuery", t0 + 10),
+        events += [rt("cudaLaunchKernel", t0, corr=1000 + 2 * i),
+                   kern(SPIN, t0 + 1, 1, 1000 + 2 * i),
+                   rt("cudaGraphLaunch", t0 + 5, corr=n),
+                   rt("cudaLaunchKernel", t0 + 10, corr=1001 + 2 * i),
+                   kern(SPIN, t0 + 11, 1, 1001 + 2 * i),
                    kern("void at::native::bitwise_not_kernel_cuda", t0 + 20, 2, n),
                    kern("nvjet_gemm_bf16", t0 + 23, 30, n),
                    kern("paged_attention_kernel", t0 + 54, 10, n),
@@ -36,25 +41,35 @@ def trace(steps, foreign_query_at=None):
                     "ts": t0 + 70 + OFF_US, "dur": 3, "args": {"correlation": n}}]
         ns = int(t0 * 1000)
         marks[n] = (ns, ns + 1000, ns + 10_000, ns + 11_000)
-    if foreign_query_at is not None:
-        events.append(rt("cudaEventQuery", foreign_query_at))
+    if foreign_at is not None:
+        events += [rt("cudaLaunchKernel", foreign_at, corr=999, tid=2),
+                   kern("foreign_kernel", foreign_at + 30, 5, 999)]
     return events, marks
 
 
-@pytest.mark.parametrize("foreign", [None, 95.0])
+@pytest.mark.parametrize("foreign", [None, 7.0])
 def test_kernels_join_their_step_on_our_clock(foreign):
     events, marks = trace([7, 8, 9], foreign)
     sample = to_sample(events, first=7, steps=2, marks=marks)
     assert sample is not None and sample.aligned == "brackets"
     assert [s.step for s in sample.steps] == [7, 8]
     s7 = sample.steps[0]
-    assert [k.family for k in s7.kernels] == ["marker", "gemm", "attention"]  # no host copy
+    # no host copy, no bracket kernel, no other thread's kernel
+    assert [k.family for k in s7.kernels] == ["marker", "gemm", "attention"]
     assert s7.kernels[1].start_ns == 23_000 and s7.kernels[1].end_ns == 53_000
     assert [k.family for k in s7.work] == ["gemm", "attention"]
     # the window: step 7's first kernel to step 9's first kernel (two whole periods)
     assert sample.window == (20_000, 220_000)
     assert sample.kernel_ns == 2 * (2_000 + 30_000 + 10_000)
     assert sample.busy == pytest.approx(84 / 200)
+
+
+def test_bracket_launches_missed_at_the_profiler_start_lose_only_that_step():
+    events, marks = trace([7, 8, 9])
+    events = [e for e in events if (e.get("args") or {}).get("correlation") != 1000]
+    sample = to_sample(events, first=7, steps=2, marks=marks)
+    assert sample is not None and [s.step for s in sample.steps] == [8]
+    assert sample.steps[0].kernels[1].start_ns == 123_000
 
 
 def test_a_trace_without_runtime_events_asks_for_the_fallback():

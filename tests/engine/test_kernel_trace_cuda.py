@@ -9,16 +9,17 @@ import time
 
 import pytest
 import torch
+from tiny_models import save_tiny_model
 
 from engine import Engine, EngineConfig, SamplingParams
 
 pytestmark = pytest.mark.cuda
 
 
-def _engine(tiny_model_dir, graphs: bool, period: float, max_model_len: int = 512) -> Engine:
+def _engine(model_dir, graphs: bool, period: float, max_model_len: int = 512) -> Engine:
     with torch.profiler.profile():  # Kineto's client registered on this (the main) thread
         pass
-    return Engine(EngineConfig(model=str(tiny_model_dir("llama")), device="cuda",
+    return Engine(EngineConfig(model=str(model_dir), device="cuda",
                                dtype="bfloat16", max_num_seqs=8, max_num_batched_tokens=64,
                                block_size=16, num_blocks=8 * max_model_len // 16 + 16,
                                max_model_len=max_model_len,
@@ -27,7 +28,7 @@ def _engine(tiny_model_dir, graphs: bool, period: float, max_model_len: int = 51
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_kernels_of_a_sampled_step_lie_inside_its_compute_span(tiny_model_dir, graphs):
-    eng = _engine(tiny_model_dir, graphs, period=0.05)
+    eng = _engine(tiny_model_dir("llama"), graphs, period=0.05)
     try:
         assert eng.settings()["cuda_graphs"] is graphs, eng.settings()["cuda_graphs_reason"]
         params = SamplingParams(max_tokens=300, temperature=0.0, ignore_eos=True)
@@ -64,11 +65,13 @@ def test_kernels_of_a_sampled_step_lie_inside_its_compute_span(tiny_model_dir, g
 
 
 @pytest.mark.parametrize("mode", ["sync-graphs", "async-graphs", "sync-eager", "async-eager"])
-def test_sampled_kernel_busy_matches_the_profiler(tiny_model_dir, mode, tmp_path):
+def test_sampled_kernel_busy_matches_the_profiler(tmp_path, mode):
     from bench.suites import truth
 
-    # Long requests: the batch must still decode through both windows (~1 ms steps).
-    model_eng = _engine(tiny_model_dir, graphs=True, period=0.0, max_model_len=4096)
+    # Long requests: the batch must still decode through both windows (~1 ms steps), so
+    # the tiny model gets 4,096 positions.
+    model_dir = save_tiny_model("llama", tmp_path / "llama-4k", max_position_embeddings=4096)
+    model_eng = _engine(model_dir, graphs=True, period=0.0, max_model_len=4096)
     try:
         args = argparse.Namespace(device="cuda", prompt=64, window_s=0.5, sample_period=0.05)
         prompts = [[3 + (i * 7 + j) % 200 for j in range(64)] for i in range(8)]
