@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     dest: Path = args.dest.resolve()
     if dest.exists():
-        if not (dest / HUB_ID_FILE).exists():  # a folder made before hub_id.txt existed
+        # A model folder made before hub_id.txt existed gets one; any other is left alone.
+        if (dest / "config.json").is_file() and not (dest / HUB_ID_FILE).exists():
             (dest / HUB_ID_FILE).write_text(HUB_ID + "\n", encoding="utf-8")
         print(f"setup: {rel(dest)} is already there; skipping the model download")
         return 0

@@ -95,7 +95,8 @@ def test_live_page_reports_the_engines_settings(engine: EngineClient) -> None:
     mode = "async" if settings["async_batching"] else "sync"
     assert f"mode **{mode}**" in markdown(at)
     assert settings["model"] in markdown(at)
-    assert set(live_figures(at)) == {"live.history", "live.timeline"}
+    assert set(live_figures(at)) == {"live.history", "live.timeline", "live.kernels",
+                                     "live.waterfall"}
     assert len(at.get("plotly_chart")) == 1  # the folded gauges
 
 
