@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--pairs", type=int, default=3, help="sampler on/off pairs")
     parser.add_argument("--pair-new", type=int, default=384, help="new tokens per pair run")
+    parser.add_argument("--cost-period", type=float, default=2.0,
+                        help="sampler period of the cost pairs (the engine default is 2 s)")
     parser.add_argument("--budget", type=int, default=2048)
 
 
@@ -263,10 +265,12 @@ def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
 
 def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
                args: argparse.Namespace) -> dict[str, Any]:
-    """Throughput with the sampler at the engine default (2 s) vs off, alternated."""
+    """Throughput with the sampler at --cost-period (default 2 s, the engine's) vs off,
+    alternated."""
     from bench.harness.timing import alternated_pairs
 
-    on = make_engine(model, args, len(prompts), args.pair_new, period=2.0)
+    period = getattr(args, "cost_period", 2.0)
+    on = make_engine(model, args, len(prompts), args.pair_new, period=period)
     off = make_engine(model, args, len(prompts), args.pair_new, period=0.0)
     try:
         for e in (on, off):
@@ -285,7 +289,7 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
     pairs = [{"off_tok_s": a, "on_tok_s": b, "cost_pct": 100 * (1 - b / a)}
              for a, b in zip(res.a.values, res.b.values, strict=True)]
     return {"pairs": pairs, "median_cost_pct": statistics.median(p["cost_pct"] for p in pairs),
-            "samples_made": samples}
+            "samples_made": samples, "period_s": period}
 
 
 # ---------------------------------------------------------------------------- the run
@@ -430,7 +434,8 @@ def markdown(s: dict[str, Any]) -> str:
             f"{k['family']} {k['us']:.1f} us ({k['name'][:60]})" for k in a["longest"])]
     c = first.get("sampler_cost")
     if c:
-        lines += ["", "## Sampler cost (default 2 s period vs off, tok/s, alternated)", "",
+        lines += ["", f"## Sampler cost ({c.get('period_s', 2.0):g} s period vs off, tok/s, "
+                  "alternated)", "",
                   ", ".join(f"{p['on_tok_s']:.0f} vs {p['off_tok_s']:.0f} "
                             f"({p['cost_pct']:+.2f}%)" for p in c["pairs"])
                   + f"; median {c['median_cost_pct']:+.2f}%; {c['samples_made']} samples"]
