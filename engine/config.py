@@ -50,7 +50,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     graph_buckets: list[int] | None = None
     telemetry: bool = True
-    kernel_sample_period_s: float = 2.0
+    kernel_sample_period_s: float = 10.0
     nvml_interval_s: float = 0.25
     http_port: int | None = None
     sentinel_sample_every: int = 0

@@ -62,12 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-s", type=float, default=1.0,
                         help="seconds of decode per reference window and per sampled window")
     parser.add_argument("--sample-period", type=float, default=0.1,
-                        help="sampler period during the comparison (the engine default is 2 s)")
+                        help="sampler period during the comparison (the engine default is 10 s)")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--pairs", type=int, default=3, help="sampler on/off pairs")
     parser.add_argument("--pair-new", type=int, default=384, help="new tokens per pair run")
     parser.add_argument("--cost-period", type=float, default=2.0,
-                        help="sampler period of the cost pairs (the engine default is 2 s)")
+                        help="sampler period of the cost pairs")
     parser.add_argument("--budget", type=int, default=2048)
 
 

@@ -6,7 +6,7 @@ so the on-demand step anatomy (engine/step/anatomy.py) and this sampler take tur
 anatomy recording is asked for or running the sampler stays off, and a sample in progress is
 dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 
-Every ``period_s`` (config kernel_sample_period_s, default 2 s; 0 = off) the next
+Every ``period_s`` (config kernel_sample_period_s, default 10 s; 0 = off) the next
 ``steps + 1`` steps are recorded with CUDA activities only (no CPU-op recording: it would slow
 an eager step's dispatch and so change the very busy figure it measures). Each sampled
 step's launch is bracketed by two launches of a zero-cycle spin kernel
@@ -61,7 +61,7 @@ from telemetry.kernels import KernelRecord, KernelSample, SampledStep, family_of
 
 log = logging.getLogger("gapless.kernels")
 
-DEFAULT_PERIOD_S = 2.0
+DEFAULT_PERIOD_S = 10.0
 DEFAULT_STEPS = 4
 MAX_READY = 64
 
