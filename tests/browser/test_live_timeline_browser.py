@@ -74,6 +74,7 @@ def test_live_timeline_is_never_blank_under_load(page: sync_api.Page) -> None:
 
 
 def test_a_zoom_survives_five_live_refreshes(page: sync_api.Page) -> None:
+    steps_on_the_timeline(page)  # refreshes need steps: the load runs (also on a rerun)
     frame = timeline_frame(page)
     scroll_top(page)
     box = page.locator(TIMELINE).bounding_box()
@@ -96,6 +97,7 @@ def test_a_zoom_survives_five_live_refreshes(page: sync_api.Page) -> None:
 
 
 def test_hover_label_stays_while_the_pointer_is_on_the_chart(page: sync_api.Page) -> None:
+    steps_on_the_timeline(page)  # refreshes need steps: the load runs (also on a rerun)
     frame = timeline_frame(page)
     scroll_top(page)
     box = page.locator(TIMELINE).bounding_box()
