@@ -7,8 +7,9 @@ anatomy recording is asked for or running the sampler stays off, and a sample in
 dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 
 Every ``period_s`` (config kernel_sample_period_s, default 10 s; 0 = off) the next
-``steps + 1`` steps are recorded with CUDA activities only (no CPU-op recording: it would slow
-an eager step's dispatch and so change the very busy figure it measures). Each sampled
+``steps + 2`` steps are recorded (the first only warms the profiler up and is not counted)
+with CUDA activities only (no CPU-op recording: it would slow an eager step's dispatch and
+so change the very busy figure it measures). Each sampled
 step's launch is bracketed by two launches of a zero-cycle spin kernel
 (``torch.cuda._sleep(0)``) on a side stream of ours, which orders nothing of the step's: in
 the trace, the spin kernels' correlation ids name their launch calls on the CPU timeline, so
@@ -64,6 +65,9 @@ log = logging.getLogger("gapless.kernels")
 DEFAULT_PERIOD_S = 10.0
 DEFAULT_STEPS = 4
 MAX_READY = 64
+# Recorded but not counted: the first step after the profiler starts pays CUPTI's start-up
+# on its launches (a gap a CPU-bound step would show as idle GPU).
+WARMUP_STEPS = 1
 
 
 class KernelSampler:
@@ -119,7 +123,7 @@ class KernelSampler:
                 return False
             self.open, self.first, self.marks = True, step, {}
             self.cost_ns = time.perf_counter_ns() - t0
-        return step - self.first <= self.steps
+        return step - self.first <= self.steps + WARMUP_STEPS
 
     @contextmanager
     def marked(self, step: int) -> Iterator[None]:
@@ -142,7 +146,7 @@ class KernelSampler:
 
     def step_done(self, step: int) -> None:
         """After a step's results were read: stop once the last marked step is done."""
-        if self.open and step - self.first >= self.steps:
+        if self.open and step - self.first >= self.steps + WARMUP_STEPS:
             self._stop(keep=True)
 
     def abort(self) -> None:
@@ -167,7 +171,7 @@ class KernelSampler:
             return
         cost = self.cost_ns + time.perf_counter_ns() - t0
         if keep:
-            self._submit((result, self.first, self.steps, dict(self.marks), cost))
+            self._submit((result, self.first + WARMUP_STEPS, self.steps, dict(self.marks), cost))
 
     def _failed(self, e: BaseException) -> None:
         self.failures += 1
