@@ -51,12 +51,15 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
     sampled_steps = 0
     per_family: dict[str, tuple[list[float], list[float], list[str]]] = {
         f: ([], [], []) for f in FAMILIES}
-    for rec in records:
+    # No kernels off a GPU: the lane only says so (per-step hovers would cost each refresh a
+    # pass over every step in the window, for nothing to show).
+    index = {r.step: r for r in records}
+    for rec in records if device == "cuda" else ():
         comp = [s for s in rec.spans if s.lane == "compute"]
         if not comp or comp[0].end_ns < lo or comp[0].start_ns > end_ns:
             continue
         c = comp[0]
-        parts = step_parts_text(rec, records, samples)
+        parts = step_parts_text(rec, records, samples, index)
         st = by_step.get(rec.step)
         if st is None:
             pale_base.append((c.start_ns - end_ns) / 1e6)

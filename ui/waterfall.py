@@ -85,9 +85,11 @@ def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSamp
 
 
 def step_parts_text(rec: StepRecord, records: Sequence[StepRecord],
-                    samples: Sequence[KernelSample]) -> str:
+                    samples: Sequence[KernelSample],
+                    index: dict[int, StepRecord] | None = None) -> str:
     """One step's waterfall for its hover: its compute span split into kernels and gaps
-    (measured when sampled, else by the sampled share), and the idle before it by cause."""
+    (measured when sampled, else by the sampled share), and the idle before it by cause.
+    ``index`` (step -> record of `records`) spares a scan of `records` per step."""
     comp = [s for s in rec.spans if s.lane == "compute"]
     if not comp:
         return ""
@@ -97,7 +99,9 @@ def step_parts_text(rec: StepRecord, records: Sequence[StepRecord],
     if wf.kernel_ns is not None:
         lines.append(f"kernels {wf.kernel_ns / 1e3:.1f} us · gaps "
                      f"{(wf.parts_ns['in_step_gaps'] or 0) / 1e3:.1f} us")
-    prev = [r for r in records if r.step in (rec.step - 1, rec.step - 2)]
+    if index is None:
+        index = {r.step: r for r in records}
+    prev = [index[n] for n in (rec.step - 2, rec.step - 1) if n in index]
     ends = [s.end_ns for r in prev for s in r.spans if s.lane == "compute"]
     if ends and max(ends) < c.start_ns:
         idle = idle_by_cause([*prev, rec], max(ends), c.start_ns)
