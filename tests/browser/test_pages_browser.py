@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from dashboard_driver import (  # skips this module where there is no browser
     BROWSER_MARKS,
+    ENGINE_START_S,
     SMALL,
     TIMELINE,
     WIDE,
@@ -95,8 +96,19 @@ def test_screenshots_of_every_page(server, browser, page, viewport) -> None:
     """Every page as a window of that size shows it, for the README (artifacts/ only)."""
     tab = new_tab(browser, server[0], viewport)
     try:
-        tab.locator(TIMELINE).wait_for()
+        # The page's own state first ("mode ..." comes from the engine), not the timeline's
+        # iframe: on CI (2026-12-04) a fresh tab right after the benchmark test held both
+        # live_plot iframes hidden for over 60 s, three times, and the test never learnt why.
+        tab.wait_for_function("() => document.body.innerText.includes('mode ')",
+                              timeout=ENGINE_START_S * 1000)
         steps_on_the_timeline(tab)  # something to look at (a rerun may find it running)
+        try:
+            tab.locator(TIMELINE).wait_for(timeout=ENGINE_START_S * 1000)
+        except sync_api.Error:
+            shoot(tab, "failed-live-timeline-hidden")
+            raise AssertionError(
+                f"the live timeline stayed hidden; the page said: {body_text(tab)[:2000]}"
+            ) from None
         tab.wait_for_timeout(4000)
         scroll_top(tab)
         for title in PAGES:
