@@ -78,6 +78,9 @@ class Engine:
                 self.tp.close()
             raise
         self._ids = itertools.count()
+        # Bumped by each configure() that changes a live setting: clients compare-and-set on
+        # it (engine.process.commands), so a change made on a stale view is refused.
+        self.settings_version = 0
         # Guards the open-request registry and the order of commands: a request's "add" is
         # queued in the same critical section that registers it, so an abort that finds it
         # is always queued after it.
@@ -290,6 +293,7 @@ class Engine:
             check_sample_every(sentinel_sample_every)
             if sentinel_sample_every and self.loop.sentinel is None:
                 raise ValueError("the sentinel cannot be turned on with tensor_parallel_size > 1")
+        before = self._live_settings()
         done: Future[None] = Future()
         with self._lock:
             self._check_serving()
@@ -303,7 +307,14 @@ class Engine:
                 break
             except TimeoutError:
                 self._check_serving()
+        if self._live_settings() != before:
+            self.settings_version += 1
         return self.settings()
+
+    def _live_settings(self) -> tuple[Any, ...]:
+        s = self.loop.settings
+        sentinel = 0 if self.loop.sentinel is None else self.loop.sentinel.sample_every
+        return (s.async_batching, s.num_slots, self.loop.graphs_active, sentinel)
 
     def settings(self) -> dict[str, Any]:
         s = self.loop.settings
@@ -315,6 +326,7 @@ class Engine:
             "cuda_graphs_reason": self.loop.graphs_reason(),
             "sentinel_sample_every": 0 if self.loop.sentinel is None
             else self.loop.sentinel.sample_every,
+            "settings_version": self.settings_version,
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
             "model": self.config.model,

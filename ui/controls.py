@@ -1,9 +1,10 @@
 """Widgets that act on the running engine: batching mode, slots, CUDA graphs, load generator.
 
-Owns the rule that the engine is the source of truth (DESIGN.md §7): before each widget is
-drawn its session-state value is set from ``client.settings()``, and a change is pushed back
-in the widget's ``on_change``. So every tab shows what the engine really does, whichever
-tab changed it.
+Owns the rule that the engine is the source of truth: before each widget is drawn its
+session-state value is set from ``client.settings()``, its key names the engine's settings
+version, and a change is a compare-and-set on that version sent from the widget's
+``on_change``. So every tab shows what the engine really does, whichever tab changed it, and
+a tab that has not yet redrawn can never push its stale value back.
 
 It must never keep its own copy of a setting between runs, and never call the engine from
 anywhere but the script thread (callbacks run there too).
@@ -39,55 +40,76 @@ def mode_summary(settings: dict[str, Any]) -> str:
     )
 
 
-def _push(client: EngineClient, what: str, **change: Any) -> None:
-    from ui.status import REMEMBERED
+def widget_key(base: str, settings: dict[str, Any]) -> str:
+    """The key of a settings widget drawn from ``settings``: it names the engine process and
+    its settings version, so each new state of the engine is a new widget. A browser that
+    still holds a widget of an older state (a tab not yet redrawn) can only send it under
+    the old key, whose change carries the old version and is refused by the engine."""
+    return f"{base}.{settings.get('engine_pid', 0)}.{settings.get('settings_version', 0)}"
 
-    # The engine's answer is the new truth at once (the watchdog's copy may be 0.5 s old).
-    in_callback(what, lambda: REMEMBERED.remember(client.configure(**change)))
+
+def _push(client: EngineClient, what: str, version: int | None, **change: Any) -> None:
+    from ui.status import REMEMBERED
+    from ui.tab import tab_id
+
+    def call() -> None:
+        # A compare-and-set on the version this tab showed: the engine applies the change
+        # once, and refuses it if anything (another tab, the API) changed the settings since.
+        after = client.configure(**change, expect_version=version, origin=tab_id())
+        REMEMBERED.remember(after)  # the engine's answer is the new truth at once
+        if after.get("refused"):
+            st.toast(f"{what}: not applied. {after['refused']}", icon=":material/sync_problem:")
+
+    in_callback(what, call)
 
 
 def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
-    """Async on/off, slots 1/2/3 and CUDA graphs on/off, in three columns."""
-    st.session_state[ASYNC_KEY] = bool(settings["async_batching"])
-    st.session_state[SLOTS_KEY] = int(settings["num_slots"])
+    """Async on/off, slots 1/2/3 and CUDA graphs on/off, in three columns. Each widget shows
+    the engine's value and is keyed by the engine's settings version (widget_key)."""
+    version = settings.get("settings_version")
+    keys = {base: widget_key(base, settings) for base in (ASYNC_KEY, SLOTS_KEY, GRAPHS_KEY)}
     available = bool(settings.get("cuda_graphs_available"))
-    st.session_state[GRAPHS_KEY] = bool(settings.get("cuda_graphs")) and available
+    # Set every run, before the widget: whatever the browser last sent, the widget shows
+    # what the engine runs.
+    st.session_state[keys[ASYNC_KEY]] = bool(settings["async_batching"])
+    st.session_state[keys[SLOTS_KEY]] = int(settings["num_slots"])
+    st.session_state[keys[GRAPHS_KEY]] = bool(settings.get("cuda_graphs")) and available
+
+    def on_change(base: str, what: str, field: str) -> None:
+        _push(client, what, version, **{field: st.session_state[keys[base]]})
 
     async_col, slots_col, graphs_col = st.columns(3)
     with async_col:
         st.toggle(
             "Async batching",
-            key=ASYNC_KEY,
+            key=keys[ASYNC_KEY],
             help="Build batch N+1 on the CPU while the device runs batch N.",
-            on_change=lambda: _push(
-                client, "Switching async batching", async_batching=st.session_state[ASYNC_KEY]
-            ),
+            on_change=on_change,
+            args=(ASYNC_KEY, "Switching async batching", "async_batching"),
         )
     with slots_col:
         st.segmented_control(
             "Slots",
             SLOT_CHOICES,
-            key=SLOTS_KEY,
+            key=keys[SLOTS_KEY],
             required=True,
             help="Sets of input/output buffers the steps take turns with.",
-            on_change=lambda: _push(
-                client, "Changing the slot count", num_slots=st.session_state[SLOTS_KEY]
-            ),
+            on_change=on_change,
+            args=(SLOTS_KEY, "Changing the slot count", "num_slots"),
         )
     with graphs_col:
         reason = settings.get("cuda_graphs_reason") or "CUDA graphs are not available here."
         st.toggle(
             "CUDA graphs",
-            key=GRAPHS_KEY,
+            key=keys[GRAPHS_KEY],
             disabled=not available,
             help=(
                 "Replay captured graphs of forward + sampling per token-count bucket."
                 if available
                 else reason
             ),
-            on_change=lambda: _push(
-                client, "Switching CUDA graphs", cuda_graphs=st.session_state[GRAPHS_KEY]
-            ),
+            on_change=on_change,
+            args=(GRAPHS_KEY, "Switching CUDA graphs", "cuda_graphs"),
         )
         if not available:
             st.caption(reason)

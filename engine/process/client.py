@@ -331,9 +331,15 @@ class EngineClient:
 
     # ------------------------------------------------------------------- live control
     def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
-                  cuda_graphs: bool | None = None) -> dict[str, Any]:
+                  cuda_graphs: bool | None = None, *, expect_version: int | None = None,
+                  origin: str | None = None) -> dict[str, Any]:
+        """Change live settings. ``expect_version`` (a settings()["settings_version"] seen
+        earlier) makes it a compare-and-set: if the settings changed since, nothing is
+        applied and the answer has ``refused``. ``origin`` names the asker in the log."""
+        extra = {k: v for k, v in (("expect_version", expect_version), ("origin", origin))
+                 if v is not None}
         return dict(self._call(Command.CONFIGURE, async_batching=async_batching,
-                               num_slots=num_slots, cuda_graphs=cuda_graphs))
+                               num_slots=num_slots, cuda_graphs=cuda_graphs, **extra))
 
     def settings(self) -> dict[str, Any]:
         return dict(self._call(Command.SETTINGS))

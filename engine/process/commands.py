@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -77,8 +78,10 @@ class CommandsMixin:
         raise NotImplementedError
 
     def with_benchmark(self, settings: dict[str, Any]) -> dict[str, Any]:
-        """The engine's settings as clients get them: plus whether a benchmark runs."""
-        return {**settings, "benchmark_running": self.benchmark_running()}
+        """The engine's settings as clients get them: plus whether a benchmark runs, and the
+        engine process's id (a restarted engine is a new process: tabs tell them apart)."""
+        return {**settings, "benchmark_running": self.benchmark_running(),
+                "engine_pid": os.getpid()}
 
     def benchmark_running(self) -> bool:
         """A benchmark started by any client is running (every client's settings say so)."""
@@ -115,10 +118,28 @@ class CommandsMixin:
             raise ValueError(f"request_id must be a string, got {request_id!r}")
         self.engine.abort(request_id)
 
-    def configure(self, link: ClientLink, **kwargs: Any) -> dict[str, Any]:
+    def configure(self, link: ClientLink, expect_version: int | None = None,
+                  origin: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Apply a settings change. With ``expect_version`` it is a compare-and-set: the
+        change applies only if the engine's settings are still at that version (the one the
+        asking view showed); otherwise nothing changes and the answer, the settings in force,
+        carries ``refused`` with the reason. Every change is logged with who asked."""
+        who = origin or "a client"
         with self.lock:
             self._refuse_during_benchmark("change settings")
-            return self.with_benchmark(self.engine.configure(**kwargs))
+            now = self.engine.settings_version
+            if expect_version is not None and expect_version != now:
+                log.info("settings change %s by %s refused: made on version %s, the engine "
+                         "is at version %s", kwargs, who, expect_version, now)
+                return {**self.with_benchmark(self.engine.settings()), "refused": (
+                    f"the settings changed (version {expect_version} -> {now}) before this "
+                    "change arrived, so it was not applied; the page shows the engine's "
+                    "settings now")}
+            after = self.with_benchmark(self.engine.configure(**kwargs))
+            if after["settings_version"] != now:
+                log.info("settings version %d by %s: %s", after["settings_version"], who,
+                         {k: v for k, v in kwargs.items() if v is not None})
+            return after
 
     # ------------------------------------------------------------------ load generator
     def start_load(self, link: ClientLink, spec: Any) -> dict[str, Any]:

@@ -137,6 +137,26 @@ def test_configure_round_trips(client):
     assert stats["kv_blocks_total"] > 0
 
 
+def test_configure_is_a_compare_and_set_on_the_settings_version(client):
+    """A change carrying the version it was made on applies once; the same change sent
+    again (or any change made on that older view) is refused and changes nothing."""
+    before = client.settings()
+    v = before["settings_version"]
+    try:
+        after = client.configure(num_slots=1 if before["num_slots"] != 1 else 3,
+                                 expect_version=v, origin="tab test")
+        assert "refused" not in after and after["settings_version"] == v + 1
+        again = client.configure(num_slots=2, expect_version=v, origin="tab test")
+        assert "version" in again["refused"]
+        assert client.settings()["num_slots"] == after["num_slots"]
+        assert client.settings()["settings_version"] == v + 1
+        same = client.configure(num_slots=after["num_slots"], expect_version=v + 1)
+        assert same["settings_version"] == v + 1  # no change: no new version
+        assert client.settings()["engine_pid"] == client.pid
+    finally:
+        client.configure(num_slots=before["num_slots"])
+
+
 def test_telemetry_arrives_in_the_client_mirror(client):
     rid = client.submit([9, 8, 7, 6], GREEDY)
     client.result(rid, timeout=30)

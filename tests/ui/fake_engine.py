@@ -98,6 +98,8 @@ class FakeEngineClient:
             "max_num_seqs": 8,
             "max_model_len": 256,
         }
+        self._settings.update(settings_version=0, engine_pid=1)
+        self.configured_by: list[str | None] = []
         self._dead: str | None = None
         self.hung = False  # stopped (SIGSTOP): calls time out, status() says so
         self.pid = None
@@ -133,7 +135,9 @@ class FakeEngineClient:
         self.hung = False
         self.restarts = getattr(self, "restarts", 0) + 1
         # A new engine process starts from the config file's settings.
-        self._settings.update(async_batching=True, num_slots=2, cuda_graphs=False)
+        self._settings.update(async_batching=True, num_slots=2, cuda_graphs=False,
+                              settings_version=0,
+                              engine_pid=self._settings["engine_pid"] + 1)
 
     def shutdown(self) -> None:
         self.shut_down = True
@@ -189,8 +193,14 @@ class FakeEngineClient:
         async_batching: bool | None = None,
         num_slots: int | None = None,
         cuda_graphs: bool | None = None,
+        *,
+        expect_version: int | None = None,
+        origin: str | None = None,
     ) -> dict[str, Any]:
         self._check()
+        self.configured_by.append(origin)
+        if expect_version is not None and expect_version != self._settings["settings_version"]:
+            return {**self.settings(), "refused": "the settings changed before this change"}
         if num_slots is not None and num_slots not in (1, 2, 3):
             raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
         if cuda_graphs and not self.graphs_available:
@@ -200,8 +210,9 @@ class FakeEngineClient:
             ("num_slots", num_slots),
             ("cuda_graphs", cuda_graphs),
         ):
-            if value is not None:
+            if value is not None and self._settings[key] != value:
                 self._settings[key] = value
+                self._settings["settings_version"] += 1
         return self.settings()
 
     # -- requests
@@ -314,3 +325,12 @@ def reset_shared_state() -> None:
     ui.status.REMEMBERED.full = {}
     ui.status.HANG.answered()
     ui.status.stop_watchdogs()
+
+
+def control(at: Any, base: str) -> Any:
+    """The settings widget ``base`` ("ctl.async", "ctl.slots", "ctl.graphs") an AppTest run
+    drew: its key also names the engine's settings version (ui.controls.widget_key)."""
+    kind = "button_group" if base == "ctl.slots" else "toggle"
+    found = [w for w in getattr(at, kind) if str(w.key).startswith(base + ".")]
+    assert len(found) == 1, [w.key for w in getattr(at, kind)]
+    return found[0]

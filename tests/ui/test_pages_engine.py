@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import streamlit as st
 import yaml
+from fake_engine import control
 from streamlit.testing.v1 import AppTest
 
 import ui.bench_runner
@@ -103,13 +104,13 @@ def test_live_page_reports_the_engines_settings(engine: EngineClient) -> None:
 def test_toggles_change_the_engines_mode(engine: EngineClient) -> None:
     at = app().run()
     before = engine.settings()["async_batching"]
-    at.toggle(key="ctl.async").set_value(not before).run()
+    control(at, "ctl.async").set_value(not before).run()
     assert engine.settings()["async_batching"] is (not before)
     assert f"mode **{'async' if not before else 'sync'}**" in markdown(at)
-    at.button_group(key="ctl.slots").set_value(3).run()
+    control(at, "ctl.slots").set_value(3).run()
     assert engine.settings()["num_slots"] == 3
-    at.button_group(key="ctl.slots").set_value(2).run()
-    at.toggle(key="ctl.async").set_value(before).run()
+    control(at, "ctl.slots").set_value(2).run()
+    control(at, "ctl.async").set_value(before).run()
     assert engine.settings()["async_batching"] is before
     assert not at.exception and not at.error
 
@@ -117,12 +118,12 @@ def test_toggles_change_the_engines_mode(engine: EngineClient) -> None:
 def test_cuda_graphs_toggle_follows_the_device(engine: EngineClient) -> None:
     at = app().run()
     settings = engine.settings()
-    graphs = at.toggle(key="ctl.graphs")
+    graphs = control(at, "ctl.graphs")
     if settings["cuda_graphs_available"]:
         assert not graphs.disabled
         graphs.set_value(not settings["cuda_graphs"]).run()
         assert engine.settings()["cuda_graphs"] is (not settings["cuda_graphs"])
-        at.toggle(key="ctl.graphs").set_value(settings["cuda_graphs"]).run()
+        control(at, "ctl.graphs").set_value(settings["cuda_graphs"]).run()
     else:
         assert graphs.disabled
         assert graphs.help == settings["cuda_graphs_reason"]

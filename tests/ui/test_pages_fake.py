@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import streamlit as st
-from fake_engine import FakeEngineClient
+from fake_engine import FakeEngineClient, control
 from streamlit.testing.v1 import AppTest
 
 import ui.client
@@ -57,8 +57,8 @@ def test_live_page_shows_history_timeline_and_controls(fake: FakeEngineClient) -
     assert first_chart < first_widget
     ticks = figs["live.timeline"]["layout"]["yaxis"]["ticktext"]
     assert "compute" in ticks and "cpu.prepare" in ticks
-    assert at.toggle(key="ctl.async").value is True
-    assert at.toggle(key="ctl.graphs").disabled  # no GPU
+    assert control(at, "ctl.async").value is True
+    assert control(at, "ctl.graphs").disabled  # no GPU
     assert "No GPU" in texts(at)
 
 
@@ -75,10 +75,10 @@ def test_history_strip_has_the_four_figures_with_units(fake: FakeEngineClient) -
 
 def test_async_toggle_and_slots_change_the_engines_mode(fake: FakeEngineClient) -> None:
     at = app().run()
-    at.toggle(key="ctl.async").set_value(False).run()
+    control(at, "ctl.async").set_value(False).run()
     assert fake.settings()["async_batching"] is False
     assert "mode **sync**" in texts(at)
-    at.button_group(key="ctl.slots").set_value(3).run()
+    control(at, "ctl.slots").set_value(3).run()
     assert fake.settings()["num_slots"] == 3
     assert not at.exception
 
@@ -87,8 +87,8 @@ def test_widgets_follow_the_engine_when_another_tab_changes_it(fake: FakeEngineC
     at = app().run()
     fake.configure(async_batching=False, num_slots=1)
     at.run()
-    assert at.toggle(key="ctl.async").value is False
-    assert at.button_group(key="ctl.slots").value == 1
+    assert control(at, "ctl.async").value is False
+    assert control(at, "ctl.slots").value == 1
 
 
 def test_load_generator_starts_and_stops(fake: FakeEngineClient) -> None:
@@ -165,7 +165,7 @@ def test_graphs_toggle_is_enabled_with_a_gpu(monkeypatch: pytest.MonkeyPatch) ->
     st.cache_resource.clear()
     monkeypatch.setattr(ui.client, "make_client", lambda: client)
     at = app().run()
-    graphs = at.toggle(key="ctl.graphs")
+    graphs = control(at, "ctl.graphs")
     assert not graphs.disabled
     graphs.set_value(True).run()
     assert client.settings()["cuda_graphs"] is True
@@ -233,3 +233,19 @@ def test_requests_page_lists_requests_with_latencies(fake: FakeEngineClient) -> 
     assert set(table["status"]) == {"length"}
     assert (table["TTFT ms"] > 0).all()
     assert len(at.get("plotly_chart")) == 1
+
+
+def test_a_change_made_on_a_stale_view_is_refused_not_applied(fake: FakeEngineClient) -> None:
+    """Two tabs at settings version 0; the first changes the slots (version 1); the second,
+    not yet redrawn, changes them too: its change carries version 0 and the engine refuses
+    it, so the engine keeps the first tab's value and the second tab then shows it."""
+    first, second = app().run(), app().run()
+    control(first, "ctl.slots").set_value(3).run()
+    assert fake.settings()["num_slots"] == 3 and fake.settings()["settings_version"] == 1
+    stale = control(second, "ctl.slots")
+    assert stale.key.endswith(".0")  # drawn at version 0
+    stale.set_value(1).run()
+    assert fake.settings()["num_slots"] == 3, "a stale view's change was applied"
+    assert fake.settings()["settings_version"] == 1
+    assert control(second, "ctl.slots").value == 3  # the second tab now shows the engine's
+    assert all(o and o.startswith(("tab ", "a tab")) for o in fake.configured_by)

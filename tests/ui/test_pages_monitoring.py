@@ -12,7 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_engine import FakeClientWithoutHeartbeat, FakeEngineClient, reset_shared_state
+from fake_engine import (
+    FakeClientWithoutHeartbeat,
+    FakeEngineClient,
+    control,
+    reset_shared_state,
+)
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
@@ -74,8 +79,8 @@ def test_without_a_heartbeat_a_call_that_times_out_says_not_responding(
 
 def test_kill_and_restart_recovers_and_keeps_the_live_settings(fake: FakeEngineClient) -> None:
     at = app().run()
-    at.toggle(key="ctl.async").set_value(False).run()
-    at.button_group(key="ctl.slots").set_value(3).run()
+    control(at, "ctl.async").set_value(False).run()
+    control(at, "ctl.slots").set_value(3).run()
     fake.hung = True
     at.run()
     at.button(key="ui.kill_restart_page").click().run()
@@ -86,7 +91,7 @@ def test_kill_and_restart_recovers_and_keeps_the_live_settings(fake: FakeEngineC
 
 def test_restart_after_a_death_keeps_the_live_settings(fake: FakeEngineClient) -> None:
     at = app().run()
-    at.button_group(key="ctl.slots").set_value(1).run()
+    control(at, "ctl.slots").set_value(1).run()
     fake.kill()
     at.run()
     at.button(key="ui.restart").click().run()
