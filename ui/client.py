@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from engine.process.client import EngineDead, EngineNotResponding
-from ui.engine_trouble import show_dead_engine, stop_not_responding
+from ui.engine_trouble import (
+    carry_out_restart,
+    show_dead_engine,
+    show_restart_outcome,
+    stop_not_responding,
+)
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -98,12 +103,14 @@ def engine_client() -> EngineClient:
         st.stop()
     from ui.status import engine_status, watch
 
+    carry_out_restart(client)  # a restart clicked in this tab (it may find it stale)
     watch(client)  # a stand-in heartbeat while the client has no status() of its own
     status = engine_status(client)
     if status.state == "dead":
         show_dead_engine(client)
     if status.state == "not_responding":
         stop_not_responding(client, status.reason)
+    show_restart_outcome()
     return client
 
 

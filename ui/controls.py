@@ -156,6 +156,7 @@ def load_stats_line(stats: dict[str, Any]) -> str:
     parts = [
         f"submitted {stats.get('submitted', 0):,}",
         f"finished {stats.get('finished', 0):,}",
+        *([f"aborted {stats['aborted']:,}"] if "aborted" in stats else []),
         f"in flight {stats.get('inflight', 0):,}",
         f"dropped arrivals {stats.get('dropped', 0):,}",
     ]
@@ -173,6 +174,9 @@ def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
     max_len = settings.get("max_model_len")
     cap = int(max_len) - 1 if max_len else 8192
     stats = client.load_stats()
+    from ui.status import REMEMBERED
+
+    REMEMBERED.remember_load(stats)  # a restart starts it again with this spec
     running = bool(stats.get("running"))
     cols = st.columns([1.2, 1, 1, 1, 1.4])
     with cols[0]:

@@ -3,28 +3,89 @@ hung one (with kill-and-restart), then the page stops there.
 
 Shared by ui/client.py (a page's first call, or a call inside engine_errors, fails) and
 ui/banner.py (the banner notices a hang); it sits below both so neither imports the other.
-Owns the two messages and their buttons' callbacks. It must never wait on the engine, never
-show a traceback (details go to the server log), and never call st.* off the script thread.
+Owns the two messages, their buttons, the restart's progress and the watch that brings a
+stopped page back once the engine runs again. A button remembers which engine process its
+view showed (the client's ``generation``): clicked on a stale view (another tab restarted
+the engine meanwhile, or the hang ended) it does nothing and says so. Every restart and kill
+is logged with the tab that asked. It must never show a traceback (details go to the server
+log), and never call st.* off the script thread.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, NoReturn
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import streamlit as st
 
-from ui.status import kill_and_restart, restart_keeping_settings
+from ui.status import StaleRestart, engine_status, kill_and_restart, restart_keeping_settings
+from ui.tab import tab_id
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
 log = logging.getLogger("gapless.ui")
 
+RESTART_ASK_KEY = "ui.restart_asked"  # (kind, generation seen) of a click not yet carried out
+RESTART_ERROR_KEY = "ui.kill_restart_error"
+RECOVERY_PERIOD_S = 1.0
+
+
+def _ask(kind: str, generation: Any) -> None:
+    st.session_state[RESTART_ASK_KEY] = (kind, generation)
+
+
+def carry_out_restart(client: EngineClient) -> None:
+    """The restart a click asked for, in the page's run with its progress shown (a callback
+    would leave the page greyed and silent for the 5-10 s a start takes)."""
+    asked = st.session_state.pop(RESTART_ASK_KEY, None)
+    if asked is None:
+        return
+    kind, seen = asked
+    who = tab_id()
+    label = "Killing the engine and starting a new one" if kind == "kill" else \
+        "Starting a new engine"
+    with st.status(f"{label} (loading the model)...", expanded=True) as box:
+        t0 = time.monotonic()
+        try:
+            if kind == "kill":
+                kill_and_restart(client, who, seen_generation=seen)
+            else:
+                restart_keeping_settings(client, who, seen_generation=seen)
+        except StaleRestart as e:
+            box.update(label=f"Nothing done: {e}.", state="complete", expanded=False)
+            st.session_state[RESTART_ERROR_KEY] = ("info", f"Nothing done: {e}.")
+        except Exception as exc:  # shown on the next run, never as a traceback
+            log.exception("engine restart failed")
+            st.session_state[RESTART_ERROR_KEY] = (
+                "error", f"Restart failed: {exc or type(exc).__name__}")
+        else:
+            box.update(label=f"The engine is running again ({time.monotonic() - t0:.1f} s); "
+                             "settings and load generator restored.", state="complete")
+    st.rerun()
+
+
+def show_restart_outcome() -> None:
+    outcome = st.session_state.pop(RESTART_ERROR_KEY, None)
+    if outcome:
+        kind, text = outcome
+        (st.info if kind == "info" else st.error)(text)
+
+
+def _await_recovery(client: EngineClient, seen: Any) -> None:
+    """A stopped page's watch (a fragment, every second): once the engine is running again
+    (restarted from another tab, or resumed), redraw the whole page."""
+    if getattr(client, "generation", None) != seen and client.alive():
+        st.rerun(scope="app")
+    if engine_status(client).state == "alive":
+        st.rerun(scope="app")
+
 
 def show_dead_engine(client: EngineClient, not_responding: str | None = None) -> NoReturn:
     """Say that the engine died (or, with ``not_responding``, hangs) and why, offer a
     restart (which kills a hung engine), and stop the page here."""
+    carry_out_restart(client)
     reason = None
     try:
         reason = client.death_reason()
@@ -34,34 +95,17 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None) ->
         st.error(f"The engine is not responding: {not_responding}.")
     else:
         st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
-
-    def restart() -> None:
-        try:
-            restart_keeping_settings(client)
-        except Exception as exc:  # shown on the next run, never as a traceback
-            log.exception("engine restart failed")
-            st.session_state["ui.restart_error"] = str(exc) or type(exc).__name__
-
-    st.button("Restart the engine", key="ui.restart", type="primary", on_click=restart)
-    failed = st.session_state.pop("ui.restart_error", None)
-    if failed:
-        st.error(f"Restart failed: {failed}")
+    seen = getattr(client, "generation", None)
+    st.button("Restart the engine", key="ui.restart", type="primary", on_click=_ask,
+              args=("restart", seen))
+    show_restart_outcome()
+    st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery)(client, seen)
     st.stop()
-
-
-RESTART_ERROR_KEY = "ui.kill_restart_error"
-
-
-def _kill_and_restart(client: EngineClient) -> None:
-    try:
-        kill_and_restart(client)
-    except Exception as exc:  # shown on the next run, never as a traceback
-        log.exception("kill and restart failed")
-        st.session_state[RESTART_ERROR_KEY] = str(exc) or type(exc).__name__
 
 
 def show_not_responding(client: EngineClient, reason: str | None, key: str) -> None:
     """Say the engine is hung and offer to kill and restart it (the settings are kept)."""
+    carry_out_restart(client)
     st.error(
         f"**The engine is not responding** ({reason or 'no answer within 2 s'}). "
         "It may be stopped (SIGSTOP) or stuck in a long step; pages stay usable but show "
@@ -73,15 +117,15 @@ def show_not_responding(client: EngineClient, reason: str | None, key: str) -> N
         key=key,
         type="primary",
         icon=":material/restart_alt:",
-        on_click=_kill_and_restart,
-        args=(client,),
+        on_click=_ask,
+        args=("kill", getattr(client, "generation", None)),
         help="SIGKILL the engine process and start a new one with the same live settings.",
     )
-    failed = st.session_state.pop(RESTART_ERROR_KEY, None)
-    if failed:
-        st.error(f"Restart failed: {failed}")
+    show_restart_outcome()
 
 
 def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
     show_not_responding(client, reason, key="ui.kill_restart_page")
+    st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery)(
+        client, getattr(client, "generation", None))
     st.stop()

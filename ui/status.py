@@ -203,9 +203,17 @@ class Remembered:
         self._lock = threading.Lock()
         self.settings: dict[str, Any] = {}
         self.full: dict[str, Any] = {}
+        self.load: dict[str, Any] | None = None
 
     def remember(self, settings: dict[str, Any]) -> None:
+        """Keep ``settings`` unless they are older than the ones kept (same engine process,
+        lower settings version: a slow reading that lost a race with a change)."""
         with self._lock:
+            old = self.full
+            if (old.get("engine_pid") is not None
+                    and old.get("engine_pid") == settings.get("engine_pid")
+                    and settings.get("settings_version", 0) < old.get("settings_version", 0)):
+                return
             self.full = dict(settings)
             self.settings = {k: settings[k] for k in (*LIVE_KEYS, "cuda_graphs_available")
                              if k in settings}
@@ -213,6 +221,17 @@ class Remembered:
     def latest(self) -> dict[str, Any]:
         with self._lock:
             return dict(self.full)
+
+    def remember_load(self, stats: dict[str, Any]) -> None:
+        """The load generator as last seen: its spec while it runs (a restart starts it
+        again with that spec), None once stopped."""
+        with self._lock:
+            self.load = dict(stats["spec"]) if stats.get("running") and stats.get("spec") \
+                else None
+
+    def load_spec(self) -> dict[str, Any] | None:
+        with self._lock:
+            return None if self.load is None else dict(self.load)
 
     def live(self) -> dict[str, Any]:
         with self._lock:
@@ -225,23 +244,64 @@ class Remembered:
 REMEMBERED = Remembered()  # one engine per Streamlit server (ui/client.py)
 
 
-def restart_keeping_settings(client: EngineClient) -> dict[str, Any]:
-    """client.restart(), then the live settings it had before (async, slots, graphs)."""
+class StaleRestart(Exception):
+    """A restart asked from a view of an engine that is no longer the current one, or of a
+    hang that has ended: nothing was done (the message says why)."""
+
+
+def check_restart_wanted(client: EngineClient, seen_generation: int | None,
+                         hung: bool) -> None:
+    """Raise StaleRestart when the view that asked is stale: the engine it saw was already
+    restarted (by another tab), or (for a kill) it answers again."""
+    now = getattr(client, "generation", None)
+    if seen_generation is not None and now is not None and now != seen_generation:
+        if client.alive():
+            raise StaleRestart("the engine was already restarted (by another tab or client) "
+                               "and is running; nothing was done")
+    elif hung and engine_status(client).state == "alive":
+        raise StaleRestart("the engine answers again; nothing was killed")
+
+
+def restart_keeping_settings(client: EngineClient, who: str = "a tab",
+                             seen_generation: int | None = None) -> dict[str, Any]:
+    """client.restart(), then the live settings it had before (async, slots, graphs) and
+    the load generator if it was running. Logged with who asked; StaleRestart if the engine
+    the asking view saw was already restarted."""
+    check_restart_wanted(client, seen_generation, hung=False)
+    log.warning("engine restart asked by %s (engine generation %s, pid %s: %s)", who,
+                getattr(client, "generation", "?"), client.pid,
+                client.death_reason() or "running")
     live = REMEMBERED.live()
+    load = REMEMBERED.load_spec()
     client.restart()
     HANG.answered()
+    settings = client.settings()
     if live:
         try:
-            return dict(client.configure(**live))
+            settings = dict(client.configure(**live))
         except ValueError:  # e.g. graphs no longer available: keep what the engine allows
             live.pop("cuda_graphs", None)
-            return dict(client.configure(**live)) if live else client.settings()
-    return client.settings()
+            settings = dict(client.configure(**live)) if live else client.settings()
+    REMEMBERED.remember(settings)
+    if load is not None:
+        from engine.drivers.loadgen import LoadSpec
+
+        try:
+            client.start_load(LoadSpec(**load))
+        except Exception:  # the engine runs; the user can start the load again
+            log.exception("restoring the load generator after a restart failed")
+    log.warning("engine restarted for %s (generation %s, pid %s)", who,
+                getattr(client, "generation", "?"), client.pid)
+    return settings
 
 
-def kill_and_restart(client: EngineClient) -> None:
-    """SIGKILL a hung engine (a SIGSTOPped one cannot answer a shutdown), then restart it."""
+def kill_and_restart(client: EngineClient, who: str = "a tab",
+                     seen_generation: int | None = None) -> None:
+    """SIGKILL a hung engine (a SIGSTOPped one cannot answer a shutdown), then restart it.
+    StaleRestart, and nothing killed, when the view that asked is stale."""
+    check_restart_wanted(client, seen_generation, hung=True)
     pid = client.pid
+    log.warning("engine kill (SIGKILL, pid %s) asked by %s: not responding", pid, who)
     if pid is not None:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -250,4 +310,4 @@ def kill_and_restart(client: EngineClient) -> None:
         deadline = time.monotonic() + 5.0
         while client.alive() and time.monotonic() < deadline:
             time.sleep(0.05)  # the client notices the exit within about a second
-    restart_keeping_settings(client)
+    restart_keeping_settings(client, who)

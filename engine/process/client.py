@@ -128,6 +128,7 @@ class EngineClient:
         self._closed = False
         self._session: Session | None = None
         self._dead_reason: str | None = None
+        self.generation = 0  # bumped by every start: which engine process a view saw
 
     @property
     def attached(self) -> bool:
@@ -135,6 +136,7 @@ class EngineClient:
         return self.config is None
 
     def _start(self) -> None:
+        self.generation += 1
         self._bus = TelemetryBus()
         liveness = dict(not_responding_after_s=self.not_responding_after_s,
                         stall_after_s=self.stall_after_s)

@@ -9,6 +9,7 @@ for the fast page tests; the real client is tested in test_pages_engine.py.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -102,7 +103,8 @@ class FakeEngineClient:
         self.configured_by: list[str | None] = []
         self._dead: str | None = None
         self.hung = False  # stopped (SIGSTOP): calls time out, status() says so
-        self.pid = None
+        self.pid = None  # never a real process id: ui.status.kill_and_restart would kill it
+        self.generation = 1
         self.call_timeout_s = 2.0
         self._load = False
         self._ids = itertools.count()
@@ -134,6 +136,7 @@ class FakeEngineClient:
         self._dead = None
         self.hung = False
         self.restarts = getattr(self, "restarts", 0) + 1
+        self.generation += 1
         # A new engine process starts from the config file's settings.
         self._settings.update(async_batching=True, num_slots=2, cuda_graphs=False,
                               settings_version=0,
@@ -274,7 +277,8 @@ class FakeEngineClient:
     def load_stats(self) -> dict[str, Any]:
         self._check()
         return {"running": self._load, "submitted": 40, "finished": 30, "inflight": 8,
-                "dropped": 2, "errors": 0, "stopped_reason": None, "spec": None}
+                "dropped": 2, "errors": 0, "stopped_reason": None,
+                "spec": dataclasses.asdict(self.load_spec) if self._load else None}
 
     # -- benchmark
     def record_anatomy(self, n_steps: int = 8, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -323,6 +327,7 @@ def reset_shared_state() -> None:
     ui.bench_runner.RUNS.current = None
     ui.status.REMEMBERED.settings = {}
     ui.status.REMEMBERED.full = {}
+    ui.status.REMEMBERED.load = None
     ui.status.HANG.answered()
     ui.status.stop_watchdogs()
 

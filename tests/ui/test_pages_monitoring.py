@@ -166,3 +166,43 @@ def test_recordings_page_opens_the_shipped_recording_without_an_engine(
     assert any("CPU" in m.value and "commit" in m.value for m in at.markdown)
     specs = [c.proto.spec for c in at.get("plotly_chart")]
     assert len([s for s in specs if "cpu.prepare" in s and "ms before the window" in s]) == 2
+
+
+def test_a_restart_in_one_tab_makes_the_others_stale_restart_do_nothing(
+        fake: FakeEngineClient) -> None:
+    """Both tabs show the dead engine; the first restarts it; the second's button, drawn for
+    the dead engine, then does nothing and says so (it used to kill the new engine)."""
+    first, second = app().run(), app().run()
+    fake.kill()
+    first.run()
+    second.run()
+    first.button(key="ui.restart").click().run()
+    assert fake.restarts == 1 and fake.alive()
+    second.button(key="ui.restart").click().run()
+    assert fake.restarts == 1, "a stale view's restart restarted the engine again"
+    assert any("already restarted" in i.value for i in second.info), (
+        [e.value for e in second.info], [e.value for e in second.error], texts(second))
+    assert "mode **" in texts(second)  # and the second tab shows the running engine
+
+
+def test_a_stale_kill_button_kills_nothing(fake: FakeEngineClient) -> None:
+    first, second = app().run(), app().run()
+    fake.hung = True
+    first.run()
+    second.run()
+    first.button(key="ui.kill_restart_page").click().run()
+    assert fake.restarts == 1 and not fake.hung
+    second.button(key="ui.kill_restart_page").click().run()
+    assert fake.restarts == 1
+    assert any("Nothing done" in i.value for i in second.info)
+
+
+def test_a_restart_brings_the_load_generator_back(fake: FakeEngineClient) -> None:
+    at = app().run()
+    at.button(key="load.start").click().run()
+    assert fake.load_stats()["running"]
+    fake.kill()
+    fake._load = False  # the dead engine's load generator is gone with it
+    at.run()
+    at.button(key="ui.restart").click().run()
+    assert fake.restarts == 1 and fake.load_stats()["running"]
