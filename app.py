@@ -3,10 +3,12 @@
 `streamlit run app.py` starts one engine process (ui/client.py) and shows where every CPU
 and device microsecond goes. This file owns the page list (st.navigation, in the top bar so
 the pages keep the full width), the banner every page shows first (ui/banner.py: the
-engine's actual settings, a hung engine, a running benchmark) and the Live page: a row of
-history sparklines and the step timeline at the top, visible without scrolling, both
-updated in place once a second (ui/live_plot.py keeps one Plotly div, so zoom, pan and hover
-survive), then the controls acting on the running engine and the Chrome trace download.
+engine's actual settings, a hung engine, a running benchmark) and the Live page: one row of
+the controls that act on the running engine (async, slots, graphs, load on/off), then a row
+of history sparklines and the step timeline, all visible without scrolling, updated in place
+once a second (ui/live_plot.py keeps one Plotly div, so zoom, pan and hover survive), then
+the kernel lane and waterfall, the pause and Chrome trace download, the load generator's
+parameters and the gauges.
 Figures come from ui/ (pure functions); the engine is reached only through the shared
 client.
 
@@ -26,7 +28,7 @@ from telemetry.export import chrome_trace_json
 from telemetry.records import StepRecord
 from ui.banner import status_banner
 from ui.client import engine_client, engine_errors, show_flashes
-from ui.controls import engine_controls, load_generator
+from ui.controls import engine_controls, load_generator, load_switch
 from ui.gauges import gauge_values, gauges_figure, live_window, steps_in_flight
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.kernel_lane import kernel_lane_figure, samples_of
@@ -154,19 +156,33 @@ def live_view(client: EngineClient, settings: dict) -> None:
     draw_kernels(recent, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"))
 
 
-def controls(client: EngineClient) -> None:
-    """Engine controls, load generator and the detailed gauges (a fragment every second:
-    the toggles follow the engine's settings whoever changed them)."""
+def control_bar(client: EngineClient) -> None:
+    """The controls that act on what the charts show, in one row above them (so the first
+    screen holds both, at 1280x800 too): async, slots, CUDA graphs, and the load generator's
+    start/stop with its counts. A fragment every second: the toggles follow the engine's
+    settings whoever changed them."""
     if engine_status(client).state != "alive":
         return  # the banner says why; a call now would only wait for its timeout
     with engine_errors(client, "Reading the engine's settings"):
         # The watchdog's reading when there is one: a live part of the page makes no
         # call that a hung engine would hold up (fragments of one tab run one at a time).
         settings = current_settings(client)
-    with st.container(border=True):
+    toggles, load = st.columns([3, 2], vertical_alignment="bottom")
+    with toggles:
         with engine_errors(client, "Engine controls"):
             engine_controls(client, settings)
-    with st.expander("Load generator", expanded=True, icon=":material/speed:"):
+    with load:
+        with engine_errors(client, "Load generator"):
+            load_switch(client, settings)
+
+
+def controls(client: EngineClient) -> None:
+    """The load generator's parameters and the detailed gauges (a fragment every second)."""
+    if engine_status(client).state != "alive":
+        return  # the banner says why; a call now would only wait for its timeout
+    with engine_errors(client, "Reading the engine's settings"):
+        settings = current_settings(client)
+    with st.expander("Load generator", expanded=False, icon=":material/speed:"):
         with engine_errors(client, "Load generator"):
             load_generator(client, settings)
     with st.expander("Gauges: the last 2 s in numbers", icon=":material/speed:"):
@@ -242,6 +258,7 @@ def live_page() -> None:
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
     shown = recent_window(frozen_records(client), window) if paused else []
     st.session_state[SHOWN_KEY] = shown if paused else None
+    st.fragment(run_every=CONTROLS_PERIOD_S)(control_bar)(client)
     st.fragment(run_every=LIVE_PERIOD_S)(live_view)(client, settings)
 
     pause_col, window_col, trace_col = st.columns([1, 2, 2], vertical_alignment="bottom")

@@ -37,6 +37,8 @@ def mode_summary(settings: dict[str, Any]) -> str:
         f"{settings.get('device', '?')} · `{settings.get('model', '?')}` "
         f"({settings.get('dtype', '?')}) · forward {settings.get('model_impl', '?')}"
         f"{' (torch.compile)' if settings.get('torch_compile') else ''}"
+        + (f" · settings v{settings['settings_version']}" if "settings_version" in settings
+           else "")
     )
 
 
@@ -169,16 +171,14 @@ def load_stats_line(stats: dict[str, Any]) -> str:
 
 
 def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
-    """Concurrency or request rate, prompt and output lengths; start and stop; its counts."""
+    """The load generator's parameters: concurrency or request rate, prompt and output
+    lengths (greyed while it runs). Its start/stop switch is load_switch, in the page's top
+    row; both read the same session-state keys."""
     max_num_seqs = int(settings.get("max_num_seqs", 8))
     max_len = settings.get("max_model_len")
     cap = int(max_len) - 1 if max_len else 8192
-    stats = client.load_stats()
-    from ui.status import REMEMBERED
-
-    REMEMBERED.remember_load(stats)  # a restart starts it again with this spec
-    running = bool(stats.get("running"))
-    cols = st.columns([1.2, 1, 1, 1, 1.4])
+    running = bool(client.load_stats().get("running"))
+    cols = st.columns([1.2, 1, 1, 1])
     with cols[0]:
         drive = st.radio("Drive by", DRIVES, key=LOAD_DRIVE_KEY, disabled=running)
     with cols[1]:
@@ -225,26 +225,41 @@ def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
         )
     spec = load_spec_from_state()
     error = load_lengths_error(spec.prompt_len, spec.max_tokens, max_len)
-    with cols[4]:
-        if running:
-            st.button(
-                "Stop load",
-                key="load.stop",
-                icon=":material/stop:",
-                on_click=lambda: in_callback("Stopping the load generator", client.stop_load),
-            )
-        else:
-            st.button(
-                "Start load",
-                key="load.start",
-                type="primary",
-                icon=":material/play_arrow:",
-                disabled=error is not None,
-                on_click=lambda: in_callback(
-                    "Starting the load generator",
-                    lambda: client.start_load(load_spec_from_state()),
-                ),
-            )
-        st.caption(("running · " if running else "stopped · ") + load_stats_line(stats))
     if error and not running:
         st.error(error)
+
+
+def load_switch(client: EngineClient, settings: dict[str, Any]) -> None:
+    """Start or stop the load generator (with the parameters of load_generator's widgets,
+    or their defaults), and its counts in one line."""
+    stats = client.load_stats()
+    from ui.status import REMEMBERED
+
+    REMEMBERED.remember_load(stats)  # a restart starts it again with this spec
+    running = bool(stats.get("running"))
+    spec = load_spec_from_state()
+    error = load_lengths_error(spec.prompt_len, spec.max_tokens, settings.get("max_model_len"))
+    if running:
+        st.button(
+            "Stop load",
+            key="load.stop",
+            icon=":material/stop:",
+            on_click=lambda: in_callback("Stopping the load generator", client.stop_load),
+        )
+    else:
+        what = (f"{spec.concurrency} concurrent" if spec.concurrency is not None
+                else f"{spec.rate:g} req/s")
+        st.button(
+            "Start load",
+            key="load.start",
+            type="primary",
+            icon=":material/play_arrow:",
+            disabled=error is not None,
+            help=f"{what}, {spec.prompt_len} prompt + {spec.max_tokens} output tokens "
+                 "(set under Load generator, below)." + (f" {error}" if error else ""),
+            on_click=lambda: in_callback(
+                "Starting the load generator",
+                lambda: client.start_load(load_spec_from_state()),
+            ),
+        )
+    st.caption(("running · " if running else "stopped · ") + load_stats_line(stats))

@@ -16,6 +16,7 @@ from fake_engine import FakeEngineClient, control
 from streamlit.testing.v1 import AppTest
 
 import ui.client
+from ui.controls import LOAD_CONC_KEY
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 TIMEOUT = 30
@@ -50,11 +51,17 @@ def test_live_page_shows_history_timeline_and_controls(fake: FakeEngineClient) -
     assert not at.exception
     assert "mode **async**" in texts(at)
     figs = live_figures(at)
-    # The history strip and the timeline come first, before any widget.
+    # One row of the controls that act on the engine (async, slots, graphs, load on/off)
+    # comes first, then the history strip and the timeline: the first screen holds both.
+    # Everything else (pause, window, load parameters, gauges) comes after the timeline.
     assert list(figs)[:2] == ["live.history", "live.timeline"]
-    first_widget = next(i for i, el in enumerate(at.main) if el.type in ("toggle", "button"))
-    first_chart = next(i for i, el in enumerate(at.main) if el.type == "component_instance")
-    assert first_chart < first_widget
+    elements = list(enumerate(at.main))
+    first_chart = next(i for i, el in elements if el.type == "component_instance")
+    keyed = {str(getattr(el, "key", "")): i for i, el in elements}
+    async_at = next(i for k, i in keyed.items() if k.startswith("ctl.async."))
+    assert async_at < first_chart and keyed["load.start"] < first_chart
+    assert keyed["live.pause"] > first_chart
+    assert keyed[LOAD_CONC_KEY] > first_chart  # the load's parameters sit below the charts
     ticks = figs["live.timeline"]["layout"]["yaxis"]["ticktext"]
     assert "compute" in ticks and "cpu.prepare" in ticks
     assert control(at, "ctl.async").value is True
