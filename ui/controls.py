@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 ASYNC_KEY = "ctl.async"
 SLOTS_KEY = "ctl.slots"
 GRAPHS_KEY = "ctl.graphs"
+REFUSED_KEY = "ctl.refused"  # why this tab's last change was not applied (shown once)
 SLOT_CHOICES = (1, 2, 3)
 
 
@@ -50,7 +51,8 @@ def widget_key(base: str, settings: dict[str, Any]) -> str:
     return f"{base}.{settings.get('engine_pid', 0)}.{settings.get('settings_version', 0)}"
 
 
-def _push(client: EngineClient, what: str, version: int | None, **change: Any) -> None:
+def _push(client: EngineClient, what: str, version: int | None, key: str,
+          **change: Any) -> None:
     from ui.status import REMEMBERED
     from ui.tab import tab_id
 
@@ -59,10 +61,21 @@ def _push(client: EngineClient, what: str, version: int | None, **change: Any) -
         # once, and refuses it if anything (another tab, the API) changed the settings since.
         after = client.configure(**change, expect_version=version, origin=tab_id())
         REMEMBERED.remember(after)  # the engine's answer is the new truth at once
-        if after.get("refused"):
-            st.toast(f"{what}: not applied. {after['refused']}", icon=":material/sync_problem:")
+        if after.get("refused"):  # said under the toggles (a callback draws nothing)
+            st.session_state[REFUSED_KEY] = f"{what}: not applied; {after['refused']}."
 
-    in_callback(what, call)
+    try:
+        in_callback(what, call)
+    finally:
+        # Whatever came of it (applied, refused, failed), the widget shows the engine's
+        # value: a callback may set a widget's state, the script body never does.
+        field, _ = next(iter(change.items()))
+        latest = REMEMBERED.latest()
+        if field in latest:
+            value = latest[field]
+            if field == "cuda_graphs":
+                value = bool(value) and bool(latest.get("cuda_graphs_available"))
+            st.session_state[key] = value
 
 
 def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
@@ -71,14 +84,17 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
     version = settings.get("settings_version")
     keys = {base: widget_key(base, settings) for base in (ASYNC_KEY, SLOTS_KEY, GRAPHS_KEY)}
     available = bool(settings.get("cuda_graphs_available"))
-    # Set every run, before the widget: whatever the browser last sent, the widget shows
-    # what the engine runs.
-    st.session_state[keys[ASYNC_KEY]] = bool(settings["async_batching"])
-    st.session_state[keys[SLOTS_KEY]] = int(settings["num_slots"])
-    st.session_state[keys[GRAPHS_KEY]] = bool(settings.get("cuda_graphs")) and available
+    # A new widget (a new engine state) starts at the engine's value. Its state is never
+    # set again from the script body: doing that on every run made Streamlit fire on_change
+    # for values nobody clicked (seen in the server log as refused stale changes).
+    for base, value in ((ASYNC_KEY, bool(settings["async_batching"])),
+                        (SLOTS_KEY, int(settings["num_slots"])),
+                        (GRAPHS_KEY, bool(settings.get("cuda_graphs")) and available)):
+        if keys[base] not in st.session_state:
+            st.session_state[keys[base]] = value
 
     def on_change(base: str, what: str, field: str) -> None:
-        _push(client, what, version, **{field: st.session_state[keys[base]]})
+        _push(client, what, version, keys[base], **{field: st.session_state[keys[base]]})
 
     async_col, slots_col, graphs_col = st.columns(3)
     with async_col:
@@ -115,6 +131,9 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
         )
         if not available:
             st.caption(reason)
+    refused = st.session_state.pop(REFUSED_KEY, None)
+    if refused:
+        st.caption(f":material/sync_problem: {refused}")
 
 
 LOAD_DRIVE_KEY = "load.drive"

@@ -88,3 +88,74 @@ def test_a_stopped_engine_is_reported_and_restart_recovers(server, browser, page
     page.locator(TIMELINE).wait_for()
     page.get_by_text("Async batching").first.click()  # back to the default
     page.wait_for_function("() => document.body.innerText.includes('mode async')")
+
+
+def _settings_version(tab) -> int:
+    import re
+
+    found = re.findall(r"settings v(\d+)", body_text(tab))
+    assert found, "no settings version on the page"
+    return int(found[-1])
+
+
+def test_two_tabs_toggling_async_in_turn_never_flip_the_engine(server, browser, page) -> None:
+    """20 clicks on the async toggle, alternating between two Live tabs, each made once the
+    clicking tab shows the engine's state: the engine ends every time on the last click, and
+    its settings version moves by exactly one per click (a flip back and forth by a stale
+    tab would move it by more)."""
+    other = new_tab(browser, server[0])
+    try:
+        other.locator(TIMELINE).wait_for(timeout=ENGINE_START_S * 1000)
+        page.wait_for_function("() => document.body.innerText.includes('settings v')")
+        start = _settings_version(page)
+        tabs = (page, other)
+        for i in range(20):
+            tab = tabs[i % 2]
+            want = "sync" if "mode async" in body_text(tab) else "async"
+            tab.get_by_text("Async batching").first.click()
+            for t in tabs:  # both show the engine's new state, at the next version
+                t.wait_for_function(
+                    "([m, v]) => document.body.innerText.includes(m) && "
+                    "document.body.innerText.includes('settings v' + v)",
+                    arg=[f"mode {want}", start + i + 1], timeout=30_000)
+        time.sleep(3)  # a late stale push would show here
+        for t in tabs:
+            assert _settings_version(t) == start + 20, body_text(t)[:400]
+            assert f"mode {want}" in body_text(t)
+    finally:
+        other.close()
+
+
+def test_a_restart_in_one_tab_is_seen_in_the_other_and_its_stale_button_does_nothing(
+        server, browser, page) -> None:
+    other = new_tab(browser, server[0])
+    try:
+        other.locator(TIMELINE).wait_for(timeout=ENGINE_START_S * 1000)
+        pid = engine_pid(server[1])
+        os.kill(pid, signal.SIGKILL)
+        for t in (page, other):
+            t.get_by_role("button", name="Restart the engine").wait_for(timeout=15_000)
+        for t in (page, other):  # watch when each tab shows the running engine again
+            t.evaluate(
+                """() => { window.__up = null; const o = new MutationObserver(() => {
+                      if (window.__up === null && document.body.innerText.includes('mode ')
+                          && !document.body.innerText.includes('not running'))
+                        window.__up = Date.now(); });
+                      o.observe(document.body, {subtree: true, childList: true,
+                                                characterData: true}); }""")
+        page.get_by_role("button", name="Restart the engine").click()
+        time.sleep(1.0)  # the first tab's restart is under way
+        other.get_by_role("button", name="Restart the engine").click()  # a stale view's
+        other.wait_for_function(
+            "() => document.body.innerText.includes('already restarted')", timeout=30_000)
+        for t in (page, other):
+            t.wait_for_function("() => window.__up !== null", timeout=ENGINE_START_S * 1000)
+        lag = (other.evaluate("window.__up") - page.evaluate("window.__up")) / 1000
+        print(f"the other tab showed the restarted engine {lag:.2f} s after the first")
+        new_pid = engine_pid(server[1])
+        time.sleep(3)
+        assert engine_pid(server[1]) == new_pid != pid, "the stale button restarted it again"
+        assert lag <= 2.0, f"the other tab followed the restart {lag:.2f} s late"
+    finally:
+        other.close()
+    page.locator(TIMELINE).wait_for()

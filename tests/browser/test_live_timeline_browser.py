@@ -44,6 +44,15 @@ def test_timeline_is_within_the_first_viewport(server, browser, page, viewport) 
         assert history is not None and history["y"] + history["height"] <= box["y"] + 1
         ticks = plot_state(timeline_frame(tab))["ticks"]
         assert "compute" in ticks and "cpu.prepare" in ticks
+        # The controls that act on what the charts show are on the same first screen.
+        load = tab.get_by_role("button", name="Start load").or_(
+            tab.get_by_role("button", name="Stop load")).first
+        for what, control in (("the load switch", load),
+                              ("the async toggle", tab.get_by_text("Async batching").first)):
+            where = control.bounding_box()
+            assert where is not None and 0 <= where["y"] <= viewport["height"] - where["height"], (
+                what, where)
+        shoot(tab, "live-first-screen")
     finally:
         tab.close()
 

@@ -255,4 +255,5 @@ def test_a_change_made_on_a_stale_view_is_refused_not_applied(fake: FakeEngineCl
     assert fake.settings()["num_slots"] == 3, "a stale view's change was applied"
     assert fake.settings()["settings_version"] == 1
     assert control(second, "ctl.slots").value == 3  # the second tab now shows the engine's
+    assert "not applied" in texts(second)
     assert all(o and o.startswith(("tab ", "a tab")) for o in fake.configured_by)
