@@ -255,10 +255,10 @@ def check_restart_wanted(client: EngineClient, seen_generation: int | None,
     restarted (by another tab), or (for a kill) it answers again."""
     now = getattr(client, "generation", None)
     if seen_generation is not None and now is not None and now != seen_generation:
-        if client.alive():
-            raise StaleRestart("the engine was already restarted (by another tab or client) "
-                               "and is running; nothing was done")
-    elif hung and engine_status(client).state == "alive":
+        # Restarted since, or restarting now (the generation moves when a start begins).
+        raise StaleRestart("the engine was already restarted by another tab or client" + (
+            " and is running" if client.alive() else "; its start is under way"))
+    if hung and engine_status(client).state == "alive":
         raise StaleRestart("the engine answers again; nothing was killed")
 
 
