@@ -79,7 +79,8 @@ def served():
 def test_calls_answer_and_bad_commands_say_what_is_known(served):
     server, session, engine = served
     assert session.call(Command.SETTINGS, 5.0) == {"model": "stand-in",
-                                                  "benchmark_running": False}
+                                                  "benchmark_running": False,
+                                                  "engine_pid": session.pid}
     assert session.info["owner"] is True and session.info["listen"] is None
     with pytest.raises(ValueError, match="unknown engine command 'fly'; known: start, submit"):
         session.finish_call(session.begin("fly"), Command.SETTINGS, 5.0)  # type: ignore[arg-type]
