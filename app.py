@@ -54,6 +54,7 @@ HISTORY_HEIGHT_PX = 150
 TIMELINE_HEIGHT_PX = 380
 KERNEL_LANE_HEIGHT_PX = 150
 WATERFALL_HEIGHT_PX = 170
+GAUGES_HEIGHT_PX = 440
 SAMPLE_SCAN_STEPS = 1000  # kernel samples ride on later records: look a little further back
 
 PAUSE_KEY = "live.pause"
@@ -202,10 +203,10 @@ def controls(client: EngineClient) -> None:
                 # In-step gaps from the Step anatomy page's latest recording, if any.
                 calibration=(st.session_state.get("anatomy.result") or {}).get("calibration"),
             )
-            # A plain chart: it is folded away, and each live_plot frame loads its own
-            # plotly.js (the Live page keeps two).
-            st.plotly_chart(gauges_figure(values), key="live.gauges",
-                            config={"displaylogo": False})
+            # Drawn in place like the charts above (a plain st.plotly_chart was rebuilt on
+            # every refresh and showed blank for one frame in forty).
+            live_plot(gauges_figure(values, GAUGES_HEIGHT_PX), key="live.gauges",
+                      height_px=GAUGES_HEIGHT_PX)
 
 
 def freeze() -> None:

@@ -97,8 +97,8 @@ def test_live_page_reports_the_engines_settings(engine: EngineClient) -> None:
     assert f"mode **{mode}**" in markdown(at)
     assert settings["model"] in markdown(at)
     assert set(live_figures(at)) == {"live.history", "live.timeline", "live.kernels",
-                                     "live.waterfall"}
-    assert len(at.get("plotly_chart")) == 1  # the folded gauges
+                                     "live.waterfall", "live.gauges"}
+    assert not at.get("plotly_chart")  # every Live chart is drawn in place
 
 
 def test_toggles_change_the_engines_mode(engine: EngineClient) -> None:
