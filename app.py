@@ -74,7 +74,7 @@ def device_notice(settings: dict, client: EngineClient) -> None:
     """Say plainly when there is no GPU, and what that changes on this page."""
     if settings.get("device") == "cuda":
         return
-    reason = client.nvml_reason() or "no GPU: NVML is not available"
+    reason = (client.nvml_reason() or "NVML is not available").removeprefix("no GPU: ")
     st.caption(
         f":material/memory: **No GPU** ({reason}). The engine runs on the CPU; the h2d, "
         "compute and d2h lanes are the same pipeline with each stream emulated by a worker "

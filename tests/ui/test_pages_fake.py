@@ -67,6 +67,7 @@ def test_live_page_shows_history_timeline_and_controls(fake: FakeEngineClient) -
     assert control(at, "ctl.async").value is True
     assert control(at, "ctl.graphs").disabled  # no GPU
     assert "No GPU" in texts(at)
+    assert "No GPU (no GPU" not in texts(at)  # said once
 
 
 def test_history_strip_has_the_four_figures_with_units(fake: FakeEngineClient) -> None:
