@@ -41,7 +41,7 @@ from ui.waterfall import waterfall_figure
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
-LIVE_PERIOD_S = 1.0  # history and timeline: 1 Hz, the most DESIGN.md §7 allows
+LIVE_PERIOD_S = 1.0  # history and timeline: 1 Hz, the most docs/design.md §7 allows
 CONTROLS_PERIOD_S = 1.0  # controls follow the engine's settings (changed from anywhere)
 GAUGE_WINDOW_MS = 2000.0
 TIMELINE_WINDOWS_MS = (50, 100, 250, 500, 1000, 2000, 5000)

@@ -1,4 +1,4 @@
-"""Host-clock alignment for device events (DESIGN.md section 4).
+"""Host-clock alignment for device events (docs/design.md section 4).
 
 Owns the arithmetic that puts a device-side timestamp on the host's
 time.perf_counter_ns() axis, so device spans (h2d, compute, d2h) and CPU spans share one

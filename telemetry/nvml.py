@@ -1,7 +1,7 @@
 """NVML sampler: GPU utilisation, memory, SM clock and power on a background thread.
 
 Owns the only NVML calls in the project. It reads what the driver reports so the dashboard
-can show NVML's utilisation beside our own busy fraction (DESIGN.md section 4: NVML counts
+can show NVML's utilisation beside our own busy fraction (docs/design.md section 4: NVML counts
 sample periods in which any kernel ran, so it reads near 100% even with gaps).
 
 It must never raise to its caller because a GPU, driver or the nvidia-ml-py package is

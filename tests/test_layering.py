@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md, enforced: engine/ and telemetry/ never import UI code;
+"""The layers of docs/design.md, enforced: engine/ and telemetry/ never import UI code;
 telemetry/ imports nothing of ours; engine/core/ never imports torch (not even transitively);
 the dashboard (ui/, pages/, app.py) reaches the engine only through the client, the config
 and the drivers' value types, and importing those pulls no torch into its process."""

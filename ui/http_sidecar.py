@@ -2,7 +2,7 @@
 
 Owns starting `python -m engine serve --attach SOCKET` as a child process once the
 dashboard's engine listens on a socket, and stopping it with the engine. The API runs in its
-own process: neither the dashboard's nor the engine's (DESIGN.md section 5), and the dashboard
+own process: neither the dashboard's nor the engine's (docs/design.md section 5), and the dashboard
 never imports the tokenizer (transformers would bring torch). Never imports streamlit.
 """
 

@@ -1,6 +1,6 @@
 """A Plotly chart that updates in place: a Streamlit custom component around one Plotly div.
 
-``st.plotly_chart`` rebuilds the chart in the browser whenever its data changes (DESIGN.md
+``st.plotly_chart`` rebuilds the chart in the browser whenever its data changes (docs/design.md
 §7): zoom is lost and a redraw can show a blank frame. This component (components v1, an
 iframe speaking Streamlit's component protocol) keeps one div for its whole life and applies
 each new figure with ``Plotly.react``; with a constant ``layout.uirevision`` the user's zoom

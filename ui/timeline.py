@@ -3,7 +3,7 @@
 Owns the maths from records to drawable bars (recent window, pixel merging) and the plotly
 figure. Pure functions: no streamlit, no engine, no clock reads. Bars are numeric
 ``go.Bar(orientation="h", base=start, x=duration)`` over numpy arrays, one trace per lane,
-because ``px.timeline`` truncates durations to whole milliseconds (DESIGN.md §7).
+because ``px.timeline`` truncates durations to whole milliseconds (docs/design.md §7).
 
 Time is shown in milliseconds relative to the window end (0 = newest, negative = older).
 """

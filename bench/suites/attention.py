@@ -24,7 +24,7 @@ import torch
 
 DESCRIPTION = ("Triton paged attention (decode split-K sweep, prefill) against the KV-bandwidth "
                "floor (CUDA)")
-COPY_TBPS = 4.22  # H200 device-to-device copy, bytes read + written, measured (DESIGN.md 6)
+COPY_TBPS = 4.22  # H200 device-to-device copy, bytes read + written, measured (docs/design.md 6)
 H, KVH, D, BLOCK = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 

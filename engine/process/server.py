@@ -1,6 +1,6 @@
 """The engine process: an Engine, an NVML sampler and a load generator behind its clients.
 
-Owns the child side of the process boundary (DESIGN.md section 5). session.py starts this
+Owns the child side of the process boundary (docs/design.md section 5). session.py starts this
 module as a fresh interpreter (``python -c "from engine.process.server import main; main()"
 --fd N --parent PID [--listen PATH]``), hands it one end of a socket pair (the owner's pipe)
 and sends the EngineConfig as a dict (Command.START). The child builds the Engine, answers

@@ -2,7 +2,7 @@
 
 Everything here runs in the HTTP server's process and talks to the engine only through an
 EngineClient (docs/engine-client-api.md): the engine process's GIL belongs to its step loop
-(DESIGN.md §5), so no HTTP parsing, tokenizing for chat templates or metric building ever
+(docs/design.md §5), so no HTTP parsing, tokenizing for chat templates or metric building ever
 runs there. Never imports streamlit or ui/.
 
     schema.py      request validation and response shapes (OpenAI's field names)

@@ -9,7 +9,7 @@ because every step is serialised on the compute stream.
 Each graph also carries two timing events recorded inside it (``external=True``), at its
 first kernel and after its last: `replay_fn` hands them to the pipeline with the replay, so a
 step's compute span runs from its first kernel to its last, not from when the stream reached
-the launch (DESIGN.md section 4; checked on the lent H200 with torch 2.11). The first event
+the launch (docs/design.md section 4; checked on the lent H200 with torch 2.11). The first event
 follows a one-element marker kernel, not the graph's start: an event node at the head of a
 graph fired ~190 us (tiny model) to ~0.7 ms (8B shape) before the first kernel ran when the
 graph was launched onto an idle stream (sync mode), because the graph's kernels were still
