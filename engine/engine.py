@@ -31,7 +31,7 @@ from engine.inputs import PromptInput
 from engine.model import loader
 from engine.model.hf_config import text_config
 from engine.parallel.leader import TPLeader
-from engine.sizing import check_fits, num_blocks_for
+from engine.sizing import check_fits, kv_bytes_per_block, num_blocks_for
 from engine.step import heap
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
@@ -123,6 +123,8 @@ class Engine:
             from engine.model.compiled import compile_forward
 
             model, backend = compile_forward(model, self.backend_name, backend)
+        # Every rank's share together: what a token's KV costs to read (the request ledger).
+        self.kv_bytes_per_token = kv_bytes_per_block(model.config, 1, self.dtype)
         num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
                                     self.dtype, tp_size=n_tp)
         # On the CPU every rank's share comes out of the same memory.
@@ -340,6 +342,7 @@ class Engine:
             "block_size": self.config.block_size,
             "prefix_caching": self.config.prefix_caching,
             "telemetry": self.config.telemetry,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
         }
 
     def stats(self) -> dict[str, int]:

@@ -1,9 +1,14 @@
 """The request ledger: what each finished request cost, joined to the engine steps it rode.
 
-Owns one pure function over recorded telemetry (StepRecords with their `chunks`, and
+Owns pure functions over recorded telemetry (StepRecords with their `chunks`, and
 RequestEvents): per request, time in queue, prefill and decode steps (ids, for the timeline),
 its share of those steps' device time (by its share of each step's tokens), bytes of KV it
-read, cached prompt tokens, preemptions, finish reason. Imports nothing of ours but records.
+read, cached prompt tokens, preemptions, finish reason. Imports nothing of ours but records;
+never imports a UI library and never reads the bus itself (callers hand over what they read).
+
+The figures cover the steps handed over: a request whose early steps fell out of the bus's
+ring is marked ``partial`` (its queue entry is missing), and its shares then count only the
+steps that are left.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from telemetry.records import RequestEvent, StepRecord
 class LedgerEntry:
     request_id: str
     prompt_tokens: int = 0
+    output_tokens: int = 0
     cached_tokens: int = 0
     queued_ns: int | None = None
     scheduled_ns: int | None = None
+    first_token_ns: int | None = None
     finished_ns: int | None = None
     finish_reason: str | None = None
     prefill_steps: list[int] = field(default_factory=list)
@@ -28,6 +35,25 @@ class LedgerEntry:
     device_ns: float = 0.0  # its token share of each step's compute span
     kv_bytes_read: int = 0
     preemptions: int = 0
+    first_step_ns: int | None = None  # the earliest span start of the steps it rode
+    last_step_ns: int | None = None  # the latest span end of the steps it rode
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
+
+    @property
+    def partial(self) -> bool:
+        """The window handed over starts after this request was queued."""
+        return self.queued_ns is None
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(self.prefill_steps + self.decode_steps)
 
     @property
     def queue_s(self) -> float | None:
@@ -36,15 +62,23 @@ class LedgerEntry:
         return (self.scheduled_ns - self.queued_ns) / 1e9
 
     @property
+    def ttft_s(self) -> float | None:
+        if self.queued_ns is None or self.first_token_ns is None:
+            return None
+        return (self.first_token_ns - self.queued_ns) / 1e9
+
+    @property
     def e2e_s(self) -> float | None:
         if self.queued_ns is None or self.finished_ns is None:
             return None
         return (self.finished_ns - self.queued_ns) / 1e9
 
     def to_dict(self) -> dict:
-        return {"request_id": self.request_id, "prompt_tokens": self.prompt_tokens,
-                "cached_tokens": self.cached_tokens, "queue_s": self.queue_s,
-                "e2e_s": self.e2e_s, "finish_reason": self.finish_reason,
+        return {"request_id": self.request_id, "finished": self.finished,
+                "finish_reason": self.finish_reason, "partial": self.partial,
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "output_tokens": self.output_tokens, "queue_s": self.queue_s,
+                "ttft_s": self.ttft_s, "e2e_s": self.e2e_s,
                 "prefill_steps": self.prefill_steps, "decode_steps": self.decode_steps,
                 "device_s": self.device_ns / 1e9, "kv_bytes_read": self.kv_bytes_read,
                 "preemptions": self.preemptions}
@@ -55,12 +89,29 @@ def step_device_ns(rec: StepRecord) -> int:
     return sum(s.end_ns - s.start_ns for s in rec.spans if s.lane == "compute")
 
 
+def _on_event(e: LedgerEntry, ev: RequestEvent) -> None:
+    e.prompt_tokens = ev.prompt_tokens or e.prompt_tokens
+    if ev.kind == "queued":
+        e.queued_ns = ev.t_ns
+    elif ev.kind == "scheduled":
+        if e.scheduled_ns is None:
+            e.scheduled_ns = ev.t_ns
+    elif ev.kind in ("first_token", "tokens"):
+        e.output_tokens += ev.num_tokens
+        if e.first_token_ns is None:
+            e.first_token_ns = ev.t_ns
+    elif ev.kind == "finished":
+        e.finished_ns, e.finish_reason = ev.t_ns, ev.reason
+        e.cached_tokens, e.preemptions = ev.cached_tokens, ev.preemptions
+
+
 def build_ledger(records: Iterable[StepRecord], events: Iterable[RequestEvent],
                  kv_bytes_per_token: int = 0) -> dict[str, LedgerEntry]:
     """Entries by request id for every request seen in `records` or `events`. A request's
     chunk of a step is prefill when it computes more than one token or its context is within
     its prompt, decode otherwise; each step's device time is split by token share, so the
-    shares of a set of steps add up to those steps' device time."""
+    shares of a set of steps add up to those steps' device time. KV read: a chunk's whole
+    context (cached prefix included), each step."""
     out: dict[str, LedgerEntry] = {}
 
     def entry(rid: str) -> LedgerEntry:
@@ -70,34 +121,50 @@ def build_ledger(records: Iterable[StepRecord], events: Iterable[RequestEvent],
         return e
 
     for ev in events:
-        e = entry(ev.request_id)
-        e.prompt_tokens = ev.prompt_tokens or e.prompt_tokens
-        if ev.kind == "queued":
-            e.queued_ns = ev.t_ns
-        elif ev.kind == "scheduled" and e.scheduled_ns is None:
-            e.scheduled_ns = ev.t_ns
-        elif ev.kind == "finished":
-            e.finished_ns, e.finish_reason = ev.t_ns, ev.reason
+        _on_event(entry(ev.request_id), ev)
     for rec in records:
         total = sum(n for _, n, _ in rec.chunks)
+        if not total:
+            continue
         device = step_device_ns(rec)
+        start = min((s.start_ns for s in rec.spans), default=None)
+        end = max((s.end_ns for s in rec.spans), default=None)
         for rid, n, context in rec.chunks:
             e = entry(rid)
             prefill = n > 1 or (e.prompt_tokens and context <= e.prompt_tokens)
             (e.prefill_steps if prefill else e.decode_steps).append(rec.step)
-            if total:
-                e.device_ns += device * n / total
+            e.device_ns += device * n / total
             e.kv_bytes_read += context * kv_bytes_per_token
+            if start is not None and (e.first_step_ns is None or start < e.first_step_ns):
+                e.first_step_ns = start
+            if end is not None and (e.last_step_ns is None or end > e.last_step_ns):
+                e.last_step_ns = end
     return out
 
 
-def attach_request_facts(entries: dict[str, LedgerEntry], rid: str, cached_tokens: int,
-                         preemptions: int) -> None:
-    """What only the finished request knows (its RequestOutput / engine request)."""
-    e = entries.get(rid)
-    if e is not None:
-        e.cached_tokens, e.preemptions = cached_tokens, preemptions
+def request_ledger(records: Iterable[StepRecord], events: Iterable[RequestEvent],
+                   request_id: str, kv_bytes_per_token: int = 0) -> LedgerEntry | None:
+    """One request's entry, or None when neither the steps nor the events know it."""
+    records = [r for r in records if any(c[0] == request_id for c in r.chunks)]
+    events = [e for e in events if e.request_id == request_id]
+    return build_ledger(records, events, kv_bytes_per_token).get(request_id)
+
+
+def window_device_ns(records: Iterable[StepRecord]) -> int:
+    return sum(step_device_ns(r) for r in records)
 
 
 def slowest_first(entries: Iterable[LedgerEntry]) -> list[LedgerEntry]:
-    return sorted(entries, key=lambda e: -(e.e2e_s or 0.0))
+    """Finished requests, the longest end-to-end first (unknown latencies last)."""
+    done = [e for e in entries if e.finished]
+    return sorted(done, key=lambda e: -(e.e2e_s if e.e2e_s is not None else -1.0))
+
+
+def steps_of(entry: LedgerEntry, records: Iterable[StepRecord]) -> list[StepRecord]:
+    """Every step that ran while ``entry`` was on its steps (its own and its neighbours'),
+    publish order kept: what the timeline shows for it."""
+    lo, hi = entry.first_step_ns, entry.last_step_ns
+    if lo is None or hi is None:
+        return []
+    return [r for r in records if r.spans and min(s.start_ns for s in r.spans) <= hi
+            and max(s.end_ns for s in r.spans) >= lo]

@@ -99,7 +99,8 @@ RequestEventKind = Literal["queued", "scheduled", "first_token", "tokens", "fini
 @dataclass(slots=True)
 class RequestEvent:
     """A point in one request's life. For "tokens", num_tokens is how many were emitted;
-    for "finished", reason is "stop" | "length" | "abort" | "error"."""
+    for "finished", reason is "stop" | "length" | "abort" | "error", and cached_tokens and
+    preemptions are the request's totals (what the request ledger needs from the request)."""
 
     request_id: str
     kind: RequestEventKind
@@ -107,3 +108,5 @@ class RequestEvent:
     num_tokens: int = 0
     prompt_tokens: int = 0
     reason: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    preemptions: int = 0

@@ -385,7 +385,10 @@ class StepLoop:
         req.finished_ns = now()
         if self.sentinel is not None:
             self.sentinel.offer(req)
-        self._event(req, "finished", reason=reason)
+        if self.bus is not None:
+            self.bus.publish_event(RequestEvent(
+                req.request_id, "finished", now(), prompt_tokens=req.prompt_len, reason=reason,
+                cached_tokens=req.num_cached_tokens, preemptions=req.num_preemptions))
         self.sink.on_finish(req)
 
     def _event(self, req: Request, kind: str, num_tokens: int = 0,
