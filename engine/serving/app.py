@@ -34,6 +34,7 @@ from engine.core.request import RequestOutput
 from engine.process.client import EngineDead, EngineError
 from engine.serving import limits, schema
 from engine.serving.bridge import EngineRequest
+from engine.serving.ledger_route import ledger_router
 from engine.serving.model_names import accepted_names, served_names
 from engine.serving.prometheus import CONTENT_TYPE, EngineMetrics
 from engine.serving.prompts import PromptBuilder
@@ -301,6 +302,7 @@ def create_app(client: Any, *, tokenizer: Any,
                 (lambda use: chunk(None, use=use)) if with_usage else None):
             yield event
 
+    v1.include_router(ledger_router(client))  # GET /v1/requests/{id}/ledger
     app.include_router(v1)
 
     def engine_state() -> tuple[str, str | None]:
