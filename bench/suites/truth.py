@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-period", type=float, default=2.0,
                         help="sampler period of the cost pairs")
     parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="reference/sampled window pairs per mode (the table's spread)")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -190,7 +192,8 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                            "ours_busy": kernel_busy(samples), "steps": len(window),
                            "sampler_failures": sampler.failures,
                            "sampler_error": sampler.last_error,
-                           "sample_cost_ms": [s.cost_ns / 1e6 for s in samples][:8]}
+                           "sample_cost_ms": [s.cost_ns / 1e6 for s in samples][:8],
+                           "convert_ms": [round(x * 1e3, 2) for x in sampler.convert_s][-8:]}
     if ref.get("busy") is not None and out["ours_busy"] is not None:
         out["diff_pp"] = 100 * (out["ours_busy"] - ref["busy"])
     if window:
@@ -338,6 +341,10 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                 log(f"{preset} {mode}: skipped ({eng.settings()['cuda_graphs_reason']})")
                 continue
             res, recs = truth_mode(eng, model, prompts, mode, args, curve, nvml)
+            reps = [res] + [truth_mode(eng, model, prompts, mode, args, curve, nvml)[0]
+                            for _ in range(getattr(args, "repeats", 1) - 1)]
+            res["repeats"] = [{"reference": r["reference"].get("busy"), "ours": r["ours_busy"],
+                               "diff_pp": r.get("diff_pp")} for r in reps]
             shape["modes"][mode] = res
             recording += recs
             log(f"{preset} {mode}: {json.dumps(res, default=str)}")
@@ -365,6 +372,9 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             torch.cuda.empty_cache()
     if nvml is not None:
         nvml.close()
+    from engine.step import kernel_trace
+
+    summary["trace_read_from_objects"] = kernel_trace.READ_OBJECTS
     summary["total_s"] = time.perf_counter() - T0
     report.write_json(out / "truth.json", summary)
     text = markdown(summary)
@@ -392,13 +402,14 @@ def markdown(s: dict[str, Any]) -> str:
                   f"{c['peak_copy_bw'] / 1e12:.2f} TB/s; {c['method']}; "
                   f"{c['seconds']:.1f} s", ""]
     lines += ["## Kernel busy: torch.profiler vs the sampler", "",
-              "| shape | mode | torch.profiler | ours (sampled) | diff (pp) | samples/steps |",
-              "|---|---|---:|---:|---:|---:|"]
+              "| shape | mode | torch.profiler | ours (sampled) | diff (pp) | diff, all repeats "
+              "(pp) | samples/steps |", "|---|---|---:|---:|---:|---|---:|"]
     for preset, sh in s["shapes"].items():
         for mode, r in sh["modes"].items():
             d = r.get("diff_pp")
+            reps = " ".join(num(x["diff_pp"], "+.2f") for x in r.get("repeats", []))
             lines.append(f"| {preset} b{sh['batch']} | {mode} | {pct(r['reference'].get('busy'))}"
-                         f" | {pct(r['ours_busy'])} | {num(d, '+.2f')} | "
+                         f" | {pct(r['ours_busy'])} | {num(d, '+.2f')} | {reps} | "
                          f"{r['samples']}/{r['sampled_steps']} |")
     lines += ["", "## Waterfall (seconds of the sampled window)", "",
               "| shape | mode | wall | floor | above floor | gaps | idle CPU | idle launch | "

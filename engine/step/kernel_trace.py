@@ -94,6 +94,9 @@ class KernelSampler:
         self.last_error: str | None = None
         self._jobs: queue.SimpleQueue[tuple[Any, int, int, dict, int] | None] | None = None
         self._worker: threading.Thread | None = None
+        # samples handed to the worker / done by it (each counter written by one thread)
+        self._submitted = self._converted = 0
+        self.convert_s: deque[float] = deque(maxlen=64)  # worker seconds per conversion
 
     def set_period(self, period_s: float) -> None:
         if isinstance(period_s, bool) or not isinstance(period_s, (int, float)) or not (
@@ -110,7 +113,9 @@ class KernelSampler:
     def begin_step(self, step: int) -> bool:
         """Before a step's launch: whether it is sampled (then launch it inside `marked`)."""
         if not self.open:
-            if time.perf_counter() < self.next_at:
+            if time.perf_counter() < self.next_at or self._submitted != self._converted:
+                # Never while the last sample converts: the worker shares the GIL with this
+                # thread, and a CPU-bound step would show its conversion as idle GPU.
                 return False
             t0 = time.perf_counter_ns()
             try:
@@ -188,11 +193,13 @@ class KernelSampler:
                                             daemon=True)
             self._worker.start()
         assert self._jobs is not None
+        self._submitted += 1
         self._jobs.put(job)
 
     def _work(self) -> None:
         assert self._jobs is not None
         while (job := self._jobs.get()) is not None:
+            t0 = time.perf_counter()
             try:
                 sample = convert(*job)
             except NoRuntimeEvents as e:  # this Kineto: fall back to CPU activities
@@ -203,6 +210,9 @@ class KernelSampler:
                 self._failed(e)
                 _dump(job, e)
                 continue
+            finally:
+                self.convert_s.append(time.perf_counter() - t0)
+                self._converted += 1
             if sample is not None:
                 self.samples_made += 1
                 self.ready.append(sample)
@@ -376,6 +386,68 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
     return make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns)
 
 
+def object_events(result: Any) -> list[dict[str, Any]]:
+    """The same events read from the profiler result's objects, without Kineto's JSON
+    export (which writes, parses and holds the GIL for the whole trace): only the fields the
+    grouping reads. Times are the profiler's (ns), as in the export; `read_events` checks
+    the two against each other once per process before trusting this path."""
+    from torch._C._autograd import DeviceType
+
+    out = []
+    for e in result.events():
+        name = e.name()
+        if e.device_type() == DeviceType.CUDA:
+            if name.startswith(STEP_MARKER):
+                continue  # a user annotation on the device timeline, not work
+            cat = ("gpu_memcpy" if name.startswith("Memcpy") else
+                   "gpu_memset" if name.startswith("Memset") else "kernel")
+        elif name.startswith("cu"):
+            cat = "cuda_runtime"
+        else:
+            cat = "cpu_op"
+        out.append({"ph": "X", "cat": cat, "name": name, "ts": e.start_ns() / 1000.0,
+                    "dur": e.duration_ns() / 1000.0, "tid": e.start_thread_id(),
+                    "args": {"correlation": e.correlation_id()}})
+    return out
+
+
+def _same(a: KernelSample | None, b: KernelSample | None) -> bool:
+    """Same steps, kernels and times within 2 us (the export rounds to microseconds)."""
+    if a is None or b is None:
+        return a is b
+    if [(st.step, len(st.kernels)) for st in a.steps] != [
+            (st.step, len(st.kernels)) for st in b.steps]:
+        return False
+    return all(ka.name == kb.name and abs(ka.start_ns - kb.start_ns) <= 2000
+               and abs(ka.end_ns - kb.end_ns) <= 2000
+               for sa, sb in zip(a.steps, b.steps, strict=True)
+               for ka, kb in zip(sa.kernels, sb.kernels, strict=True))
+
+
+# Which way traces are read: None until the first sample compared the two (per process).
+READ_OBJECTS: bool | None = None if os.environ.get(
+    "GAPLESS_KERNEL_TRACE_READ", "objects") == "objects" else False
+
+
 def convert(result: Any, first: int, steps: int, marks: dict[int, tuple[int, int, int, int]],
             cost_ns: int = 0) -> KernelSample | None:
-    return to_sample(trace_events(result), first, steps, marks, cost_ns)
+    global READ_OBJECTS
+    if READ_OBJECTS is False:
+        return to_sample(trace_events(result), first, steps, marks, cost_ns)
+    try:
+        fast = to_sample(object_events(result), first, steps, marks, cost_ns)
+    except Exception as e:
+        if READ_OBJECTS:
+            raise
+        log.warning("kernel sampler: reading the profiler's objects failed (%s); "
+                    "using its JSON export", e)
+        READ_OBJECTS = False
+        return to_sample(trace_events(result), first, steps, marks, cost_ns)
+    if READ_OBJECTS is None:  # the first sample: both ways, trusted only if they agree
+        slow = to_sample(trace_events(result), first, steps, marks, cost_ns)
+        READ_OBJECTS = _same(fast, slow)
+        if not READ_OBJECTS:
+            log.warning("kernel sampler: the profiler's objects disagree with its JSON "
+                        "export; using the export")
+            return slow
+    return fast
