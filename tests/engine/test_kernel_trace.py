@@ -86,3 +86,67 @@ def test_sampler_arguments_are_checked_and_it_stays_off_on_a_cpu():
         KernelSampler(enabled=True, steps=0)
     assert not KernelSampler(enabled=False).armed
     assert not KernelSampler(enabled=True, period_s=0).armed
+
+
+class _Ev:
+    """A stand-in for torch's KinetoEvent, built from a Chrome-trace event."""
+
+    def __init__(self, e, shift_ns=0):
+        from torch._C._autograd import DeviceType
+
+        self.e, self.shift = e, shift_ns
+        self.dev = DeviceType.CPU if e["cat"] == "cuda_runtime" else DeviceType.CUDA
+
+    def name(self):
+        return self.e["name"]
+
+    def device_type(self):
+        return self.dev
+
+    def start_ns(self):
+        return round(self.e["ts"] * 1000) + self.shift
+
+    def duration_ns(self):
+        return round(self.e["dur"] * 1000)
+
+    def start_thread_id(self):
+        return self.e.get("tid", 0)
+
+    def correlation_id(self):
+        return (self.e.get("args") or {}).get("correlation", 0)
+
+
+class _Result:
+    def __init__(self, events, shift_gemm_ns=0):
+        self._json = events
+        self._objs = [_Ev(e, shift_gemm_ns if "gemm" in e["name"] else 0) for e in events]
+
+    def events(self):
+        return self._objs
+
+    def save(self, path):
+        import json
+
+        with open(path, "w") as f:
+            json.dump({"traceEvents": self._json}, f)
+
+
+@pytest.mark.parametrize("shift_ns", [0, 5_000])
+def test_objects_are_trusted_only_if_they_agree_with_the_export(monkeypatch, shift_ns):
+    from engine.step import kernel_trace
+
+    monkeypatch.setattr(kernel_trace, "READ_OBJECTS", None)
+    events, marks = trace([7, 8, 9])
+    sample = kernel_trace.convert(_Result(events, shift_ns), 7, 2, marks)
+    assert kernel_trace.READ_OBJECTS is (shift_ns == 0)
+    # either way the sample is the export's (5 us off is not "the same")
+    assert sample is not None and sample.steps[0].kernels[1].start_ns == 23_000
+    again = kernel_trace.convert(_Result(events, shift_ns), 7, 2, marks)
+    assert again is not None and again.steps[0].kernels[1].start_ns == 23_000
+
+
+def test_no_new_sample_starts_while_the_last_one_converts():
+    s = KernelSampler(enabled=True, period_s=0.05)
+    s.next_at = 0.0
+    s._submitted = 1  # handed to the worker, not converted yet
+    assert s.begin_step(5) is False and not s.open
