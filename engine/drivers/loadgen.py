@@ -126,7 +126,8 @@ class LoadGenerator:
         self._wake = threading.Event()  # a request ended: the concurrency loop refills
         self._thread: threading.Thread | None = None
         self.submitted = 0
-        self.finished = 0
+        self.finished = 0  # requests that ended on their own (stop, length, error)
+        self.aborted = 0  # requests aborted before their end (stop(abort=True), a client)
         self.dropped = 0  # rate-mode arrivals skipped because max_inflight were in flight
         self.errors = 0  # requests that ended with finish_reason "error"
         self.stopped_reason: str | None = None
@@ -174,6 +175,7 @@ class LoadGenerator:
             "running": self.running,
             "submitted": self.submitted,
             "finished": self.finished,
+            "aborted": self.aborted,
             "inflight": self.inflight,
             "dropped": self.dropped,
             "errors": self.errors,
@@ -199,8 +201,12 @@ class LoadGenerator:
             keep = []
             for h in self._inflight:
                 if h.done:
-                    self.finished += 1
-                    if h.result().finish_reason == "error":
+                    reason = h.result().finish_reason
+                    if reason == "abort":
+                        self.aborted += 1
+                    else:
+                        self.finished += 1
+                    if reason == "error":
                         self.errors += 1
                 else:
                     keep.append(h)

@@ -75,7 +75,21 @@ def test_keeps_the_requested_concurrency_then_stops(engine):
     assert gen.submitted - gen.finished <= 3
     assert gen.errors == 0
     wait_idle(engine, 2.0)  # stop() aborted what was still in flight
-    assert gen.inflight == 0 and gen.finished == gen.submitted
+    # Aborted requests are counted apart, never as finished (issue 25, 12).
+    assert gen.inflight == 0 and gen.finished + gen.aborted == gen.submitted
+    assert gen.stats()["aborted"] == gen.aborted <= 3
+
+
+def test_requests_aborted_by_stop_are_not_counted_as_finished(engine):
+    """Issue 25, 12: the load's 'finished' included the requests stop() aborted."""
+    wait_idle(engine)
+    gen = LoadGenerator(engine, LoadSpec(concurrency=2, prompt_len=8, max_tokens=240)).start()
+    deadline = time.monotonic() + 5.0
+    while gen.submitted < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    gen.stop()  # long before 240 tokens: both are aborted
+    stats = gen.stats()
+    assert (stats["submitted"], stats["aborted"], stats["finished"]) == (2, 2, 0), stats
 
 
 def test_rate_mode_submits_about_rate_per_second(engine):
