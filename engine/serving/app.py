@@ -7,7 +7,10 @@ result, abort, settings, stats, telemetry, alive, death_reason), so the same app
 engine this process started or one it attached to.
 
 Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}: bad input 400,
-a wrong API key 401, an unknown model 404 (as OpenAI and vLLM answer), a dead engine 503.
+a wrong API key 401, an unknown model 404 (as OpenAI and vLLM answer), a slow body 408, a
+big one 413, a dead engine 503, and an engine silent past the client's give_up_after_s
+(serve --engine-timeout) 503 too, its requests aborted (a stream ends with an error event
+and [DONE]). docs/serving.md says what a client sees in each case.
 A client that goes away before its answer is complete gets its request aborted, so its KV
 blocks come back at once. It must never call the engine from the event loop thread
 (bridge.py runs those calls on threads) and never run in the engine process.
@@ -66,8 +69,8 @@ def engine_failure(e: BaseException) -> ApiError:
         return ApiError(503, f"the engine is not running: {e.reason}", type="server_error",
                         code="engine_dead")
     if isinstance(e, TimeoutError):
-        return ApiError(503, f"the engine did not answer in time: {e}", type="server_error",
-                        code="engine_timeout")
+        return ApiError(503, f"the engine did not answer in time: {e}; the request was "
+                             "aborted", type="server_error", code="engine_timeout")
     return ApiError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error")
 
 
@@ -126,23 +129,34 @@ async def until_done(request: Request, er: EngineRequest) -> RequestOutput | Non
         if not result.done():
             result.cancel()
             await er.abort()
-    return result.result() if result.done() and not result.cancelled() else None
+    if not result.done() or result.cancelled():
+        return None
+    e = result.exception()
+    if isinstance(e, (TimeoutError, EngineDead, EngineError)):  # silent past --engine-timeout
+        await er.abort()  # applied when the engine answers again: nothing runs unseen
+        raise engine_failure(e)
+    return result.result()
 
 
 def create_app(client: Any, *, tokenizer: Any,
                served_model_name: str | Sequence[str] | None = None,
                api_key: str | None = None, metrics_period_s: float = 0.25,
-               max_body_bytes: int = limits.MAX_BODY_BYTES) -> FastAPI:
+               bounds: limits.Bounds | None = None) -> FastAPI:
     """The app for one client. Reads client.settings() once, here (model and
     max_model_len); /metrics polls the client on a thread while the app runs.
     ``served_model_name``: one alias or several (model_names.py says the default).
-    ``max_body_bytes``: larger bodies get 413 before they are read (limits.py)."""
+    ``bounds``: body size and time, tokenization in flight (limits.py).
+    ``app.state.engine_note``: set by whoever restarts the engine (serve.py), said by
+    /health and /ready while the engine is not alive."""
     settings = client.settings()
     names = served_names(settings["model"], served_model_name)
     model = names[0]  # answers in responses and labels the metrics, as in vLLM
     accepted = accepted_names(settings["model"], names)
     max_model_len = int(settings["max_model_len"])
     prompts = PromptBuilder(tokenizer, max_model_len)
+    bounds = bounds or limits.Bounds()
+    tokenizing = limits.WorkGate("tokenizations", bounds.max_tokenizing,
+                                 bounds.max_tokenize_waiting)
     metrics = EngineMetrics(client, model, metrics_period_s, max_model_len=max_model_len)
 
     @asynccontextmanager
@@ -158,10 +172,13 @@ def create_app(client: Any, *, tokenizer: Any,
                   openapi_url=None)
     app.state.metrics = metrics
     app.state.served_model_names = names
+    app.state.engine_note = None
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        if e.status in (408, 413):  # the body may be unread: the connection cannot go on
+            headers = {"Connection": "close"}
         return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -229,8 +246,14 @@ def create_app(client: Any, *, tokenizer: Any,
                            ) -> AsyncIterator[str]:
         """A streamed reply's events after any opening one: a chunk per text delta, then the
         finish chunk (or the failure), the usage chunk when one is asked for, and [DONE]."""
-        async for text in er.deltas():
-            yield text_chunk(text)
+        try:
+            async for text in er.deltas():
+                yield text_chunk(text)
+        except (TimeoutError, EngineDead, EngineError) as e:  # silent past --engine-timeout
+            await er.abort()  # applied when the engine answers again
+            yield sse(engine_failure(e).body())
+            yield DONE
+            return
         out = er.output
         assert out is not None
         failure = output_failure(out, client)
@@ -246,7 +269,7 @@ def create_app(client: Any, *, tokenizer: Any,
     async def parse(request: Request, model_type: Any) -> Any:
         """The request, refused (413/400) on its size, nesting or prompt characters before
         it is parsed or tokenized."""
-        raw = await limits.read_body(request, max_body_bytes)
+        raw = await limits.read_body(request, bounds.max_body_bytes, bounds.body_timeout_s)
         limits.check_json_depth(raw)
         req = schema.parse_request(raw, model_type)
         limits.check_prompt_chars(limits.prompt_chars(req), max_model_len)
@@ -256,7 +279,7 @@ def create_app(client: Any, *, tokenizer: Any,
     async def completions(request: Request) -> Response:
         req = await parse(request, CompletionRequest)
         check_model(req.model)
-        ids = await run_in_threadpool(prompts.completion_ids, req)
+        ids = await tokenizing.run(prompts.completion_ids, req)
         return await answer(request, req, ids, "cmpl", _completion_events,
                             schema.completion_body)
 
@@ -282,7 +305,7 @@ def create_app(client: Any, *, tokenizer: Any,
     async def chat_completions(request: Request) -> Response:
         req = await parse(request, ChatCompletionRequest)
         check_model(req.model)
-        ids = await run_in_threadpool(prompts.chat_ids, req, model)
+        ids = await tokenizing.run(prompts.chat_ids, req, model)
         return await answer(request, req, ids, "chatcmpl", _chat_events, schema.chat_body)
 
     async def _chat_events(er: EngineRequest, name: str, created: int,
@@ -321,7 +344,9 @@ def create_app(client: Any, *, tokenizer: Any,
             return JSONResponse({"status": "ok"})
         code = "engine_dead" if state == "dead" else "engine_not_responding"
         what = "is not running" if state == "dead" else "is not responding"
-        raise ApiError(503, f"the engine {what}: {reason}", type="server_error", code=code)
+        note = f" ({app.state.engine_note})" if app.state.engine_note else ""
+        raise ApiError(503, f"the engine {what}: {reason}{note}", type="server_error",
+                       code=code)
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
@@ -330,7 +355,8 @@ def create_app(client: Any, *, tokenizer: Any,
         state, reason = engine_state()
         if state == "alive":
             return JSONResponse({"status": "ready"})
-        raise ApiError(503, f"the engine is not ready ({state}): {reason}",
+        note = f" ({app.state.engine_note})" if app.state.engine_note else ""
+        raise ApiError(503, f"the engine is not ready ({state}): {reason}{note}",
                        type="server_error", code=f"engine_{state}")
 
     @app.get("/metrics")

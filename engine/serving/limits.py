@@ -6,7 +6,8 @@ declared Content-Length over the limit is refused before a byte of the body is r
 body that grows past the limit while it is read is refused at that point (the server never
 holds more than ``max_body_bytes`` of one request), JSON nested deeper than ``MAX_JSON_DEPTH``
 is refused by a linear scan before the parser could recurse (400, not a RecursionError's
-500), and a prompt is refused on its character count before it is tokenized (a token is at
+500), a body that has not all arrived in time is refused (408), and a prompt is refused
+on its character count before it is tokenized (a token is at
 least one character, so more characters than ``max_model_len`` times a generous factor can
 never fit). Every refusal is an ApiError in OpenAI's error shape. It must never tokenize,
 call the engine or import the engine process.
@@ -14,6 +15,8 @@ call the engine or import the engine process.
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from engine.serving.schema import ApiError
@@ -23,6 +26,19 @@ MAX_JSON_DEPTH = 64  # OpenAI's bodies nest < 10 deep (messages -> content parts
 # A prompt of more than this many characters per token of max_model_len cannot fit: real
 # tokenizers average 3-5 characters a token; 32 leaves room for long runs of whitespace.
 CHARS_PER_TOKEN_BOUND = 32
+BODY_TIMEOUT_S = 30.0  # default --body-timeout: the whole body, after its headers
+MAX_TOKENIZING = 4  # prompts tokenized at once, on threads (default --max-tokenizing)
+MAX_TOKENIZE_WAITING = 64  # prompts waiting for a tokenizer thread before 503s
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The server's per-request bounds (serve's flags)."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_timeout_s: float = BODY_TIMEOUT_S
+    max_tokenizing: int = MAX_TOKENIZING
+    max_tokenize_waiting: int = MAX_TOKENIZE_WAITING
 
 
 def declared_length(headers: Any, max_body_bytes: int) -> int | None:
@@ -45,18 +61,27 @@ def declared_length(headers: Any, max_body_bytes: int) -> int | None:
     return n
 
 
-async def read_body(request: Any, max_body_bytes: int) -> bytes:
-    """The whole body, refused with 413 as soon as it passes ``max_body_bytes``."""
+async def read_body(request: Any, max_body_bytes: int,
+                    timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body, refused with 413 as soon as it passes ``max_body_bytes`` and with 408
+    when it has not all arrived ``timeout_s`` after its headers (a trickling client, or a
+    Content-Length that is never sent)."""
     declared_length(request.headers, max_body_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise ApiError(413, f"the request body is larger than {max_body_bytes} bytes, "
-                                "the most this server accepts (--max-body-bytes)",
-                           code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise ApiError(413, f"the request body is larger than {max_body_bytes} "
+                                        "bytes, the most this server accepts "
+                                        "(--max-body-bytes)", code="request_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s "
+                            f"({size} bytes came; --body-timeout)",
+                       code="request_timeout") from None
     return b"".join(chunks)
 
 
@@ -112,3 +137,39 @@ def prompt_chars(req: Any) -> int:
                 text = part.get("text") if isinstance(part, dict) else getattr(part, "text", "")
                 total += len(text or "")
     return total
+
+
+class WorkGate:
+    """At most ``limit`` calls at once on worker threads, at most ``waiting`` queued behind
+    them; one more is refused at once with 503 (the server is busy: retry), so a burst of
+    long prompts can neither occupy every thread nor queue without end."""
+
+    def __init__(self, what: str, limit: int, waiting: int) -> None:
+        if limit < 1 or waiting < 0:
+            raise ValueError(f"{what}: limit must be >= 1 and waiting >= 0, got {limit}, "
+                             f"{waiting}")
+        self.what = what
+        self.limit = limit
+        self.max_waiting = waiting
+        self.waiting = 0
+        self.running = 0
+        self._sem = asyncio.Semaphore(limit)
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        from starlette.concurrency import run_in_threadpool
+
+        if self._sem.locked() and self.waiting >= self.max_waiting:
+            raise ApiError(503, f"the server is busy: {self.limit} {self.what} run and "
+                                f"{self.waiting} wait already; retry shortly",
+                           type="server_error", code="server_busy")
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        try:
+            return await run_in_threadpool(fn, *args)
+        finally:
+            self.running -= 1
+            self._sem.release()

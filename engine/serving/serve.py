@@ -18,7 +18,10 @@ import sys
 import threading
 from typing import Any
 
-from engine.serving.limits import MAX_BODY_BYTES
+from engine.serving import limits
+from engine.serving.limits import MAX_BODY_BYTES, Bounds
+from engine.serving.protocol import HEADER_TIMEOUT_S, with_header_timeout
+from engine.serving.supervise import POLICIES, EngineSupervisor
 
 USAGE = """\
 python -m engine serve [--host 127.0.0.1] [--port 8000] [--config config.yaml] [--api-key KEY]
@@ -56,6 +59,26 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
                     help="refuse request bodies larger than this with 413 before reading "
                          f"them (default {MAX_BODY_BYTES})")
+    ap.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S, metavar="S",
+                    help="a request's line and headers must arrive within S seconds, else "
+                         f"408 and the connection is closed (default {HEADER_TIMEOUT_S:g})")
+    ap.add_argument("--body-timeout", type=float, default=limits.BODY_TIMEOUT_S, metavar="S",
+                    help="a request's body must arrive within S seconds of its headers, "
+                         f"else 408 (default {limits.BODY_TIMEOUT_S:g})")
+    ap.add_argument("--max-tokenizing", type=int, default=limits.MAX_TOKENIZING, metavar="N",
+                    help="prompts tokenized at once; up to "
+                         f"{limits.MAX_TOKENIZE_WAITING} more wait, beyond that 503 "
+                         f"(default {limits.MAX_TOKENIZING})")
+    ap.add_argument("--engine-timeout", type=float, default=30.0, metavar="S",
+                    help="an engine silent for S seconds (hung, stopped) fails its requests "
+                         "with 503 / an error event and aborts them (default 30)")
+    ap.add_argument("--on-engine-death", choices=POLICIES, default="restart",
+                    help="when the engine process dies: restart it with the same settings "
+                         "(with backoff), exit with code 3 (for a supervisor), or stay up "
+                         "answering 503 (default restart)")
+    ap.add_argument("--max-engine-restarts", type=int, default=5, metavar="N",
+                    help="restart attempts in a row, and deaths within 5 minutes, before "
+                         "serve gives up and exits with code 3 (default 5)")
     ap.add_argument("--log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug"])
     return ap
@@ -100,12 +123,14 @@ def tokenizer_of(config: Any, chat_template: str | None = None) -> Any:
 def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
           sock: socket.socket | None = None, api_key: str | None = None,
           served_model_name: str | list[str] | None = None, chat_template: str | None = None,
-          tokenizer: Any = None, log_level: str = "info",
-          max_body_bytes: int = MAX_BODY_BYTES) -> int:
+          tokenizer: Any = None, log_level: str = "info", bounds: Bounds | None = None,
+          header_timeout_s: float = HEADER_TIMEOUT_S, on_engine_death: str = "stay",
+          max_engine_restarts: int = 5) -> int:
     """Serve ``client`` (an EngineClient, or any object with its methods) until Ctrl-C or
     SIGTERM, on ``sock`` when given (from bind()), else on host:port. ``tokenizer``
     defaults to the one of the client's config (its tokenizer or model folder).
-    ValueError for a bad tokenizer, chat template or address."""
+    ``on_engine_death``: supervise.py's policy. Returns the exit code (3 when it stopped
+    because the engine died). ValueError for a bad tokenizer, chat template or address."""
     import uvicorn
 
     from engine.serving.app import create_app
@@ -116,7 +141,7 @@ def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
             raise ValueError("give a tokenizer: the client has no config to load it from")
         tokenizer = tokenizer_of(config, chat_template)
     app = create_app(client, tokenizer=tokenizer, served_model_name=served_model_name,
-                     api_key=api_key, max_body_bytes=max_body_bytes)
+                     api_key=api_key, bounds=bounds)
     if sock is None:
         sock = bind(host, port)
     bound_port = sock.getsockname()[1]
@@ -129,9 +154,22 @@ def serve(client: Any, *, host: str = "127.0.0.1", port: int = 8000,
         print(f"gapless: warning: listening on {host} without an API key: anyone who can "
               "reach this machine can use the engine", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level,
-                                           timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
-    return 0
+                                           timeout_graceful_shutdown=5,
+                                           http=with_header_timeout(header_timeout_s)))
+    code = [0]
+
+    def stop_serving(exit_code: int) -> None:
+        code[0] = exit_code
+        server.should_exit = True
+
+    supervisor = EngineSupervisor(client, on_engine_death, stop_serving=stop_serving,
+                                  note=lambda text: setattr(app.state, "engine_note", text),
+                                  max_restarts=max_engine_restarts).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        supervisor.stop()
+    return code[0]
 
 
 class BackgroundServer:
@@ -178,6 +216,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --max-body-bytes {args.max_body_bytes}: give at least 1024",
               file=sys.stderr)
         return 2
+    for flag, value in (("--header-timeout", args.header_timeout),
+                        ("--body-timeout", args.body_timeout),
+                        ("--engine-timeout", args.engine_timeout)):
+        if not value > 0:
+            print(f"error: {flag} {value:g}: give a number of seconds > 0", file=sys.stderr)
+            return 2
+    for flag, n in (("--max-tokenizing", args.max_tokenizing),
+                    ("--max-engine-restarts", args.max_engine_restarts)):
+        if n < 1:
+            print(f"error: {flag} {n}: give at least 1", file=sys.stderr)
+            return 2
     api_key = args.api_key or os.environ.get("GAPLESS_API_KEY") or None
     overrides = {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
     from engine.config import EngineConfig
@@ -193,13 +242,14 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = tokenizer_of(config, template)
         listen = None
         if args.attach:
-            client = EngineClient.attach(args.attach)
+            client = EngineClient.attach(args.attach, give_up_after_s=args.engine_timeout)
         else:
             if not args.no_listen:
                 from engine.process.endpoint import default_socket_path
 
                 listen = args.listen or default_socket_path()
-            client = EngineClient(args.config, listen=listen, **overrides)
+            client = EngineClient(args.config, listen=listen,
+                                  give_up_after_s=args.engine_timeout, **overrides)
         if listen is not None:
             print(f"gapless: the dashboard can watch this engine: "
                   f"GAPLESS_ENGINE_SOCKET={listen} streamlit run app.py", file=sys.stderr)
@@ -212,9 +262,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
+        bounds = Bounds(max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout,
+                        max_tokenizing=args.max_tokenizing)
         return serve(client, host=args.host, sock=sock, api_key=api_key,
                      served_model_name=args.served_model_name, tokenizer=tokenizer,
-                     log_level=args.log_level, max_body_bytes=args.max_body_bytes)
+                     log_level=args.log_level, bounds=bounds,
+                     header_timeout_s=args.header_timeout,
+                     on_engine_death=args.on_engine_death,
+                     max_engine_restarts=args.max_engine_restarts)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

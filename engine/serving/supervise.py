@@ -1,0 +1,129 @@
+"""What `serve` does when its engine process dies: restart it, exit, or stay up answering 503.
+
+Owns the engine-death policy of `python -m engine serve --on-engine-death`:
+
+    restart : start the engine again with the same settings (EngineClient.restart), waiting
+              1, 2, 4... s between attempts (``backoff_s`` doubling, at most 30 s); after
+              ``max_restarts`` failed attempts in a row, or that many deaths within
+              ``window_s``, give up and exit (a crash loop is a supervisor's business)
+    exit    : stop serving and exit with EXIT_ENGINE_DIED, so a supervisor (systemd,
+              Kubernetes) acts
+    stay    : keep serving: /health and every request answer 503 with the reason until
+              someone restarts the engine (the dashboard does, with its Restart button)
+
+Every decision is printed on stderr. Meanwhile /health and /ready say what is happening
+through ``app.state.engine_note``. It never touches HTTP requests: the client's own death
+handling ends them (error events, 503s). A hung engine (not responding) is not dead: it is
+the silence handling's business (serve --engine-timeout), not this one's.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+POLICIES = ("restart", "exit", "stay")
+EXIT_ENGINE_DIED = 3
+MAX_BACKOFF_S = 30.0
+
+
+def say(message: str) -> None:
+    print(f"gapless: {message}", file=sys.stderr, flush=True)
+
+
+class EngineSupervisor:
+    """A daemon thread that watches ``client.alive()`` and applies ``policy``.
+    ``stop_serving(code)`` ends the HTTP server with that exit code; ``note(text)`` sets what
+    /health adds to its 503."""
+
+    def __init__(self, client: Any, policy: str, *, stop_serving: Callable[[int], None],
+                 note: Callable[[str | None], None], max_restarts: int = 5,
+                 backoff_s: float = 1.0, window_s: float = 300.0, poll_s: float = 0.2) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"--on-engine-death must be one of {', '.join(POLICIES)}, "
+                             f"got {policy!r}")
+        if max_restarts < 1:
+            raise ValueError(f"--max-engine-restarts must be >= 1, got {max_restarts}")
+        self.client = client
+        self.policy = policy
+        self.stop_serving = stop_serving
+        self.note = note
+        self.max_restarts = max_restarts
+        self.backoff_s = backoff_s
+        self.window_s = window_s
+        self.poll_s = poll_s
+        self.deaths: deque[float] = deque()
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name="gapless-engine-supervisor")
+
+    def start(self) -> EngineSupervisor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            if self.client.alive():
+                continue
+            reason = self.client.death_reason() or "the engine is not running"
+            if self._stop.is_set():  # serve is shutting down the engine itself
+                return
+            if self.policy == "stay":
+                say(f"the engine died ({reason}); serving 503s until it is restarted "
+                    "(--on-engine-death stay)")
+                self.note("--on-engine-death stay: restart it from the dashboard or restart "
+                          "serve")
+                while not self._stop.wait(self.poll_s) and not self.client.alive():
+                    pass
+                self.note(None)
+                continue
+            if self.policy == "exit":
+                say(f"the engine died ({reason}); exiting with code {EXIT_ENGINE_DIED} "
+                    "(--on-engine-death exit)")
+                self.note("serve is exiting (--on-engine-death exit)")
+                self.stop_serving(EXIT_ENGINE_DIED)
+                return
+            if not self._restart(reason):
+                return
+
+    def _restart(self, reason: str) -> bool:
+        """Restart with backoff; False (after stop_serving) when it gives up."""
+        now = time.monotonic()
+        self.deaths.append(now)
+        while self.deaths and now - self.deaths[0] > self.window_s:
+            self.deaths.popleft()
+        if len(self.deaths) > self.max_restarts:
+            say(f"the engine died ({reason}), {len(self.deaths)} times within "
+                f"{self.window_s:g} s; giving up, exiting with code {EXIT_ENGINE_DIED}")
+            self.stop_serving(EXIT_ENGINE_DIED)
+            return False
+        delay = self.backoff_s
+        for attempt in range(1, self.max_restarts + 1):
+            say(f"the engine died ({reason}); restarting it with the same settings in "
+                f"{delay:g} s, attempt {attempt} of {self.max_restarts} "
+                "(--on-engine-death restart)")
+            self.note(f"restarting it: attempt {attempt} of {self.max_restarts}")
+            if self._stop.wait(delay):
+                return False
+            try:
+                self.client.restart()
+            except Exception as e:  # EngineStartError, or it died again while starting
+                reason = getattr(e, "reason", None) or f"{type(e).__name__}: {e}"
+                delay = min(2 * delay, MAX_BACKOFF_S)
+                continue
+            self.restarts += 1
+            self.note(None)
+            say(f"the engine runs again (pid {self.client.pid}), restart {self.restarts}")
+            return True
+        say(f"the engine could not be restarted ({reason}) after {self.max_restarts} "
+            f"attempts; exiting with code {EXIT_ENGINE_DIED}")
+        self.stop_serving(EXIT_ENGINE_DIED)
+        return False
