@@ -124,6 +124,46 @@ EVENTS = [
 ]
 
 
+def riding(step: int, start: int, end: int, chunks: list) -> StepRecord:
+    return StepRecord(step, "async", 0, len(chunks), 0, len(chunks), chunks=chunks,
+                      spans=[Span("cpu.prepare", start - 50, start),
+                             Span("compute", start, end)])
+
+
+def test_one_track_per_request_with_the_steps_it_rode() -> None:
+    records = [riding(1, 1000, 2000, [("r1", 9, 9)]),
+               riding(2, 2000, 2500, [("r1", 1, 10), ("r2", 3, 3)]),
+               RECORDS[1]]  # no chunks: no request track from it
+    events = [RequestEvent("r1", "queued", 100, prompt_tokens=9),
+              RequestEvent("r1", "scheduled", 900, prompt_tokens=9),
+              RequestEvent("r9", "queued", 100, prompt_tokens=9),  # not in these steps
+              RequestEvent("r9", "scheduled", 200, prompt_tokens=9),
+              RequestEvent("r1", "finished", 2600, reason="stop", cached_tokens=4)]
+    trace = json.loads(chrome_trace_json(records, events))
+    evs = trace["traceEvents"]
+    req = [e for e in evs if e["pid"] == export.REQUESTS_PID]
+    names = {e["tid"]: e["args"]["name"] for e in req
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(names.values()) == ["r1", "r2"]
+    track = {rid: [e for e in req if e["ph"] != "M" and names[e["tid"]] == rid]
+             for rid in names.values()}
+    steps_r1 = [(e["args"]["step"], e["ts"], e["dur"], e["args"]["tokens"])
+                for e in track["r1"] if e["name"].startswith("step")]
+    assert steps_r1 == [(1, 1.0, 1.0, 9), (2, 2.0, 0.5, 1)]  # over each step's compute span
+    assert [e["args"]["share"] for e in track["r2"]] == [0.75]
+    queued = [e for e in track["r1"] if e["name"] == "queued"]
+    assert [(q["ts"], q["dur"]) for q in queued] == [(0.1, 0.8)]
+    end = [e for e in track["r1"] if e["ph"] == "i"]
+    assert end[0]["name"] == "finished: stop" and end[0]["args"]["cached_tokens"] == 4
+    # The engine's lane rows are untouched by the request tracks.
+    engine_rows = [e["cat"] for e in evs if e["pid"] == export.ENGINE_PID and e["ph"] == "X"]
+    assert engine_rows == [s.lane for r in records for s in r.spans]
+
+
+def test_no_request_track_without_chunks() -> None:
+    assert all(e["pid"] == export.ENGINE_PID for e in loaded(RECORDS)["traceEvents"])
+
+
 def test_jsonl_one_object_per_record() -> None:
     text = to_jsonl([RECORDS[1], *EVENTS])
     lines = text.splitlines()
@@ -139,6 +179,8 @@ def test_jsonl_one_object_per_record() -> None:
         "num_tokens": 0,
         "prompt_tokens": 9,
         "reason": None,
+        "cached_tokens": 0,
+        "preemptions": 0,
     }
     assert finished["reason"] == "stop"
     assert to_jsonl([]) == ""
