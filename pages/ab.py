@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 CAPTURES_KEY = "ab.captures"
 SECONDS_KEY = "ab.seconds"
 SETTLE_S = 0.5  # steps of the previous mode still finishing after a switch
+ROUNDS = 3  # sync, async, sync, async, sync, async: the verdict's interval needs 3 pairs
 LIVE = ("async_batching", "num_slots", "cuda_graphs")
 
 
@@ -49,20 +50,28 @@ def capture(client: EngineClient, label: str, seconds: float, mode: str | None =
     return Window(label, steps, t0, t1)
 
 
-def one_click(client: EngineClient, seconds: float) -> dict[str, Window]:
-    """sync then async under load; the settings and the load generator restored after."""
+def one_click(client: EngineClient, seconds: float, rounds: int = ROUNDS) -> dict[str, Window]:
+    """sync, async, sync, async... (``rounds`` pairs, ``seconds`` per mode in all) under
+    load; the settings and the load generator restored after. Each side's Window draws its
+    last capture and carries every capture in ``runs`` for the verdict's interval."""
     before = client.settings()
     started_load = False
     if not client.load_running():
         client.start_load(load_spec_from_state())
         started_load = True
     try:
+        runs: dict[str, list[Window]] = {"A": [], "B": []}
+        for _ in range(rounds):
+            for key, mode in (("A", "sync"), ("B", "async")):
+                client.configure(async_batching=mode == "async")
+                time.sleep(SETTLE_S)
+                settings = client.settings()
+                runs[key].append(capture(client, describe(settings), seconds / rounds, mode))
         out = {}
-        for key, mode in (("A", "sync"), ("B", "async")):
-            client.configure(async_batching=mode == "async")
-            time.sleep(SETTLE_S)
-            settings = client.settings()
-            out[key] = capture(client, describe(settings), seconds, mode)
+        for key, caps in runs.items():
+            last = caps[-1]
+            out[key] = Window(last.label, last.records, last.start_ns, last.end_ns,
+                              runs=[c.records for c in caps])
         return out
     finally:
         client.configure(**{k: before[k] for k in LIVE if k in before
@@ -76,21 +85,24 @@ def main() -> None:
     show_flashes()
     st.title("A/B")
     st.caption(
-        "Compare two modes on the live engine: each side is a window of steps recorded under "
-        "the same load; the figures and both timelines share one scale. steps/s is judged "
-        "over five sub-windows of each capture: a difference inside their spread is called "
-        "no measurable difference."
+        "Compare two modes on the live engine under the same load. The one-click comparison "
+        f"alternates sync and async {ROUNDS} times; the verdict compares decode-only steps "
+        "(prefill apart) and gives the difference with a 95% interval over those alternated "
+        "pairs (two single captures: a block bootstrap of their decode-only steps). The "
+        "figures and both timelines (the last capture of each side) share one scale."
     )
     captures: dict[str, Window] = st.session_state.setdefault(CAPTURES_KEY, {})
-    seconds = float(st.select_slider("Capture length (s)", (1, 2, 3, 5, 10), value=3,
+    seconds = float(st.select_slider("Capture length per mode (s)", (1, 2, 3, 5, 10), value=3,
                                      key=SECONDS_KEY))
     c1, c2, c3, c4 = st.columns([2, 1, 1, 1])
     with c1:
         if st.button("Compare sync and async", key="ab.one_click", type="primary",
                      icon=":material/compare:",
-                     help="Under load (started for the capture when none runs): sync for "
-                     f"{seconds:g} s, then async; your settings are put back after."):
-            with st.spinner(f"Capturing sync, then async ({2 * (seconds + SETTLE_S):.0f} s)..."):
+                     help="Under load (started for the capture when none runs): sync and "
+                     f"async in turn, {ROUNDS} times, {seconds:g} s of each in all; your "
+                     "settings are put back after."):
+            total = 2 * (seconds + ROUNDS * SETTLE_S)
+            with st.spinner(f"Capturing sync and async in turn ({total:.0f} s)..."):
                 with engine_errors(client, "The comparison failed") as outcome:
                     got = one_click(client, seconds)
                 if not outcome.failed:

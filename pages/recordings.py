@@ -2,8 +2,9 @@
 
 Owns choosing a recording (one shipped in docs/recordings/, or a JSON-lines file uploaded
 from the engine's exporter), saying where it was made, and drawing it: one row of figures
-per mode and the A/B view of two of its modes. Needs no engine: it opens with the engine
-stopped, hung or on another machine.
+per mode (decode-only steps, prefill apart) and the A/B view of two of its modes, whose
+verdict's interval is a block bootstrap of the decode-only steps (one run per mode). Needs
+no engine: it opens with the engine stopped, hung or on another machine.
 
 It must never write a recording, and never run anything a file contains (ui/recordings.py
 reads plain JSON values only).
@@ -16,6 +17,7 @@ from pathlib import Path
 import streamlit as st
 
 from ui.ab_view import Window, show_ab
+from ui.decode_verdict import decode_steps
 from ui.recordings import Recording, list_recordings, load_recording, parse_recording
 from ui.window_stats import window_stats
 
@@ -29,16 +31,20 @@ def cached_recording(path: str, mtime: float) -> Recording:
 
 
 def mode_rows(rec: Recording) -> list[dict]:
+    """One row per mode: decode-only figures (what the verdict compares), prefill apart, and
+    the window's step period and CPU work."""
     rows = []
     for label, steps in rec.by_mode().items():
         s = window_stats(steps, label)
+        d = decode_steps(steps)
         rows.append({
             "mode": label, "steps": s.steps, "seconds": round(s.duration_s, 3),
-            "steps/s": round(s.steps_per_s, 1), "tokens/s": round(s.tokens_per_s, 1),
-            "step period ms": round(s.step_ms, 3), "compute busy %": round(100 * s.busy, 1),
-            "CPU work per step ms": round(s.cpu_ms, 3),
+            "decode-only steps": d.n, "decode tokens/s": round(d.tokens_per_s, 1),
+            "compute busy % (decode)": round(100 * d.busy, 1),
+            "prefill steps": d.prefill_steps, "prompt tokens": d.prefill_tokens,
+            "prefill ms": round(d.prefill_ns / 1e6, 1),
+            "step period ms": round(s.step_ms, 3), "CPU work per step ms": round(s.cpu_ms, 3),
             "CPU share of a step %": round(100 * s.cpu_share, 1),
-            "compute idle ms": round(s.idle_ms, 1),
         })
     return rows
 
@@ -71,7 +77,10 @@ def main() -> None:
     st.caption(
         "A recording is the engine's telemetry as JSON lines (telemetry/export.py), made with "
         "`python -m bench record-timeline`: every step's spans, one mode after another. It opens "
-        "here without an engine, so a machine with no GPU shows what each mode does on one."
+        "here without an engine, so a machine with no GPU shows what each mode does on one. "
+        "Throughput and busy are over decode-only steps; prefill is reported apart. A "
+        "recording holds one run per mode, so the verdict's 95% interval comes from a block "
+        "bootstrap of those decode-only steps."
     )
     rec = pick()
     if rec is None:

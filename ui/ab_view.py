@@ -1,23 +1,24 @@
 """The A/B view: two windows of steps (two modes) side by side on one time scale.
 
-Owns the figure comparing two WindowStats (steps/s with its spread, step period, the CPU's
-share of a step, compute idle by cause) and ``show_ab``, which the A/B page (live captures)
-and the Recordings page (a recording's modes) both draw: a verdict in plain words, the
-figures, and both timelines over the same span of milliseconds. It must never call the
+Owns the figure comparing two WindowStats (decode tokens/s, step period, the CPU's share of
+a step, compute idle by cause) and ``show_ab``, which the A/B page (live captures) and the
+Recordings page (a recording's modes) both draw: a verdict in plain words on decode-only
+steps with its 95% interval (ui/decode_verdict.py), prefill apart, the figures, and both
+timelines over the same span of milliseconds. It must never call the
 engine: it is handed records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
 from telemetry.records import StepRecord
-from ui.compare import spread, verdict
+from ui.decode_verdict import decode_steps, decode_verdict, pooled
 from ui.timeline import timeline_figure
 from ui.window_stats import IDLE_CAUSES, OTHER_CAUSE, WindowStats, window_stats
 
@@ -28,26 +29,31 @@ SPANS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000)
 
 @dataclass(slots=True)
 class Window:
-    """A window of steps to compare: a live capture or one mode of a recording."""
+    """A window of steps to compare: a live capture or one mode of a recording.
+
+    ``records`` is the window drawn (figures, timeline); ``runs``, when given, are every
+    alternated capture of this side (``records`` among them), which the verdict judges.
+    """
 
     label: str
     records: list[StepRecord]
     start_ns: int | None = None
     end_ns: int | None = None
+    runs: list[list[StepRecord]] = field(default_factory=list)
+
+    def all_runs(self) -> list[list[StepRecord]]:
+        return self.runs or [self.records]
 
 
-def ab_figure(a: WindowStats, b: WindowStats, height_px: int = 260) -> go.Figure:
-    titles = ("steps/s (bar: median of sub-windows, line: spread)", "step period (ms)",
+def ab_figure(a: WindowStats, b: WindowStats, decode_tps: tuple[float, float],
+              height_px: int = 260) -> go.Figure:
+    titles = ("decode tokens/s (decode-only steps)", "step period (ms)",
               "CPU work per step (% of a step)", "compute idle by cause (ms per s)")
     fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.07)
-    for s, colour in zip((a, b), COLOURS, strict=True):
-        sp = spread(s.sub_steps_per_s) if s.sub_steps_per_s else None
+    for s, colour, tps in zip((a, b), COLOURS, decode_tps, strict=True):
         fig.add_trace(go.Bar(
-            x=[s.label], y=[sp.median if sp else s.steps_per_s], marker_color=colour,
-            error_y=None if sp is None else {
-                "type": "data", "symmetric": False, "array": [sp.hi - sp.median],
-                "arrayminus": [sp.median - sp.lo]},
-            hovertemplate="%{y:,.1f} steps/s<extra></extra>", showlegend=False), 1, 1)
+            x=[s.label], y=[tps], marker_color=colour,
+            hovertemplate="%{y:,.1f} decode tokens/s<extra></extra>", showlegend=False), 1, 1)
         fig.add_trace(go.Bar(x=[s.label], y=[s.step_ms], marker_color=colour, showlegend=False,
                              hovertemplate="%{y:,.3f} ms<extra></extra>"), 1, 2)
         fig.add_trace(go.Bar(x=[s.label], y=[100 * s.cpu_share], marker_color=colour,
@@ -69,19 +75,16 @@ def ab_figure(a: WindowStats, b: WindowStats, height_px: int = 260) -> go.Figure
     return fig
 
 
-def headline(a: WindowStats, b: WindowStats) -> tuple[bool, str]:
-    """The steps/s verdict, and what async could gain at most here (the CPU's share)."""
-    v = verdict(spread(a.sub_steps_per_s), spread(b.sub_steps_per_s), a_label=a.label,
-                b_label=b.label, what="steps/s", fmt=",.1f")
-    share = max(a.cpu_share, b.cpu_share)
+def cpu_note(a: WindowStats, b: WindowStats) -> str:
+    """What async could gain at most here: the CPU's own share of a step."""
     note = (
-        f" The CPU's own work is {100 * a.cpu_share:.1f}% of a step in {a.label} and "
+        f"The CPU's own work is {100 * a.cpu_share:.1f}% of a step in {a.label} and "
         f"{100 * b.cpu_share:.1f}% in {b.label}: overlapping it with the device (async) can "
         f"save at most about that share of each step."
     )
-    if share < 0.05:
+    if max(a.cpu_share, b.cpu_share) < 0.05:
         note += " Here it is small, so the device's time decides and the modes look alike."
-    return v.measurable, v.text + note
+    return note
 
 
 def show_ab(a: Window, b: Window, *, key: str) -> None:
@@ -92,20 +95,30 @@ def show_ab(a: Window, b: Window, *, key: str) -> None:
     except ValueError as exc:
         st.error(f"Cannot compare: {exc}")
         return
-    measurable, text = headline(sa, sb)
-    (st.success if measurable else st.info)(text, icon=":material/compare:")
+    v = decode_verdict(a.all_runs(), b.all_runs(), a_label=a.label, b_label=b.label)
+    (st.success if v.measurable else st.info)(v.text, icon=":material/compare:")
+    st.caption(cpu_note(sa, sb))
+    decode = [[decode_steps(r) for r in w.all_runs()] for w in (a, b)]
     cols = st.columns(2)
-    for col, s in zip(cols, (sa, sb), strict=True):
+    tps = []
+    for col, s, runs in zip(cols, (sa, sb), decode, strict=True):
+        n = sum(r.n for r in runs)
+        rate, busy = pooled(runs)
+        tps.append(rate)
         with col:
-            st.markdown(f"**{s.label}** · {s.steps:,} steps in {s.duration_s:.2f} s")
+            st.markdown(f"**{s.label}** · {s.steps:,} steps in {s.duration_s:.2f} s, "
+                        f"{n:,} of them decode-only")
             m = st.columns(4)
-            m[0].metric("steps/s", f"{s.steps_per_s:,.1f}")
+            m[0].metric("decode tokens/s", f"{rate:,.1f}",
+                        help="Decode-only steps: their tokens over their periods.")
             m[1].metric("step period", f"{s.step_ms:,.3f} ms")
-            m[2].metric("compute busy", f"{100 * s.busy:.1f}%",
-                        help="Share of the window with a compute span (step busy).")
+            m[2].metric("compute busy (decode)", f"{100 * busy:.1f}%",
+                        help="Share of the decode-only steps' time with a compute span "
+                        "(step busy); prefill steps are left out.")
             m[3].metric("CPU work / step", f"{s.cpu_ms:,.3f} ms",
                         help="cpu.schedule + prepare + launch + post, median per step.")
-    st.plotly_chart(ab_figure(sa, sb), key=f"{key}.figure", config={"displaylogo": False})
+    st.plotly_chart(ab_figure(sa, sb, (tps[0], tps[1])), key=f"{key}.figure",
+                    config={"displaylogo": False})
     longest = max(sa.duration_s, sb.duration_s) * 1000
     choices = [s for s in SPANS_MS if s <= max(longest, SPANS_MS[0])] or [SPANS_MS[0]]
     default = min(choices, key=lambda s: abs(s - min(250, longest)))

@@ -143,8 +143,10 @@ def test_ab_one_click_captures_sync_then_async_and_restores(fake: FakeEngineClie
     timelines = [s for s in specs if "cpu.prepare" in s and "ms before the window" in s]
     assert len(timelines) == 2
     assert "sync" in timelines[0] and "async" in timelines[1]
-    verdicts = [m.value for m in (*at.info, *at.success)]
-    assert any("steps/s" in v for v in verdicts)
+    verdicts = [m.value for m in (*at.info, *at.success) if "Decode throughput" in m.value]
+    assert len(verdicts) == 1, verdicts
+    # sync and async alternated three times: the interval comes from those pairs
+    assert "t-interval over 3 alternated pairs" in verdicts[0], verdicts[0]
 
 
 def test_recordings_page_opens_the_shipped_recording_without_an_engine(
@@ -166,6 +168,31 @@ def test_recordings_page_opens_the_shipped_recording_without_an_engine(
     assert any("CPU" in m.value and "commit" in m.value for m in at.markdown)
     specs = [c.proto.spec for c in at.get("plotly_chart")]
     assert len([s for s in specs if "cpu.prepare" in s and "ms before the window" in s]) == 2
+
+
+def test_recordings_page_names_the_h200_async_gain_with_its_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import streamlit as st
+
+    def no_engine() -> FakeEngineClient:
+        raise AssertionError("the Recordings page must not start an engine")
+
+    st.cache_resource.clear()
+    monkeypatch.setattr(ui.client, "make_client", no_engine)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
+                           default_timeout=60)
+    at.switch_page("pages/recordings.py").run()
+    at.selectbox(key="rec.pick").set_value("h200-llama-1b.jsonl").run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert list(table["mode"]) == ["sync+graphs", "async+graphs"]
+    assert list(table["prefill steps"]) == [5, 5]  # prefill reported apart
+    wins = [m.value for m in at.success if "Decode throughput" in m.value]
+    assert len(wins) == 1 and not [m for m in at.info if "Decode throughput" in m.value]
+    assert "async+graphs is" in wins[0] and "faster than sync+graphs" in wins[0]
+    assert "95% interval +" in wins[0] and "block bootstrap" in wins[0]
+    assert "no measurable difference" not in wins[0]
 
 
 def test_a_restart_in_one_tab_makes_the_others_stale_restart_do_nothing(
