@@ -41,6 +41,8 @@ from bench.harness import report
 from bench.harness.floor import COPY_BW, ByteFloor
 from bench.harness.shapes import build_model
 from bench.harness.workload import default_device, random_prompts
+from bench.suites.truth_anatomy import anatomy_markdown, anatomy_rows, contexts_of, step_reads
+from bench.suites.truth_cost import add_cost_arguments, cost_markdown, cost_pairs
 
 DESCRIPTION = ("kernel busy sampled vs torch.profiler in 4 modes, sampler cost, the step "
                "waterfall vs wall time, size-aware floor curve, GPM check")
@@ -64,10 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-period", type=float, default=0.1,
                         help="sampler period during the comparison (the engine default is 10 s)")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--pairs", type=int, default=3, help="sampler on/off pairs")
-    parser.add_argument("--pair-new", type=int, default=384, help="new tokens per pair run")
-    parser.add_argument("--cost-period", type=float, default=2.0,
-                        help="sampler period of the cost pairs")
+    add_cost_arguments(parser)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3,
                         help="reference/sampled window pairs per mode (the table's spread)")
@@ -128,25 +127,6 @@ def reference_busy(window_s: float, cuda: bool) -> dict[str, Any]:
         return {"busy": None, "kernels": 0}
     lo, hi = min(a for a, _ in iv), max(b for _, b in iv)
     return {"busy": union_ns(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9}
-
-
-def step_reads(model: torch.nn.Module, floor: ByteFloor, contexts: list[int]) -> list[int]:
-    """One decode step's reads, one per weight tensor and per layer's K and V."""
-    emb = model.get_input_embeddings().weight
-    head = getattr(model, "lm_head", None)
-    tied = head is not None and head.weight is emb
-    reads = [p.numel() * p.element_size() for p in model.parameters() if p is not emb or tied]
-    layers = model.config.num_hidden_layers
-    kv_layer = floor.kv_bytes_per_token // (2 * layers)  # K (or V) of one layer, one token
-    reads += [kv_layer * sum(contexts)] * (2 * layers)
-    return reads
-
-
-def contexts_of(rec: Any, prompt: int, first_decode_step: int) -> list[int]:
-    chunks = getattr(rec, "chunks", None)
-    if chunks:
-        return [ctx for _, _, ctx in chunks]
-    return [prompt + max(0, rec.step - first_decode_step)] * max(1, rec.num_requests)
 
 
 # --------------------------------------------------------------------------- per mode
@@ -226,75 +206,6 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
 
 
 # -------------------------------------------------------------------- first shape only
-def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
-                 args: argparse.Namespace, curve: Any, out: Path) -> dict[str, Any]:
-    from engine.step.anatomy import record_anatomy
-    from telemetry.anatomy import family_table
-    from telemetry.floor import size_aware_seconds
-
-    eng.configure(async_batching=True, cuda_graphs=args.device == "cuda")
-    handles = [eng.submit(p, params(48)) for p in prompts]
-    wait_decoding(eng, len(prompts))
-    gen = eng.stats()["generated_tokens"]
-    rec = record_anatomy(eng, 8, timeout_s=120, trace_dir=str(out))
-    for h in handles:
-        h.result(timeout=300)
-    Path(rec.trace_path).unlink(missing_ok=True)
-    steps = [s for s in rec.steps if s.kernels]
-    floor = ByteFloor.of(model)
-    ctx = args.prompt + gen // len(prompts)
-    reads = step_reads(model, floor, [ctx] * len(prompts))
-    layers = model.config.num_hidden_layers
-    kv_reads, w_reads = reads[-2 * layers:], reads[:-2 * layers]
-    peak = curve.peak_copy_bw if curve is not None and curve.peak_copy_bw else COPY_BW
-    fam_bytes = {"gemm": w_reads, "attention": kv_reads}
-    rows = []
-    for r in family_table(steps):
-        rd = fam_bytes.get(r.family)
-        sa = size_aware_seconds(rd, curve) if rd and curve is not None else None
-        pk = sum(rd) / peak if rd else None
-        rows.append({"family": r.family, "kernels": r.count, "time_us": r.time_us,
-                     "share": r.share, "peak_floor_us": pk * 1e6 if pk else None,
-                     "size_aware_floor_us": sa * 1e6 if sa else None})
-    span = statistics.median(s.span_us for s in steps) if steps else None
-    kernels = sorted((k for s in steps for k in s.kernels), key=lambda k: -k.dur_us)
-    sa_all = size_aware_seconds(reads, curve) if curve is not None else None
-    return {"steps": len(steps), "context": ctx, "span_us": span, "step_bytes": sum(reads),
-            "peak_floor_us": sum(reads) / peak * 1e6, "peak_bw": peak,
-            "size_aware_floor_us": sa_all * 1e6 if sa_all else None, "families": rows,
-            "longest": [{"name": k.name[:90], "family": k.family, "us": k.dur_us}
-                        for k in kernels[:5]]}
-
-
-def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
-               args: argparse.Namespace) -> dict[str, Any]:
-    """Throughput with the sampler at --cost-period (default 2 s, the engine's) vs off,
-    alternated."""
-    from bench.harness.timing import alternated_pairs
-
-    period = getattr(args, "cost_period", 2.0)
-    on = make_engine(model, args, len(prompts), args.pair_new, period=period)
-    off = make_engine(model, args, len(prompts), args.pair_new, period=0.0)
-    try:
-        for e in (on, off):
-            e.generate(prompts[:4], params(8))
-
-        def run(e: Any) -> float:
-            t = time.perf_counter()
-            e.generate(prompts, params(args.pair_new))
-            return len(prompts) * args.pair_new / (time.perf_counter() - t)
-
-        res = alternated_pairs(lambda: run(off), lambda: run(on), args.pairs)
-        samples = on.loop.pipeline.kernels.samples_made
-    finally:
-        on.shutdown()
-        off.shutdown()
-    pairs = [{"off_tok_s": a, "on_tok_s": b, "cost_pct": 100 * (1 - b / a)}
-             for a, b in zip(res.a.values, res.b.values, strict=True)]
-    return {"pairs": pairs, "median_cost_pct": statistics.median(p["cost_pct"] for p in pairs),
-            "samples_made": samples, "period_s": period}
-
-
 # ---------------------------------------------------------------------------- the run
 def run(args: argparse.Namespace, out: Path) -> dict:
     from telemetry.export import write_jsonl
@@ -428,28 +339,10 @@ def markdown(s: dict[str, Any]) -> str:
     first = next(iter(s["shapes"].values()), {})
     a = first.get("anatomy")
     if a:
-        lines += ["", f"## Step anatomy (async + graphs, {a['steps']} steps, context "
-                  f"{a['context']}): median span {num(a['span_us'])} us; floor "
-                  f"{a['step_bytes'] / 1e9:.3f} GB = {a['peak_floor_us']:.1f} us at peak copy "
-                  f"({a['peak_bw'] / 1e12:.2f} TB/s), {num(a['size_aware_floor_us'])} us "
-                  f"size-aware", "",
-                  "| family | kernels/step | us/step | share | peak floor us | x | size-aware "
-                  "floor us | x |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in a["families"]:
-            pk, sa = r["peak_floor_us"], r["size_aware_floor_us"]
-            lines.append(f"| {r['family']} | {r['kernels']:.0f} | {r['time_us']:.1f} | "
-                         f"{100 * r['share']:.1f}% | {num(pk)} | "
-                         f"{num(r['time_us'] / pk if pk else None, '.2f')} | {num(sa)} | "
-                         f"{num(r['time_us'] / sa if sa else None, '.2f')} |")
-        lines += ["", "longest kernels: " + "; ".join(
-            f"{k['family']} {k['us']:.1f} us ({k['name'][:60]})" for k in a["longest"])]
+        lines += ["", *anatomy_markdown(a)]
     c = first.get("sampler_cost")
     if c:
-        lines += ["", f"## Sampler cost ({c.get('period_s', 2.0):g} s period vs off, tok/s, "
-                  "alternated)", "",
-                  ", ".join(f"{p['on_tok_s']:.0f} vs {p['off_tok_s']:.0f} "
-                            f"({p['cost_pct']:+.2f}%)" for p in c["pairs"])
-                  + f"; median {c['median_cost_pct']:+.2f}%; {c['samples_made']} samples"]
+        lines += ["", *cost_markdown(c)]
     for preset, sh in s["shapes"].items():
         for mode, r in sh["modes"].items():
             g = r.get("gpm")

@@ -1,0 +1,151 @@
+"""The step anatomy against both floors (issue 20): one anatomy recording (async + graphs) of
+a decoding batch; each kernel family's time against its bytes' peak-copy floor and its
+size-aware floor (the achievable read bandwidth at each tensor's size, telemetry/floor.py);
+the longest kernels. Also owns a decode step's reads (one per weight tensor and per layer's K
+and V), which the truth suite's waterfall and GPM check use. The truth suite runs this on its
+first shape; alone:
+
+    python -m bench truth-anatomy                                    # the H200, 8B shape, b32
+    python -m bench truth-anatomy --device cpu --preset tiny --batch 4 --dtype float32  # dry
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.harness import report
+from bench.harness.floor import COPY_BW, ByteFloor
+from bench.harness.shapes import build_model
+from bench.harness.workload import default_device, random_prompts
+
+DESCRIPTION = "step anatomy per kernel family against the peak-copy and size-aware floors"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="llama-8b")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--budget", type=int, default=2048)
+
+
+def step_reads(model: torch.nn.Module, floor: ByteFloor, contexts: list[int]) -> list[int]:
+    """One decode step's reads, one per weight tensor and per layer's K and V."""
+    emb = model.get_input_embeddings().weight
+    head = getattr(model, "lm_head", None)
+    tied = head is not None and head.weight is emb
+    reads = [p.numel() * p.element_size() for p in model.parameters() if p is not emb or tied]
+    layers = model.config.num_hidden_layers
+    kv_layer = floor.kv_bytes_per_token // (2 * layers)  # K (or V) of one layer, one token
+    reads += [kv_layer * sum(contexts)] * (2 * layers)
+    return reads
+
+
+def contexts_of(rec: Any, prompt: int, first_decode_step: int) -> list[int]:
+    chunks = getattr(rec, "chunks", None)
+    if chunks:
+        return [ctx for _, _, ctx in chunks]
+    return [prompt + max(0, rec.step - first_decode_step)] * max(1, rec.num_requests)
+
+
+def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
+                 args: argparse.Namespace, curve: Any, out: Path) -> dict[str, Any]:
+    from bench.suites.truth import params, wait_decoding
+    from engine.step.anatomy import record_anatomy
+    from telemetry.anatomy import family_table
+    from telemetry.floor import size_aware_seconds
+
+    eng.configure(async_batching=True, cuda_graphs=args.device == "cuda")
+    handles = [eng.submit(p, params(48)) for p in prompts]
+    wait_decoding(eng, len(prompts))
+    gen = eng.stats()["generated_tokens"]
+    rec = record_anatomy(eng, 8, timeout_s=120, trace_dir=str(out))
+    for h in handles:
+        h.result(timeout=300)
+    Path(rec.trace_path).unlink(missing_ok=True)
+    steps = [s for s in rec.steps if s.kernels]
+    floor = ByteFloor.of(model)
+    ctx = args.prompt + gen // len(prompts)
+    reads = step_reads(model, floor, [ctx] * len(prompts))
+    layers = model.config.num_hidden_layers
+    kv_reads, w_reads = reads[-2 * layers:], reads[:-2 * layers]
+    peak = curve.peak_copy_bw if curve is not None and curve.peak_copy_bw else COPY_BW
+    fam_bytes = {"gemm": w_reads, "attention": kv_reads}
+    rows = []
+    for r in family_table(steps):
+        rd = fam_bytes.get(r.family)
+        sa = size_aware_seconds(rd, curve) if rd and curve is not None else None
+        pk = sum(rd) / peak if rd else None
+        rows.append({"family": r.family, "kernels": r.count, "time_us": r.time_us,
+                     "share": r.share, "peak_floor_us": pk * 1e6 if pk else None,
+                     "size_aware_floor_us": sa * 1e6 if sa else None})
+    span = statistics.median(s.span_us for s in steps) if steps else None
+    kernels = sorted((k for s in steps for k in s.kernels), key=lambda k: -k.dur_us)
+    sa_all = size_aware_seconds(reads, curve) if curve is not None else None
+    return {"steps": len(steps), "context": ctx, "span_us": span, "step_bytes": sum(reads),
+            "peak_floor_us": sum(reads) / peak * 1e6, "peak_bw": peak,
+            "size_aware_floor_us": sa_all * 1e6 if sa_all else None, "families": rows,
+            "longest": [{"name": k.name[:90], "family": k.family, "us": k.dur_us}
+                        for k in kernels[:5]]}
+
+
+def num(x: float | None, fmt: str = ".1f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def anatomy_markdown(a: dict[str, Any]) -> list[str]:
+    lines = [f"## Step anatomy (async + graphs, {a['steps']} steps, context "
+             f"{a['context']}): median span {num(a['span_us'])} us; floor "
+             f"{a['step_bytes'] / 1e9:.3f} GB = {a['peak_floor_us']:.1f} us at peak copy "
+             f"({a['peak_bw'] / 1e12:.2f} TB/s), {num(a['size_aware_floor_us'])} us "
+             f"size-aware", "",
+             "| family | kernels/step | us/step | share | peak floor us | x | size-aware "
+             "floor us | x |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in a["families"]:
+        pk, sa = r["peak_floor_us"], r["size_aware_floor_us"]
+        lines.append(f"| {r['family']} | {r['kernels']:.0f} | {r['time_us']:.1f} | "
+                     f"{100 * r['share']:.1f}% | {num(pk)} | "
+                     f"{num(r['time_us'] / pk if pk else None, '.2f')} | {num(sa)} | "
+                     f"{num(r['time_us'] / sa if sa else None, '.2f')} |")
+    return lines + ["", "longest kernels: " + "; ".join(
+        f"{k['family']} {k['us']:.1f} us ({k['name'][:60]})" for k in a["longest"])]
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
+    from bench.suites.truth import make_engine, params
+    from telemetry.floor import load_curve
+
+    cuda = args.device == "cuda"
+    with torch.profiler.profile():  # Kineto's client on this thread (see truth.run)
+        pass
+    curve = None
+    if cuda:
+        from engine.step.floor_probe import curve_for_device
+
+        curve = curve_for_device()
+    else:
+        curve = load_curve()
+    model = build_model(args.preset, torch.device(args.device), getattr(torch, args.dtype))
+    prompts = random_prompts(args.batch, args.prompt, model.config.vocab_size)
+    eng = make_engine(model, args, args.batch, 128, name=args.preset)
+    try:
+        eng.generate(random_prompts(4, 16, model.config.vocab_size, seed=1), params(8))
+        t = time.perf_counter()
+        a = anatomy_rows(eng, model, prompts, args, curve, out)
+    finally:
+        eng.shutdown()
+    summary = {"device": torch.cuda.get_device_name() if cuda else "cpu",
+               "preset": args.preset, "batch": args.batch, "anatomy": a,
+               "seconds": time.perf_counter() - t, "commit": report.short_commit()}
+    report.write_json(out / "truth_anatomy.json", summary)
+    text = "\n".join(anatomy_markdown(a)) + "\n"
+    (out / "truth_anatomy.md").write_text(text)
+    print(text, flush=True)
+    return summary

@@ -1,0 +1,99 @@
+"""The kernel sampler's cost (issue 20): decode throughput with the sampler on at
+``--cost-period`` against off, alternated pairs (bench.harness.timing), two engines on one
+model so both stay warm. Cost is linear in the sampling rate (each sample costs the same
+profiler start, stop and conversion), so a cost measured at a period shorter than the
+engine's (10 s) bounds the default's from above. The truth suite runs this on its first
+shape; alone:
+
+    python -m bench truth-cost --cost-period 1 --pair-new 768                # the H200, 8B b32
+    python -m bench truth-cost --device cpu --preset tiny --batch 4 --dtype float32 \\
+        --pairs 1 --pair-new 8                                              # CPU dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.harness import report
+from bench.harness.shapes import build_model
+from bench.harness.workload import default_device, random_prompts
+
+DESCRIPTION = "kernel sampler cost: decode throughput with the sampler on vs off, alternated"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="llama-8b")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--budget", type=int, default=2048)
+    add_cost_arguments(parser)
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pairs", type=int, default=3, help="sampler on/off pairs")
+    parser.add_argument("--pair-new", type=int, default=384, help="new tokens per pair run")
+    parser.add_argument("--cost-period", type=float, default=2.0,
+                        help="sampler period of the cost pairs")
+
+
+def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
+               args: argparse.Namespace) -> dict[str, Any]:
+    """Throughput with the sampler at --cost-period vs off, alternated."""
+    from bench.harness.timing import alternated_pairs
+    from bench.suites.truth import make_engine, params
+
+    period = getattr(args, "cost_period", 2.0)
+    on = make_engine(model, args, len(prompts), args.pair_new, period=period)
+    off = make_engine(model, args, len(prompts), args.pair_new, period=0.0)
+    try:
+        for e in (on, off):
+            e.generate(prompts[:4], params(8))
+
+        def run(e: Any) -> float:
+            t = time.perf_counter()
+            e.generate(prompts, params(args.pair_new))
+            return len(prompts) * args.pair_new / (time.perf_counter() - t)
+
+        res = alternated_pairs(lambda: run(off), lambda: run(on), args.pairs)
+        samples = on.loop.pipeline.kernels.samples_made
+        convert = [round(x * 1e3, 2) for x in on.loop.pipeline.kernels.convert_s]
+    finally:
+        on.shutdown()
+        off.shutdown()
+    pairs = [{"off_tok_s": a, "on_tok_s": b, "cost_pct": 100 * (1 - b / a)}
+             for a, b in zip(res.a.values, res.b.values, strict=True)]
+    return {"pairs": pairs, "median_cost_pct": statistics.median(p["cost_pct"] for p in pairs),
+            "samples_made": samples, "period_s": period, "convert_ms": convert}
+
+
+def cost_markdown(c: dict[str, Any]) -> list[str]:
+    conv = c.get("convert_ms") or []
+    return [f"## Sampler cost ({c.get('period_s', 2.0):g} s period vs off, tok/s, alternated)",
+            "", ", ".join(f"{p['on_tok_s']:.0f} vs {p['off_tok_s']:.0f} "
+                          f"({p['cost_pct']:+.2f}%)" for p in c["pairs"])
+            + f"; median {c['median_cost_pct']:+.2f}%; {c['samples_made']} samples"
+            + (f"; conversion {statistics.median(conv):.1f} ms median (worker thread)"
+               if conv else "")]
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
+    model = build_model(args.preset, torch.device(args.device), getattr(torch, args.dtype))
+    prompts = random_prompts(args.batch, args.prompt, model.config.vocab_size)
+    t = time.perf_counter()
+    c = cost_pairs(model, prompts, args)
+    summary = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+               "preset": args.preset, "batch": args.batch, "sampler_cost": c,
+               "seconds": time.perf_counter() - t, "commit": report.short_commit()}
+    report.write_json(out / "truth_cost.json", summary)
+    text = "\n".join(cost_markdown(c)) + "\n"
+    (out / "truth_cost.md").write_text(text)
+    print(text, flush=True)
+    return summary
