@@ -4,11 +4,16 @@ Owns the chat history of one browser tab (session state), the sampling parameter
 the per-request figures measured here (time to first token, tokens/s). Two modes: chat,
 when the model folder has a chat template (an optional system prompt and the whole history
 sent as messages, rendered by ui.chat as transformers would), and plain completion (each
-prompt a separate request the model continues), with a switch. Several tabs may stream at
-once: each tab's script thread reads its own request while the engine batches them all. A
-prompt the engine rejects shows the engine's message; leaving the page while a reply
-streams aborts that request. The engine ends a reply at the model's EOS (its generation
-config) and at the stop strings given here.
+prompt a separate request the model continues), with a switch. What a person types goes to
+the engine as token ids in which it is plain text (ui.playground_tokens): a typed control
+token never acts as one. Several tabs may stream at once: each tab's script thread reads its
+own request while the engine batches them all.
+
+A reply streams under a Stop button; Stop (or leaving the page, or any click that reruns it)
+aborts the request in the engine and keeps the text so far, marked as cut. While a reply
+waits on an engine that hangs, the page says so within about two seconds (the banner's
+fragment cannot run during a stream); an engine that dies mid-reply leaves the partial reply
+marked as cut. Each reply shows the settings it was made with (ui.playground_replies).
 
 It must never call st.* from a thread other than the script's, and never import torch.
 """
@@ -16,7 +21,6 @@ It must never call st.* from a thread other than the script's, and never import 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -24,7 +28,10 @@ import streamlit as st
 
 from ui.chat import ChatTemplate, load_chat_template
 from ui.client import engine_client, engine_errors, show_flashes
-from ui.controls import mode_summary
+from ui.engine_trouble import show_not_responding
+from ui.playground_replies import Reply, finish, follow, interrupt, settings_line, settle
+from ui.playground_tokens import PromptTokenizer, load_prompt_tokenizer
+from ui.status import current_settings, engine_status
 from ui.validation import parse_seed, sampling_error
 
 if TYPE_CHECKING:
@@ -33,20 +40,14 @@ if TYPE_CHECKING:
 HISTORY_KEY = "play.history"
 INVALID_KEY = "play.invalid"
 STREAM_REDRAW_S = 0.05  # redraw a streaming reply at most 20 times a second
-
-
-@dataclass(slots=True)
-class Reply:
-    """One finished (or stopped) request as the tab shows it."""
-
-    prompt: str
-    text: str
-    figures: str
-    chat: bool = False  # sent as a chat turn (the reply is drawn as markdown)
+INTERRUPTED = "stopped before its end (the page was left or rerun)"
+STOPPED = "stopped (Stop button)"
+EMPTY_PROMPT = "Nothing was sent: the prompt is empty or only spaces. Type some text."
 
 
 def sampling_params() -> dict[str, Any]:
-    """The sampling widgets (in the sidebar), as a dict for SamplingParams."""
+    """The sampling widgets (in the sidebar), as a dict for SamplingParams. Greedy by
+    default: the small default model answers facts right greedily and wrongly at 0.8."""
     with st.sidebar:
         st.subheader("Sampling")
         max_tokens = st.slider("Max new tokens", 1, 512, 64, key="play.max_tokens")
@@ -54,19 +55,16 @@ def sampling_params() -> dict[str, Any]:
             "Temperature",
             0.0,
             2.0,
-            0.8,
+            0.0,
             step=0.05,
             key="play.temperature",
-            help="0 means greedy (the most likely token every time).",
+            help="0 means greedy (the most likely token every time): the default, and what "
+            "a small model answers facts best with. Higher values sample.",
         )
-        top_k = st.number_input(
-            "Top-k",
-            min_value=-1,
-            max_value=1000,
-            value=-1,
-            key="play.top_k",
-            help="-1 disables top-k.",
-        )
+        # No bounds of its own: a bounded box keeps its last valid value when a value out
+        # of bounds is typed (5000 went on saying "got 0"); the engine's rule speaks instead.
+        top_k = st.number_input("Top-k", value=-1, step=1, key="play.top_k",
+                                help="Sample among the k most likely tokens only; -1: off.")
         top_p = st.slider("Top-p", 0.05, 1.0, 1.0, step=0.05, key="play.top_p")
         seed_text = st.text_input("Seed (blank: random)", "", key="play.seed")
         ignore_eos = st.toggle("Ignore end-of-sequence", False, key="play.ignore_eos",
@@ -86,33 +84,12 @@ def sampling_params() -> dict[str, Any]:
     seed, seed_error = parse_seed(seed_text)
     if seed is not None:
         params["seed"] = seed
-    # The engine's own rules (top-k 0, a negative seed...): refuse here, not after submit.
+    # The engine's own rules (a negative seed...): refuse here, not after submit. Computed
+    # from this run's values only, so a message never outlives the value it was about.
     st.session_state[INVALID_KEY] = seed_error or sampling_error(params)
     if st.session_state[INVALID_KEY]:
         st.sidebar.error(st.session_state[INVALID_KEY])
     return params
-
-
-def figures_line(
-    t_submit: float, t_first: float | None, t_end: float, tokens: int, finish: str | None
-) -> str:
-    """ "TTFT 120 ms · 45.1 tokens/s · 64 tokens · finished: length" from wall-clock times.
-
-    tokens/s counts the tokens after the first over the time after the first (the decode
-    rate a reader sees); with a single token it is tokens over end-to-end time.
-    """
-    parts = []
-    if t_first is not None:
-        parts.append(f"TTFT {1000 * (t_first - t_submit):,.0f} ms")
-    if t_first is not None and tokens > 1 and t_end > t_first:
-        parts.append(f"{(tokens - 1) / (t_end - t_first):,.1f} tokens/s")
-    elif tokens and t_end > t_submit:
-        parts.append(f"{tokens / (t_end - t_submit):,.1f} tokens/s")
-    parts.append(f"{tokens} token{'s' if tokens != 1 else ''}")
-    parts.append(f"e2e {1000 * (t_end - t_submit):,.0f} ms")
-    if finish:
-        parts.append(f"finished: {finish}")
-    return " · ".join(parts)
 
 
 def draw_reply(box: Any, text: str, chat: bool) -> None:
@@ -123,54 +100,89 @@ def draw_reply(box: Any, text: str, chat: bool) -> None:
         box.code(text, language=None, wrap_lines=True)
 
 
-def stream_reply(
-    client: EngineClient, prompt: str, params: dict[str, Any], shown: str, chat: bool
-) -> Reply | None:
-    """Submit `prompt` (the templated conversation in chat mode), stream the text into an
-    assistant message, return the finished reply (`shown` is what the user typed)."""
-    with engine_errors(client, "The engine rejected the prompt") as submitted:
-        t_submit = time.perf_counter()
-        rid = client.submit(prompt, params)
-    if submitted.failed:
-        return None
+def draw_notes(reply: Reply) -> None:
+    """Under a reply: why it was cut (if it was), the settings it used, its figures."""
+    if reply.cut:
+        st.warning(f"Partial reply, {reply.cut}.", icon=":material/content_cut:")
+    st.caption(f"{reply.settings}" + (f" · {reply.figures}" if reply.figures else ""))
+
+
+def _stop_clicked() -> None:
+    """Stop's callback: the click already cut the stream (it reran the page, whose stream
+    loop aborted the request on its way out); name the reason on that reply."""
+    for reply in reversed(st.session_state.get(HISTORY_KEY, [])):
+        if reply.cut == INTERRUPTED:
+            reply.cut = STOPPED
+            break
+
+
+def _clear() -> None:
+    st.session_state[HISTORY_KEY] = []
+
+
+class HangNotice:
+    """The not-responding message in a placeholder next to a streaming reply: drawn when
+    the engine stops answering, removed when it answers again."""
+
+    def __init__(self, client: EngineClient, box: Any) -> None:
+        self.client, self.box, self.shown, self.count = client, box, False, 0
+
+    def __call__(self, silent_s: float) -> None:
+        st.session_state.get(HISTORY_KEY)  # a yield point: a click (Stop) interrupts here
+        status = engine_status(self.client)
+        if status.state == "not_responding" and not self.shown:
+            self.count += 1  # a fresh key each time: a key may be drawn once a run
+            with self.box.container():
+                show_not_responding(self.client, status.reason,
+                                    key=f"play.kill_restart.{self.count}")
+            self.shown = True
+        elif status.state != "not_responding" and self.shown:
+            self.box.empty()
+            self.shown = False
+
+
+def stream_reply(client: EngineClient, reply: Reply, history: list[Reply]) -> None:
+    """Stream ``reply``'s request into an assistant message under a Stop button; however
+    the stream ends, the reply stays in ``history`` with what arrived."""
+    history.append(reply)
     with st.chat_message("assistant"):
+        stop_box = st.empty()
+        stop_box.button("Stop", key="play.stop_reply", icon=":material/stop_circle:",
+                        on_click=_stop_clicked, help="Abort this request in the engine; "
+                        "the text so far stays, marked as cut.")
+        trouble = st.empty()
         box = st.empty()
-        text, t_first, done = "", None, False
+        drawn = [0.0]
+
+        def draw(text: str) -> None:
+            now = time.perf_counter()
+            if now - drawn[0] >= STREAM_REDRAW_S:  # a redraw per token floods the socket
+                draw_reply(box, text, reply.chat)
+                drawn[0] = now
+
+        done = False
         try:
-            with engine_errors(client, "Streaming the reply"):
-                t_drawn = 0.0
-                for delta in client.stream(rid):
-                    now = time.perf_counter()
-                    t_first = now if t_first is None else t_first
-                    text += delta
-                    if now - t_drawn >= STREAM_REDRAW_S:  # a redraw per token floods the socket
-                        draw_reply(box, text, chat)
-                        t_drawn = now
-                done = True
+            follow(client, reply, draw, HangNotice(client, trouble))
+            done = True
         finally:
-            if not done:  # the page was left or rerun mid-stream: free the engine's slot
-                try:
-                    client.abort(rid)
-                except Exception:  # aborting a request of a dead engine is moot
-                    pass
-        if not done:
-            return None
+            if not done:  # Stop, a rerun, the page left, a dead engine: free the engine's slot
+                interrupt(client, reply, INTERRUPTED if client.alive()
+                          else f"cut short: {client.death_reason() or 'the engine stopped'}")
+        stop_box.empty()
+        trouble.empty()
         with engine_errors(client, "Reading the result") as read:
-            out = client.result(rid)
-        if read.failed:
-            return None
-        t_end = time.perf_counter()
-        draw_reply(box, out.text, chat)
-        if out.finish_reason == "error":
-            st.error(f"The request failed: {out.error or 'the engine stopped'}")
-        line = figures_line(t_submit, t_first, t_end, len(out.token_ids), out.finish_reason)
-        st.caption(line)
-        return Reply(prompt=shown, text=out.text, figures=line, chat=chat)
+            out = client.result(reply.request_id, timeout=5.0)
+        if not read.failed:
+            finish(reply, out, time.perf_counter())
+        draw_reply(box, reply.text, reply.chat)
+        draw_notes(reply)
 
 
 def chat_controls(template: ChatTemplate | None) -> tuple[bool, str]:
-    """The mode switch and the system prompt (in the sidebar): (chat on, system prompt)."""
+    """The mode switch, the system prompt and Clear (in the sidebar): (chat on, system)."""
     with st.sidebar:
+        st.button("Clear the conversation", key="play.clear", on_click=_clear,
+                  icon=":material/delete_sweep:", help="Forget this tab's prompts and replies.")
         st.subheader("Mode")
         chat = st.toggle(
             "Chat (the model's chat template)",
@@ -194,7 +206,8 @@ def chat_controls(template: ChatTemplate | None) -> tuple[bool, str]:
 
 
 def conversation(history: list[Reply], prompt: str, system: str) -> list[dict[str, str]]:
-    """The messages of a chat turn: the system prompt, the earlier chat turns, the prompt."""
+    """The messages of a chat turn: the system prompt, the earlier chat turns (a cut reply
+    as far as it went), the prompt."""
     messages = [{"role": "system", "content": system}] if system else []
     for reply in history:
         if reply.chat:
@@ -204,21 +217,31 @@ def conversation(history: list[Reply], prompt: str, system: str) -> list[dict[st
     return messages
 
 
+def prompt_for_engine(prompt: str, history: list[Reply], system: str,
+                      template: ChatTemplate | None, tok: PromptTokenizer | None
+                      ) -> str | list[int]:
+    """What goes to the engine: token ids in which the typed text is plain (ValueError or a
+    jinja2 error when the chat template refuses); the text itself without a tokenizer."""
+    if template is not None:
+        messages = conversation(history, prompt, system)
+        if tok is None:
+            return template.render(messages)
+        return tok.chat(template, messages).ids
+    return prompt if tok is None else tok.plain(prompt).ids
+
+
 def main() -> None:
     client = engine_client()
     show_flashes()
-    st.title("Playground")
+    st.title("Playground")  # the engine's mode line is the banner's, above
     model = ""
     with engine_errors(client, "Reading the engine's settings"):
-        settings = client.settings()
-        model = str(settings.get("model", ""))
-        st.markdown(mode_summary(settings))
+        model = str(current_settings(client).get("model", ""))
     template = load_chat_template(model) if model else None
+    tok = load_prompt_tokenizer(model) if model else None
     chat, system = chat_controls(template)
     params = sampling_params()
     history: list[Reply] = st.session_state.setdefault(HISTORY_KEY, [])
-    if history and st.sidebar.button("Clear the conversation", key="play.clear"):
-        history.clear()
     if chat:
         turns = sum(reply.chat for reply in history)
         st.caption(
@@ -231,12 +254,16 @@ def main() -> None:
             "Each prompt is a separate request (no chat template): the model continues the "
             "text. Open more tabs to run several prompts at once."
         )
+    if tok is None:
+        st.caption("No tokenizer.json in the model folder: prompts go as text, and the "
+                   "engine's tokenizer reads control tokens typed in them.")
     for reply in history:
+        settle(client, reply)  # a stopped reply: the engine's own end, once it has one
         with st.chat_message("user"):
             st.text(reply.prompt)
         with st.chat_message("assistant"):
             draw_reply(st, reply.text, reply.chat)
-            st.caption(reply.figures)
+            draw_notes(reply)
     prompt = st.chat_input(
         "Type a prompt and press Enter",
         key="play.prompt",
@@ -244,18 +271,24 @@ def main() -> None:
     )
     if prompt is None:
         return
+    if not prompt.strip():
+        st.warning(EMPTY_PROMPT)
+        return
     with st.chat_message("user"):
         st.text(prompt)
-    text = prompt
-    if chat and template is not None:
-        try:
-            text = template.render(conversation(history, prompt, system))
-        except (ValueError, jinja2.TemplateError) as exc:
-            st.error(f"The model's chat template refused the conversation: {exc}")
-            return
-    reply = stream_reply(client, text, params, prompt, chat)
-    if reply is not None:
-        history.append(reply)
+    try:
+        sent = prompt_for_engine(prompt, history, system, template if chat else None, tok)
+    except (ValueError, jinja2.TemplateError) as exc:
+        st.error(f"The model's chat template refused the conversation: {exc}")
+        return
+    with engine_errors(client, "The engine rejected the prompt") as submitted:
+        t_submit = time.perf_counter()
+        rid = client.submit(sent, params)
+    if submitted.failed:
+        return
+    reply = Reply(prompt=prompt, settings=settings_line(params), chat=chat, request_id=rid,
+                  t_submit=t_submit)
+    stream_reply(client, reply, history)
 
 
 main()

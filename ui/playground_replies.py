@@ -1,0 +1,155 @@
+"""One Playground reply from submit to its end, whatever ends it: the model, the Stop button,
+a page left mid-stream, or an engine that died or hangs.
+
+Owns the ``Reply`` record a tab keeps (the text so far, the settings it was made with, its
+figures, why it was cut short), reading a request's deltas while noticing silence
+(``follow``), and putting the engine's own account on a reply (``finish``, ``settle``). A
+reply is put in the tab's history before its first token, so a stream cut by anything (a
+rerun raises inside the script) leaves its partial text there, marked as cut.
+
+Pure Python over an engine client: no streamlit (the page passes its drawing in as
+callables), no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+POLL_S = 0.25  # how often a wait for the next delta looks up (a hang shows within ~2 s)
+
+
+@dataclass(slots=True)
+class Reply:
+    """A request as its tab shows it: the prompt typed, the reply's text so far and how it
+    ended. ``state``: "streaming" (tokens still arriving), "done" (the engine ended it),
+    "cut" (the tab stopped reading first: Stop, a rerun, the page left)."""
+
+    prompt: str
+    settings: str  # the sampling settings it was made with (settings_line)
+    chat: bool = False  # sent as a chat turn (the reply is drawn as markdown)
+    request_id: str | None = None
+    text: str = ""
+    figures: str = ""
+    state: str = "streaming"
+    cut: str | None = None  # why it ended before the model ended it, shown with it
+    t_submit: float = 0.0
+    t_first: float | None = None
+    t_end: float | None = None  # when the tab stopped reading (a cut reply)
+
+
+def settings_line(params: dict[str, Any]) -> str:
+    """What a reply was made with: "greedy · max 64 tokens · seed 7" or "temperature 0.8 ·
+    top-p 0.9 · top-k 50 · max 64 tokens · random seed" (only the knobs that act)."""
+    parts = []
+    if float(params.get("temperature", 1.0)) == 0.0:
+        parts.append("greedy")
+    else:
+        parts.append(f"temperature {float(params['temperature']):g}")
+        if float(params.get("top_p", 1.0)) < 1.0:
+            parts.append(f"top-p {float(params['top_p']):g}")
+        if int(params.get("top_k", -1)) > 0:
+            parts.append(f"top-k {int(params['top_k'])}")
+    parts.append(f"max {int(params.get('max_tokens', 0))} tokens")
+    if params.get("temperature", 1.0) != 0.0:
+        parts.append(f"seed {params['seed']}" if params.get("seed") is not None
+                     else "random seed")
+    if params.get("ignore_eos"):
+        parts.append("past EOS")
+    if params.get("stop"):
+        parts.append("stop at " + ", ".join(repr(s) for s in params["stop"]))
+    return " · ".join(parts)
+
+
+def figures_line(
+    t_submit: float, t_first: float | None, t_end: float, tokens: int, finish: str | None,
+    prompt_tokens: int | None = None, cached_tokens: int | None = None,
+) -> str:
+    """ "TTFT 120 ms · 45.1 tokens/s · 64 tokens · e2e 1,520 ms · finished: length ·
+    prompt 23 tokens, 16 cached" from wall-clock times and the engine's result.
+
+    tokens/s counts the tokens after the first over the time after the first (the decode
+    rate a reader sees); with a single token it is tokens over end-to-end time.
+    """
+    parts = []
+    if t_first is not None:
+        parts.append(f"TTFT {1000 * (t_first - t_submit):,.0f} ms")
+    if t_first is not None and tokens > 1 and t_end > t_first:
+        parts.append(f"{(tokens - 1) / (t_end - t_first):,.1f} tokens/s")
+    elif tokens and t_end > t_submit:
+        parts.append(f"{tokens / (t_end - t_submit):,.1f} tokens/s")
+    parts.append(f"{tokens} token{'s' if tokens != 1 else ''}")
+    parts.append(f"e2e {1000 * (t_end - t_submit):,.0f} ms")
+    if finish:
+        parts.append(f"finished: {finish}")
+    if prompt_tokens:
+        parts.append(f"prompt {prompt_tokens} tokens, {cached_tokens or 0} cached")
+    return " · ".join(parts)
+
+
+def follow(client: Any, reply: Reply, draw: Callable[[str], None],
+           waiting: Callable[[float], None], poll_s: float = POLL_S) -> None:
+    """Read ``reply.request_id``'s deltas into ``reply.text`` until the request ends (for any
+    reason: the model, an abort, the engine's death). ``draw(text)`` after new text;
+    ``waiting(silent_s)`` every ``poll_s`` without any, so the page can say the engine hangs
+    (and is interrupted there, as in draw, when the user clicks something)."""
+    assert reply.request_id is not None
+    last = time.monotonic()
+    while True:
+        try:
+            for delta in client.stream(reply.request_id, timeout=poll_s):
+                now = time.perf_counter()
+                reply.t_first = now if reply.t_first is None else reply.t_first
+                reply.text += delta
+                last = time.monotonic()
+                draw(reply.text)
+            return
+        except TimeoutError:  # EngineNotResponding too: keep waiting, it may resume
+            waiting(time.monotonic() - last)
+
+
+def finish(reply: Reply, out: Any, t_end: float) -> None:
+    """The engine's end of ``reply``'s request: its text (ours when the engine's is shorter:
+    a dead engine cannot send the rest), figures, and why it was cut if it was."""
+    reply.state = "done"
+    if len(out.text) >= len(reply.text):
+        reply.text = out.text
+    reply.figures = figures_line(reply.t_submit, reply.t_first, t_end, len(out.token_ids),
+                                 out.finish_reason, len(out.prompt_token_ids) or None,
+                                 getattr(out, "num_cached_tokens", None))
+    if out.finish_reason == "error":
+        reply.cut = f"cut short: {getattr(out, 'error', None) or 'the engine stopped'}"
+    elif out.finish_reason == "abort" and reply.cut is None:
+        reply.cut = "stopped: the engine aborted it"
+
+
+def interrupt(client: Any, reply: Reply, why: str) -> None:
+    """The tab stopped reading ``reply`` mid-stream: abort its request (the engine frees its
+    slot and KV blocks at its next step) and keep the text so far, marked as cut."""
+    reply.state = "cut"
+    reply.cut = why
+    reply.t_end = time.perf_counter()
+    if reply.request_id is not None:
+        try:
+            client.abort(reply.request_id)
+        except Exception:  # aborting a request of a dead engine is moot
+            pass
+
+
+def settle(client: Any, reply: Reply, timeout_s: float = 0.5) -> None:
+    """For a cut reply, the engine's own account once it has ended the request (after the
+    abort): its token count and finish reason. Left as it is while the engine has not
+    answered within ``timeout_s`` (asked again on the next run) or knows nothing of it."""
+    if reply.state != "cut" or reply.request_id is None:
+        return
+    try:
+        out = client.result(reply.request_id, timeout=timeout_s)
+    except Exception:  # a timeout, a dead or restarted engine: keep what the tab saw
+        return
+    why = reply.cut
+    finish(reply, out, reply.t_end or time.perf_counter())
+    if out.finish_reason != "error":
+        reply.cut = why
+    reply.state = "done"
