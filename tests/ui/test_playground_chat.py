@@ -1,6 +1,8 @@
 """The Playground on the default model (config.yaml: SmolLM2-135M-Instruct, CPU here) speaks
-chat: the reply to a question is right, a second turn carries the system prompt and the
-first turn, and the switch turns chat off (the prompt then goes verbatim).
+chat: with the page's default settings (greedy) the reply to a question is right, a second
+turn carries the system prompt and the first turn and finds the first turn's prompt in the
+prefix cache, and the switch turns chat off (the prompt then goes verbatim). Prompts go as
+token ids (typed text is plain text): the tests read them back as text.
 
 Under AppTest with the dashboard's own cached client, as under `streamlit run app.py`.
 Skips, saying why, when scripts/setup.sh has not made the default model.
@@ -19,9 +21,11 @@ from streamlit.testing.v1 import AppTest
 
 from engine.process.client import EngineClient
 from ui.client import CONFIG_ENV, _shared_client
+from ui.playground_tokens import load_prompt_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "app.py"
+SMOL = REPO / "models" / "SmolLM2-135M-Instruct"
 TIMEOUT = 300  # the first run waits for the engine to load the model
 
 if not (REPO / "models" / "SmolLM2-135M-Instruct" / "model.safetensors").is_file():
@@ -44,8 +48,11 @@ def engine() -> Iterator[tuple[EngineClient, list[str]]]:
         submitted: list[str] = []
         submit = client.submit
 
+        tok = load_prompt_tokenizer(SMOL)
+        assert tok is not None
+
         def recording_submit(prompt: Any, *args: Any, **kwargs: Any) -> str:
-            submitted.append(prompt)
+            submitted.append(prompt if isinstance(prompt, str) else tok.decode(prompt))
             return submit(prompt, *args, **kwargs)
 
         client.submit = recording_submit  # type: ignore[method-assign]
@@ -61,8 +68,7 @@ def playground() -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.run()
     at.switch_page("pages/playground.py").run()
-    at.slider(key="play.temperature").set_value(0.0)
-    at.slider(key="play.max_tokens").set_value(48)
+    at.slider(key="play.max_tokens").set_value(48)  # the other settings: the page's defaults
     return at
 
 
@@ -76,6 +82,7 @@ def test_chat_turns_go_through_the_template_with_the_history(engine) -> None:
     first = at.markdown[-1].value
     assert "Paris" in first, first
     assert "finished: stop" in at.caption[-1].value  # ended at <|im_end|>, not max tokens
+    assert at.caption[-1].value.startswith("greedy · max 48 tokens")
     assert submitted[-1].startswith("<|im_start|>system\nYou answer in one short sentence.")
     assert submitted[-1].endswith("<|im_start|>assistant\n")
 
@@ -86,6 +93,9 @@ def test_chat_turns_go_through_the_template_with_the_history(engine) -> None:
     assert "What is the capital of France?" in second and first in second
     assert second.endswith("<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n")
     assert at.markdown[-1].value.strip(), "no reply to the second turn"
+    # The second prompt starts with the first one: its full KV blocks come from the cache.
+    prompt, cached = at.caption[-1].value.rsplit("prompt ", 1)[1].split(" tokens, ")
+    assert 0 < int(cached.split()[0]) < int(prompt), at.caption[-1].value
 
 
 def test_switching_chat_off_sends_the_prompt_verbatim(engine) -> None:
