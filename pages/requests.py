@@ -1,8 +1,12 @@
-"""Requests page: recent requests with their status, lengths and latencies, and histograms.
+"""Requests page: recent requests with their status, lengths and latencies, histograms, and
+the request ledger.
 
-Owns the presentation of the request events held on the client's telemetry bus: a table
-(newest first) and histograms of time to first token, inter-token latency and end-to-end
-latency. The figures come from telemetry.latency through ui.histograms.
+Owns the presentation of the request events and steps held on the client's telemetry bus:
+counts (finished apart from aborted), a table (newest first), histograms of time to first
+token, inter-token latency and end-to-end latency (telemetry.latency through ui.histograms),
+and the ledger (telemetry.ledger through ui.ledger_table): per finished request, slowest
+first, its queue time, steps, token share of their device time, KV read, cached tokens and
+preemptions, with a button that opens the Live timeline paused on its steps.
 
 It must never read more than the bus holds, nor keep its own copy of the events.
 """
@@ -15,13 +19,17 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from telemetry.latency import Distribution, request_latencies, summarize_latencies
+from telemetry.ledger import build_ledger, slowest_first
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.histograms import latency_histograms, request_rows
+from ui.ledger_table import LIVE_URL_PATH, ledger_rows, outcome_counts, timeline_state
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
 EVENTS = 65536  # the newest request events read from the bus per refresh
+STEPS = 1 << 20  # every step the bus still holds (its ring is smaller)
+PICK_KEY = "req.ledger_pick"
 MAX_ROWS = 500
 REFRESH_S = 2.0
 AUTO_KEY = "req.auto"
@@ -36,17 +44,22 @@ def p50_p90(dist: Distribution) -> str:
     return f"{dist.p50 / 1e6:,.0f} / {dist.p90 / 1e6:,.0f} ms"
 
 
-def requests_view(client: EngineClient) -> None:
+def requests_view(client: EngineClient, kv_bytes_per_token: int) -> None:
     with engine_errors(client, "Reading request events"):
-        events = client.telemetry().snapshot_events(EVENTS)
+        bus = client.telemetry()
+        events = bus.snapshot_events(EVENTS)
+        records = bus.snapshot_steps(STEPS)
     lats = request_latencies(events)
     summary = summarize_latencies(lats)
-    cols = st.columns(5)
+    finished, aborted = outcome_counts(lat.finish_reason for lat in lats.values())
+    cols = st.columns(6)
     cols[0].metric("requests seen", f"{summary.requests:,}")
-    cols[1].metric("finished", f"{summary.finished:,}")
-    cols[2].metric("TTFT p50 / p90", p50_p90(summary.ttft))
-    cols[3].metric("inter-token p50 / p90", p50_p90(summary.itl))
-    cols[4].metric("end-to-end p50 / p90", p50_p90(summary.e2e))
+    cols[1].metric("finished", f"{finished:,}", help="Ended on their own (stop, length, "
+                   "error); aborted requests are counted apart.")
+    cols[2].metric("aborted", f"{aborted:,}")
+    cols[3].metric("TTFT p50 / p90", p50_p90(summary.ttft))
+    cols[4].metric("inter-token p50 / p90", p50_p90(summary.itl))
+    cols[5].metric("end-to-end p50 / p90", p50_p90(summary.e2e))
     rows = request_rows(lats)
     if not rows:
         st.info("No requests yet: type a prompt in the Playground or start the load generator.")
@@ -63,6 +76,39 @@ def requests_view(client: EngineClient) -> None:
     if len(rows) > MAX_ROWS:
         st.caption(f"Showing the newest {MAX_ROWS} of {len(rows):,} requests.")
     st.plotly_chart(latency_histograms(lats), key="req.histograms")
+    ledger_view(records, events, kv_bytes_per_token)
+
+
+def ledger_view(records: list, events: list, kv_bytes_per_token: int) -> None:
+    st.subheader("Request ledger, slowest first")
+    st.caption(
+        "Per finished request, joined to the steps it rode: its share of each step's device "
+        "time is its share of the step's tokens; KV read counts its whole context at every "
+        "step. 'partial': its first steps are no longer on the bus."
+    )
+    slow = slowest_first(build_ledger(records, events, kv_bytes_per_token).values())
+    if not slow:
+        st.info("No finished request on the bus yet.")
+        return
+    shown = slow[:MAX_ROWS]
+    st.dataframe(
+        ledger_rows(shown),
+        key="req.ledger",
+        hide_index=True,
+        column_config={
+            name: st.column_config.NumberColumn(name, format="%.2f")
+            for name in ("e2e ms", "queue ms", "TTFT ms", "device ms", "KV read MiB")
+        },
+    )
+    pick_col, go_col = st.columns([3, 2], vertical_alignment="bottom")
+    ids = [e.request_id for e in shown]
+    rid = pick_col.selectbox("Request", ids, key=PICK_KEY)
+    if go_col.button("Show its steps on the Live timeline", key="req.to_timeline",
+                     icon=":material/timeline:", disabled=rid is None):
+        entry = next(e for e in shown if e.request_id == rid)
+        for key, value in timeline_state(entry, records).items():
+            st.session_state[key] = value
+        st.switch_page(st.Page(lambda: None, title="Live", url_path=LIVE_URL_PATH))
 
 
 def main() -> None:
@@ -79,7 +125,9 @@ def main() -> None:
         "Latencies are measured in the engine from each request's queue entry; the table "
         "keeps what the telemetry bus still holds."
     )
-    st.fragment(run_every=REFRESH_S if auto else None)(requests_view)(client)
+    with engine_errors(client, "Reading the engine's settings"):
+        per_token = int(client.settings().get("kv_bytes_per_token", 0))
+    st.fragment(run_every=REFRESH_S if auto else None)(requests_view)(client, per_token)
 
 
 main()
