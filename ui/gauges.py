@@ -217,9 +217,15 @@ def _number(
     )
 
 
-def gauges_figure(v: GaugeValues, height_px: int = 440) -> go.Figure:
+def gauges_figure(v: GaugeValues, height_px: int = 440, device: str = "cuda") -> go.Figure:
     """Ten indicators on a 2 x 5 grid: step busy, kernel busy, NVML utilisation and memory
-    bandwidth used (GPM) side by side on the first row."""
+    bandwidth used (GPM) side by side on the first row.
+
+    ``device`` is the engine's (settings["device"]): off a GPU nothing says "GPU", "kernel"
+    or "graphs" (issue 25, 13): the compute lane is a worker thread there, and kernel busy,
+    NVML and GPM, having nothing to measure, are left out (seven indicators on 2 x 4).
+    """
+    gpu = device == "cuda"
     window = f"last {v.window_ms / 1000:.1f} s"
     if v.nvml_util_pct is None:
         nvml_sub = v.nvml_reason or "no reading yet"
@@ -228,19 +234,21 @@ def gauges_figure(v: GaugeValues, height_px: int = 440) -> go.Figure:
     tok_axis = nice_ceiling(max(v.tokens_per_s, 100.0))
     seq_axis = float(max(v.max_num_seqs, v.running, 1))
     causes = top_causes(v)
+    busy_sub = (f"first kernel to last (graphs), {window}" if gpu
+                else f"compute worker thread busy, {window}")
+    kernel_sub = ("estimated: step busy less the step anatomy's in-step gaps"
+                  if v.kernel_busy is not None else "not measured live: record a step anatomy")
+    gpm_sub = v.gpm_reason if v.dram_bw_util_pct is None else "DRAM, % of peak"
+    idle_name = "GPU idle" if gpu else "compute idle"
     indicators = [
         _gauge("step busy", 100 * v.gpu_busy, axis_max=100, suffix="%", row=0, col=0,
-               subtitle=f"first kernel to last (graphs), {window}"),
+               subtitle=busy_sub),
         _gauge("kernel busy", None if v.kernel_busy is None else 100 * v.kernel_busy,
-               axis_max=100, suffix="%", row=0, col=1, colour="#006d2c",
-               subtitle="estimated: step busy less the step anatomy's in-step gaps"
-               if v.kernel_busy is not None
-               else "not measured live: record a step anatomy"),
+               axis_max=100, suffix="%", row=0, col=1, colour="#006d2c", subtitle=kernel_sub),
         _gauge("NVML utilisation", v.nvml_util_pct, axis_max=100, suffix="%", row=0, col=2,
                colour="#756bb1", subtitle=nvml_sub),
         _gauge("memory bandwidth used (GPM)", v.dram_bw_util_pct, axis_max=100, suffix="%",
-               row=0, col=3, colour="#9e9ac8",
-               subtitle=v.gpm_reason if v.dram_bw_util_pct is None else "DRAM, % of peak"),
+               row=0, col=3, colour="#9e9ac8", subtitle=gpm_sub),
         _gauge("tokens/s", v.tokens_per_s, axis_max=tok_axis, suffix="", row=0, col=4,
                colour="#3182bd", subtitle=f"decode {v.decode_tokens_per_s:,.0f}/s, {window}",
                fmt=",.0f"),
@@ -250,16 +258,23 @@ def gauges_figure(v: GaugeValues, height_px: int = 440) -> go.Figure:
                col=1, colour="#3182bd",
                subtitle=f"of max {v.max_num_seqs}" if v.max_num_seqs else None, fmt=",.0f"),
         _number("waiting requests", float(v.waiting), row=1, col=2, subtitle="queued"),
-        _number("GPU idle", v.idle_ms, row=1, col=3, suffix=" ms", fmt=",.1f",
+        _number(idle_name, v.idle_ms, row=1, col=3, suffix=" ms", fmt=",.1f",
                 subtitle=f"{v.idle_gaps} gaps: {causes}" if causes
                 else f"{v.idle_gaps} gaps, {window}"),
         _number("largest idle gap", v.largest_gap_ms, row=1, col=4, suffix=" ms", fmt=",.2f",
                 subtitle=CAUSE_LABELS.get(v.largest_gap_cause or "", None)),
     ]
+    columns = 5
+    if not gpu:  # kernel busy, NVML and GPM measure a GPU: left out, the rest on 2 x 4
+        indicators = [indicators[0], *indicators[4:]]
+        columns = 4
+        for i, ind in enumerate(indicators):
+            ind.domain = {"row": i // columns, "column": i % columns}
     fig = go.Figure(indicators)
     fig.update_layout(
         # Room above each row for its two-line title.
-        grid={"rows": 2, "columns": 5, "pattern": "independent", "ygap": 0.45, "xgap": 0.2},
+        grid={"rows": 2, "columns": columns, "pattern": "independent", "ygap": 0.45,
+              "xgap": 0.2},
         height=height_px,
         margin={"l": 30, "r": 30, "t": 70, "b": 10},
     )

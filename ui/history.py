@@ -14,8 +14,9 @@ streamlit and never read the bus except through ``LiveHistory.update``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -42,7 +43,9 @@ class Bucket:
 
 
 def bin_steps(records: Sequence[StepRecord], bucket_ns: int = BUCKET_NS) -> dict[int, Bucket]:
-    """Steps grouped by ``end // bucket_ns`` (a step belongs where its last span ended)."""
+    """Steps grouped by ``end // bucket_ns`` (a step's tokens, running and waiting belong
+    where its last span ended); its compute time is split over the buckets the compute span
+    covers, so a 5 s step reads busy for 5 s, not 500% of its last second."""
     out: dict[int, Bucket] = {}
     for rec in records:
         if not rec.spans:
@@ -51,9 +54,18 @@ def bin_steps(records: Sequence[StepRecord], bucket_ns: int = BUCKET_NS) -> dict
         b = out.setdefault(end // bucket_ns, Bucket())
         b.steps += 1
         b.tokens += rec.prefill_tokens + rec.decode_tokens
-        b.busy_ns += sum(s.end_ns - s.start_ns for s in rec.spans if s.lane == "compute")
         b.running, b.waiting = rec.running, rec.waiting
+        for s in rec.spans:
+            if s.lane == "compute":
+                _add_busy(out, s.start_ns, s.end_ns, bucket_ns)
     return out
+
+
+def _add_busy(out: dict[int, Bucket], start: int, end: int, bucket_ns: int) -> None:
+    for i in range(start // bucket_ns, (max(end, start + 1) - 1) // bucket_ns + 1):
+        lo, hi = max(start, i * bucket_ns), min(end, (i + 1) * bucket_ns)
+        if hi > lo:
+            out.setdefault(i, Bucket()).busy_ns += hi - lo
 
 
 def smooth(values: np.ndarray, width: int = 3) -> np.ndarray:
@@ -81,23 +93,48 @@ class HistorySeries:
     mem_bw_pct: np.ndarray  # NaN where no GPM reading
     mem_bw_reason: str | None = None  # why there is no memory bandwidth figure
     max_num_seqs: int = 0
+    step_running_s: float | None = None  # a step in flight this long, not published yet
 
 
 def series_from_buckets(
-    buckets: dict[int, Bucket], now_ns: int, seconds: int = SHOWN_S, bucket_ns: int = BUCKET_NS
+    buckets: dict[int, Bucket],
+    now_ns: int,
+    seconds: int = SHOWN_S,
+    bucket_ns: int = BUCKET_NS,
+    *,
+    in_flight_since_ns: int | None = None,
+    running: int | None = None,
+    waiting: int | None = None,
 ) -> HistorySeries:
-    """The last ``seconds`` finished buckets before ``now_ns`` (empty buckets read 0)."""
+    """The last ``seconds`` finished buckets before ``now_ns`` (empty buckets read 0).
+
+    ``in_flight_since_ns`` (the newest published step's end, given while the engine has a
+    step running) marks the buckets after it as not known yet (NaN, not 0: a step in flight
+    is not idle; its figures land when it is published). ``running``/``waiting`` (the
+    engine's stats now) replace the newest bucket's, so the strip agrees with the gauges.
+    """
     last = now_ns // bucket_ns - 1  # the current bucket is still filling: leave it out
     idx = np.arange(last - seconds + 1, last + 1)
     got = [buckets.get(int(i)) for i in idx]
     scale = 1e9 / bucket_ns
     tok = np.array([b.tokens * scale if b else 0.0 for b in got])
     busy = np.array([100.0 * b.busy_ns / bucket_ns if b else 0.0 for b in got])
-    run = np.array([float(b.running) if b else np.nan for b in got])
-    wait = np.array([float(b.waiting) if b else np.nan for b in got])
+    run = np.array([float(b.running) if b and b.steps else np.nan for b in got])
+    wait = np.array([float(b.waiting) if b and b.steps else np.nan for b in got])
     mem = np.array([b.mem_bw_pct if b and b.mem_bw_pct is not None else np.nan for b in got])
     t = (idx + 1) * bucket_ns / 1e9 - now_ns / 1e9
-    return HistorySeries(t, tok, np.minimum(busy, 100.0), run, wait, mem)
+    step_running_s = None
+    if in_flight_since_ns is not None:
+        pending = idx > in_flight_since_ns // bucket_ns
+        tok[pending] = np.nan
+        busy[pending] = np.nan
+        step_running_s = max(0.0, (now_ns - in_flight_since_ns) / 1e9)
+    if running is not None and run.size:
+        run[-1] = float(running)
+    if waiting is not None and wait.size:
+        wait[-1] = float(waiting)
+    return HistorySeries(t, tok, np.minimum(busy, 100.0), run, wait, mem,
+                         step_running_s=step_running_s)
 
 
 class LiveHistory:
@@ -113,14 +150,19 @@ class LiveHistory:
         self._reader = None
         self._keep = keep
         self.buckets: dict[int, Bucket] = {}
+        self.last_end_ns: int | None = None  # the newest published step's end
 
     def update(self, bus: object, nvml: dict | None, now_ns: int) -> None:
         with self._lock:
             if bus is not self._bus:
-                self._bus, self.buckets = bus, {}
+                self._bus, self.buckets, self.last_end_ns = bus, {}, None
                 self._reader = bus.reader(from_now=False)  # type: ignore[attr-defined]
             assert self._reader is not None
-            fresh = bin_steps(self._reader.steps())
+            steps = self._reader.steps()
+            ends = [max(s.end_ns for s in r.spans) for r in steps if r.spans]
+            if ends:
+                self.last_end_ns = max(self.last_end_ns or 0, *ends)
+            fresh = bin_steps(steps)
             for i, b in fresh.items():
                 old = self.buckets.get(i)
                 if old is None:
@@ -129,7 +171,8 @@ class LiveHistory:
                     old.steps += b.steps
                     old.tokens += b.tokens
                     old.busy_ns += b.busy_ns
-                    old.running, old.waiting = b.running, b.waiting
+                    if b.steps:  # a bucket only crossed by a compute span has no counts
+                        old.running, old.waiting = b.running, b.waiting
             bw = None if nvml is None else nvml.get("dram_bw_util_pct")
             if bw is not None:
                 self.buckets.setdefault(now_ns // BUCKET_NS, Bucket()).mem_bw_pct = float(bw)
@@ -137,9 +180,21 @@ class LiveHistory:
             for i in [i for i in self.buckets if i < cutoff]:
                 del self.buckets[i]
 
-    def series(self, now_ns: int, seconds: int = SHOWN_S) -> HistorySeries:
+    def series(
+        self, now_ns: int, seconds: int = SHOWN_S, stats: Mapping[str, Any] | None = None
+    ) -> HistorySeries:
+        """The strip's series; with ``stats`` (EngineClient.stats()) the running/waiting
+        counts are the engine's now, and while it has work the time since the newest
+        published step reads as a step in flight, not as idle (issue 25, 5)."""
         with self._lock:
-            return series_from_buckets(dict(self.buckets), now_ns, seconds)
+            buckets, last_end = dict(self.buckets), self.last_end_ns
+        if stats is None:
+            return series_from_buckets(buckets, now_ns, seconds)
+        busy = int(stats.get("running", 0)) > 0 or int(stats.get("unfinished", 0)) > 0
+        return series_from_buckets(
+            buckets, now_ns, seconds,
+            in_flight_since_ns=last_end if busy and last_end is not None else None,
+            running=int(stats.get("running", 0)), waiting=int(stats.get("waiting", 0)))
 
 
 def memory_bandwidth_reason(nvml: dict | None, nvml_reason: str | None) -> str | None:
@@ -160,6 +215,7 @@ class Tile:
     unit: str = ""
     fixed_max: float | None = None  # e.g. 100 for a percentage
     reason: Callable[[HistorySeries], str | None] = field(default=lambda s: None)
+    in_flight_note: bool = False  # say "step running N s" while a step is in flight
 
 
 TILES: tuple[Tile, ...] = (
@@ -169,6 +225,7 @@ TILES: tuple[Tile, ...] = (
         lambda s: [("step busy", s.step_busy_pct, "#31a354")],
         unit=" %",
         fixed_max=100.0,
+        in_flight_note=True,
     ),
     Tile(
         "memory bandwidth used",
@@ -202,9 +259,13 @@ def history_figure(s: HistorySeries, height_px: int = 150) -> go.Figure:
         lines = tile.lines(s)
         now = " / ".join(_fmt(_latest(smooth(v)), tile.unit) for _, v, _ in lines)
         reason = tile.reason(s)
-        titles.append(
-            f"{tile.title}: <b>{now}</b>" if not reason else f"{tile.title}: n/a"
-        )
+        if reason:
+            titles.append(f"{tile.title}: n/a")
+        elif s.step_running_s is not None and tile.in_flight_note and s.step_running_s >= 1:
+            # The newest seconds are a step still running: not idle, not yet measured.
+            titles.append(f"{tile.title}: <b>{now}</b> · step running {s.step_running_s:.0f} s")
+        else:
+            titles.append(f"{tile.title}: <b>{now}</b>")
     fig = make_subplots(rows=1, cols=len(TILES), subplot_titles=titles, horizontal_spacing=0.05)
     for col, tile in enumerate(TILES, start=1):
         top = 0.0
