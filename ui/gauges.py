@@ -52,6 +52,10 @@ class GaugeValues:
     dram_bw_util_pct: float | None = None  # GPM memory bandwidth used, None without GPM
     gpm_reason: str | None = None
     kernel_busy: float | None = None  # only from a kernel recording; None live
+    # Prefix cache: prompt tokens found cached / looked up (window's admissions, else since
+    # start), and prefill tokens saved since start. None: caching off or nothing looked up.
+    prefix_hit_rate: float | None = None
+    prefill_tokens_saved: int = 0
 
 
 def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float,
@@ -118,6 +122,11 @@ def gauge_values(
     else:
         running = waiting = 0
         kv = 0.0
+    queried = sum(r.queried_tokens for r in records)
+    cached = sum(r.cached_tokens for r in records)
+    saved = 0 if stats is None else int(stats.get("prefix_cache_hits", 0))
+    if not queried and stats is not None:  # nothing admitted in the window: since start
+        queried, cached = int(stats.get("prefix_cache_queries", 0)), saved
     util = None if nvml is None else nvml.get("gpu_util_pct")
     dram = None if nvml is None else nvml.get("dram_bw_util_pct")
     if nvml is None:
@@ -144,7 +153,17 @@ def gauge_values(
         gpm_reason=None if dram is not None else gpm_reason,
         kernel_busy=None if calibration is None
         else kernel_busy_of_window(records, start_ns, end_ns, calibration),
+        prefix_hit_rate=cached / queried if queried else None,
+        prefill_tokens_saved=saved,
     )
+
+
+def prefix_line(v: GaugeValues) -> str:
+    """The prefix cache beside KV in use: "prefix hits 82% · 12,345 prefill tok saved"."""
+    if v.prefix_hit_rate is None:
+        return "prefix cache: no lookups yet"
+    return (f"prefix hits {100 * v.prefix_hit_rate:.0f}% · "
+            f"{v.prefill_tokens_saved:,} prefill tok saved")
 
 
 def top_causes(v: GaugeValues, n: int = 2) -> str:
@@ -253,7 +272,7 @@ def gauges_figure(v: GaugeValues, height_px: int = 440, device: str = "cuda") ->
                colour="#3182bd", subtitle=f"decode {v.decode_tokens_per_s:,.0f}/s, {window}",
                fmt=",.0f"),
         _gauge("KV cache used", 100 * v.kv_usage, axis_max=100, suffix="%", row=1, col=0,
-               colour="#e6550d"),
+               colour="#e6550d", subtitle=prefix_line(v)),
         _gauge("running requests", float(v.running), axis_max=seq_axis, suffix="", row=1,
                col=1, colour="#3182bd",
                subtitle=f"of max {v.max_num_seqs}" if v.max_num_seqs else None, fmt=",.0f"),
