@@ -42,6 +42,7 @@ INVALID_KEY = "play.invalid"
 STREAM_REDRAW_S = 0.05  # redraw a streaming reply at most 20 times a second
 INTERRUPTED = "stopped before its end (the page was left or rerun)"
 STOPPED = "stopped (Stop button)"
+SETTLE_S = 2.0  # how long a run waits for the engine to end a stopped request (one step)
 EMPTY_PROMPT = "Nothing was sent: the prompt is empty or only spaces. Type some text."
 
 
@@ -136,7 +137,12 @@ class HangNotice:
                 show_not_responding(self.client, status.reason,
                                     key=f"play.kill_restart.{self.count}")
             self.shown = True
-        elif status.state != "not_responding" and self.shown:
+        elif status.state != "not_responding":
+            self.answered()
+
+    def answered(self) -> None:
+        """The engine sent something: the notice goes."""
+        if self.shown:
             self.box.empty()
             self.shown = False
 
@@ -153,8 +159,10 @@ def stream_reply(client: EngineClient, reply: Reply, history: list[Reply]) -> No
         trouble = st.empty()
         box = st.empty()
         drawn = [0.0]
+        hang = HangNotice(client, trouble)
 
         def draw(text: str) -> None:
+            hang.answered()
             now = time.perf_counter()
             if now - drawn[0] >= STREAM_REDRAW_S:  # a redraw per token floods the socket
                 draw_reply(box, text, reply.chat)
@@ -162,7 +170,7 @@ def stream_reply(client: EngineClient, reply: Reply, history: list[Reply]) -> No
 
         done = False
         try:
-            follow(client, reply, draw, HangNotice(client, trouble))
+            follow(client, reply, draw, hang)
             done = True
         finally:
             if not done:  # Stop, a rerun, the page left, a dead engine: free the engine's slot
@@ -257,8 +265,10 @@ def main() -> None:
     if tok is None:
         st.caption("No tokenizer.json in the model folder: prompts go as text, and the "
                    "engine's tokenizer reads control tokens typed in them.")
+    alive = engine_status(client).state == "alive"
     for reply in history:
-        settle(client, reply)  # a stopped reply: the engine's own end, once it has one
+        if alive:  # a stopped reply: the engine's own end, once it has one
+            settle(client, reply, timeout_s=SETTLE_S)
         with st.chat_message("user"):
             st.text(reply.prompt)
         with st.chat_message("assistant"):

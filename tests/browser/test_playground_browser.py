@@ -1,12 +1,22 @@
 """The Playground in a real browser: a prompt's reply streams back in pieces, and two tabs
-(two sessions) stream their replies at the same time.
+(two sessions) stream their replies at the same time; Stop aborts a streaming reply in the
+engine (the engine's own end, "abort", is read back under the partial text); an engine
+stopped with SIGSTOP mid-reply is announced on the Playground within seconds, and the reply
+goes on once it resumes.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import time
+
 from dashboard_driver import (  # skips this module where there is no browser
     BROWSER_MARKS,
     ask,
+    body_text,
+    engine_pid,
     goto_page,
     long_replies,
     new_tab,
@@ -88,3 +98,82 @@ def test_two_tabs_stream_at_the_same_time(server, browser, page) -> None:
     finally:
         for tab in tabs:
             tab.close()
+
+
+STREAMING_JS = """() => {
+  const msgs = document.querySelectorAll('[data-testid="stChatMessage"]');
+  const last = msgs[msgs.length - 1];
+  const code = last && last.querySelector('code');
+  return !!code && code.textContent.length > 0
+    && !document.body.innerText.includes('Partial reply')
+    && [...last.querySelectorAll('button')].some(b => b.innerText.includes('Stop'));
+}"""
+
+
+def _fresh_playground(tab: sync_api.Page) -> None:
+    """Clear the conversation (a reply of an earlier test must not count) and ask for the
+    longest reply the page allows."""
+    tab.get_by_role("button", name="Clear the conversation").click()
+    tab.wait_for_function(
+        "() => document.querySelectorAll('[data-testid=\"stChatMessage\"]').length === 0")
+    long_replies(tab)
+
+
+def test_stop_aborts_the_streaming_reply_in_the_engine(server, browser) -> None:
+    tab = new_tab(browser, server[0].rstrip("/") + "/playground")
+    try:
+        tab.set_default_timeout(120_000)
+        tab.locator('[data-testid="stChatInputTextArea"]').wait_for()
+        text = body_text(tab)
+        # The engine's mode line is the banner's alone (the page drew a second one).
+        assert len(re.findall(r"mode (?:async|sync) ·", text)) == 1, text[:2000]
+        _fresh_playground(tab)
+        ask(tab, "def parse(line):")
+        tab.wait_for_function(STREAMING_JS)
+        tab.get_by_role("button", name="Stop").click()
+        tab.wait_for_function("() => document.body.innerText.includes('finished: abort')")
+        text = body_text(tab)
+        assert "Partial reply, stopped (Stop button)" in text, text[-2000:]
+        line = next(ln for ln in text.splitlines() if "finished: abort" in ln)
+        tokens = int(re.search(r"(\d+) tokens? · e2e", line).group(1))  # type: ignore[union-attr]
+        assert 0 < tokens < 512, line  # cut by the abort, not run to max tokens
+        assert "past EOS" in line and line.startswith("greedy · max 512 tokens"), line
+        shoot(tab, "playground-stopped")
+    finally:
+        tab.close()
+
+
+def test_a_hung_engine_is_announced_mid_reply(server, browser) -> None:
+    tab = new_tab(browser, server[0].rstrip("/") + "/playground")
+    pid = engine_pid(server[1])
+    stopped = False
+    try:
+        tab.set_default_timeout(120_000)
+        tab.locator('[data-testid="stChatInputTextArea"]').wait_for()
+        _fresh_playground(tab)
+        ask(tab, "class Parser:")
+        tab.wait_for_function(STREAMING_JS)
+        os.kill(pid, signal.SIGSTOP)
+        stopped, t_stop = True, time.monotonic()
+        tab.wait_for_function(
+            "() => document.body.innerText.includes('The engine is not responding')",
+            timeout=30_000)
+        said_after = time.monotonic() - t_stop
+        assert tab.get_by_role("button", name="Kill and restart the engine").count() >= 1
+        shoot(tab, "playground-hung")
+        os.kill(pid, signal.SIGCONT)
+        stopped = False
+        # Resumed: the notice goes, the reply ends (Stop, to not wait for 512 tokens).
+        tab.wait_for_function(
+            "() => !document.body.innerText.includes('The engine is not responding')")
+        stop = tab.get_by_role("button", name="Stop")
+        if stop.count():
+            stop.click()
+        tab.wait_for_function("() => document.body.innerText.includes('TTFT')")
+        print(f"hung engine announced on the Playground {said_after:.1f} s after SIGSTOP")
+        # The client calls an engine silent after 2 s; polls and a redraw add a little.
+        assert said_after < 6.0, f"announced {said_after:.1f} s after SIGSTOP"
+    finally:
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+        tab.close()
