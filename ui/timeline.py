@@ -192,12 +192,14 @@ def lane_bars(
 
 
 def step_facts(rec: StepRecord) -> str:
-    """The hover text of one step: everything its record says about the batch."""
+    """The hover text of one step: everything its record says about the batch ("cached":
+    prompt tokens of the requests it admitted that the prefix cache held, not computed)."""
     bucket = "eager" if rec.graph_bucket is None else f"graph bucket {rec.graph_bucket}"
     return (
         f"step {rec.step} · {rec.mode} · slot {rec.slot}<br>"
         f"requests {rec.num_requests} · prefill {rec.prefill_tokens} · "
-        f"decode {rec.decode_tokens} · padded {rec.padded_tokens}<br>{bucket}"
+        f"cached {rec.cached_tokens} · decode {rec.decode_tokens} · "
+        f"padded {rec.padded_tokens}<br>{bucket}"
     )
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from telemetry.records import Span, StepRecord
 from ui.gauges import gauge_values, gauges_figure, prefix_line
+from ui.timeline import timeline_figure
 
 MS = 1_000_000
 STATS = {"running": 1, "waiting": 0, "kv_blocks_used": 2, "kv_blocks_total": 8,
@@ -39,3 +40,9 @@ def test_the_kv_gauge_carries_the_prefix_line(device: str) -> None:
     fig = gauges_figure(v, device=device)
     (kv,) = [t for t in fig.data if t.title.text.startswith("KV cache used")]
     assert "prefix hits 80%" in kv.title.text and "250 prefill tok saved" in kv.title.text
+
+
+def test_the_timeline_hover_says_a_steps_cached_tokens() -> None:
+    fig = timeline_figure([rec(7, queried=120, cached=96)])
+    (compute,) = [t for t in fig.data if t.name.split(":")[0] == "compute"]
+    assert "prefill 24 · cached 96" in compute.hovertext[0]
