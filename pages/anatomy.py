@@ -5,6 +5,12 @@ steps with torch.profiler, then it shows each step's first-to-last-kernel time a
 time inside kernels, the kernel-family table, one step as a kernel timeline, and a Chrome
 trace download. Figures come from ui.anatomy.
 
+Where there are no kernels (an engine on the CPU) it records nothing: a CPU profile would
+count every CPU operator as a "kernel" (10,066 a step, families summing past the step's own
+time); it says so and shows the shipped H200 anatomy instead. On an idle engine it does not
+ask for a recording (which would wait out its timeout for steps that never come): it says
+to start the load first.
+
 It must never record while the user has not asked (a recording slows the engine), and keeps
 only the latest recording in the session.
 """
@@ -12,13 +18,51 @@ only the latest recording in the session.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from ui.anatomy import family_rows, step_rows, step_timeline_figure
+from ui.anatomy import (
+    SHIPPED_ANATOMY,
+    family_rows,
+    load_shipped_anatomy,
+    shipped_caption,
+    shipped_family_rows,
+    shipped_rows,
+    step_rows,
+    step_timeline_figure,
+)
 from ui.client import engine_client, engine_errors, show_flashes
 
+if TYPE_CHECKING:
+    from engine.process.client import EngineClient
+
 RESULT_KEY = "anatomy.result"
+SCREENSHOT = SHIPPED_ANATOMY.parents[4] / "docs" / "screenshots" / "anatomy-8b-h200.png"
+
+
+def show_shipped() -> None:
+    """The H200 anatomy shipped in bench/results/: what a decode step's kernels look like."""
+    doc = load_shipped_anatomy()
+    if doc is None:
+        st.warning(f"The shipped H200 anatomy is missing ({SHIPPED_ANATOMY.name}).")
+        return
+    st.subheader("A recorded H200 decode step (Llama-3.1-8B shape, bf16)")
+    st.caption(shipped_caption(doc))
+    st.dataframe(shipped_rows(doc), hide_index=True, key="anatomy.shipped")
+    st.markdown("**gapless, batch 32: kernel families per step**")
+    st.dataframe(shipped_family_rows(doc, "gapless", 32), hide_index=True,
+                 key="anatomy.shipped_families")
+    if SCREENSHOT.is_file():
+        st.image(str(SCREENSHOT), caption="This page on the H200 (8B shape).")
+
+
+def engine_idle(client: EngineClient) -> bool:
+    """No request in the engine and no load: no step will come to record."""
+    stats = client.stats()
+    busy = int(stats.get("running", 0)) + int(stats.get("waiting", 0)) + int(
+        stats.get("unfinished", 0))
+    return busy == 0 and not client.load_running()
 
 
 def main() -> None:
@@ -31,13 +75,29 @@ def main() -> None:
         "kernels) is measured here; the Live page's *step busy* runs from a step's first "
         "kernel to its last. The engine must be serving requests (start the load generator)."
     )
+    with engine_errors(client, "Reading the engine's settings"):
+        device = client.settings().get("device", "cuda")
+    if device != "cuda":
+        st.info(
+            f"This engine runs on the {str(device).upper()}: its steps run no GPU kernels, so "
+            "there are none to record here (a CPU profile would count every CPU operator "
+            "as a kernel). Below is an anatomy recorded on an H200 and shipped with the "
+            "project.", icon=":material/info:")
+        show_shipped()
+        return
     n = st.number_input("Steps to record", 1, 64, 8, key="anatomy.n")
     if st.button("Record the next steps", key="anatomy.record", icon=":material/biotech:"):
-        with engine_errors(client, "Step anatomy"), st.spinner("Recording..."):
-            try:
-                st.session_state[RESULT_KEY] = client.record_anatomy(int(n), timeout_s=30.0)
-            except (TimeoutError, RuntimeError) as e:
-                st.error(f"Step anatomy: {e}")
+        with engine_errors(client, "Step anatomy"):
+            if engine_idle(client):
+                st.warning("The engine is idle: no step would come to record. Start the load "
+                           "generator on the Live page (or send requests), then record.")
+            else:
+                with st.spinner("Recording..."):
+                    try:
+                        st.session_state[RESULT_KEY] = client.record_anatomy(
+                            int(n), timeout_s=30.0)
+                    except (TimeoutError, RuntimeError) as e:
+                        st.error(f"Step anatomy: {e}")
     summary = st.session_state.get(RESULT_KEY)
     if not summary or not summary.get("steps"):
         return

@@ -2,12 +2,16 @@
 
 Owns turning an anatomy summary (engine.step.anatomy.anatomy_summary's plain dict: per-step
 timing, kernel families, a compact Chrome trace with one row per family) into rows and a
-plotly figure. Pure functions: no streamlit, no engine, no clock reads.
+plotly figure, and reading the shipped H200 anatomy (``python -m bench anatomy``'s JSON in
+bench/results/) that the page shows where there are no kernels to record (a CPU). Pure
+functions: no streamlit, no engine, no clock reads; it never writes a file.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,61 @@ FAMILY_COLOURS: dict[str, str] = {
     "gemm": "#3182bd", "attention": "#e6550d", "norm": "#31a354", "rotary": "#756bb1",
     "elementwise": "#636363", "sampling": "#d6616b", "copies": "#fdae6b", "other": "#bdbdbd",
 }
+
+
+# The 8B decode-step anatomy measured on the H200 (bench/suites/anatomy.py, commit c6fe613).
+SHIPPED_ANATOMY = (Path(__file__).resolve().parents[1] / "bench" / "results"
+                   / "2026-12-03-nvidia-h200-c6fe613" / "anatomy" / "anatomy_llama-8b.json")
+
+
+def load_shipped_anatomy(path: Path = SHIPPED_ANATOMY) -> dict[str, Any] | None:
+    """The bench anatomy document (meta + results), or None when it is not there."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("results") else None
+
+
+def shipped_caption(doc: Mapping[str, Any]) -> str:
+    m = doc.get("meta", {})
+    return (f"`{m.get('command', 'python -m bench anatomy')}` on {m.get('device', '?')}, "
+            f"commit {m.get('commit', '?')}, {m.get('date', '?')}")
+
+
+def shipped_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per (implementation, batch): kernels a step, first to last kernel, time
+    inside kernels, and the byte floor."""
+    res = doc.get("results", {})
+    shapes = res.get("shapes", {})
+    rows = []
+    for r in res.get("results", []):
+        floor = shapes.get(str(r.get("batch")), {}).get("floor_us")
+        span = float(r.get("span_us", 0.0))
+        rows.append({
+            "implementation": r.get("impl"), "batch": r.get("batch"),
+            "kernels/step": round(sum(f["count"] for f in r.get("families", {}).values())),
+            "first to last kernel (us)": round(span, 1),
+            "inside kernels (us)": round(float(r.get("kernel_busy_us", 0.0)), 1),
+            "byte floor (us)": None if floor is None else round(float(floor), 1),
+            "x floor": None if not floor else round(span / float(floor), 2),
+        })
+    return rows
+
+
+def shipped_family_rows(doc: Mapping[str, Any], impl: str, batch: int) -> list[dict[str, Any]]:
+    """The family table of one shipped result, biggest time first."""
+    for r in doc.get("results", {}).get("results", []):
+        if r.get("impl") == impl and r.get("batch") == batch:
+            fams = r.get("families", {})
+            total = sum(f["us"] for f in fams.values()) or 1.0
+            return sorted(({"family": name, "kernels/step": round(f["count"], 1),
+                            "time/step (us)": round(f["us"], 1),
+                            "share %": round(100 * f["us"] / total, 1)}
+                           for name, f in fams.items()),
+                          key=lambda row: -row["time/step (us)"])
+    return []
 
 
 def family_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:

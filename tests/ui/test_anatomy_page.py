@@ -30,12 +30,22 @@ def test_timeline_has_a_row_per_family_from_the_first_kernel() -> None:
         step_timeline_figure(summary, 7)
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
-    client = FakeEngineClient()
+def stand_in(monkeypatch: pytest.MonkeyPatch, client: FakeEngineClient) -> FakeEngineClient:
     st.cache_resource.clear()
     monkeypatch.setattr(ui.client, "make_client", lambda: client)
-    yield client
+    return client
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
+    """An engine on a GPU (the stand-in's device is "cuda" when graphs are available)."""
+    yield stand_in(monkeypatch, FakeEngineClient(graphs_available=True))
+    st.cache_resource.clear()
+
+
+@pytest.fixture
+def cpu_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
+    yield stand_in(monkeypatch, FakeEngineClient())
     st.cache_resource.clear()
 
 
@@ -50,3 +60,34 @@ def test_page_records_on_click_and_shows_tables_and_timeline(fake: FakeEngineCli
     assert len(at.dataframe) == 2
     assert list(at.dataframe[0].value["step"]) == [100, 101, 102, 103]
     assert at.selectbox(key="anatomy.step").value == 102
+
+
+def test_on_a_cpu_it_says_there_are_no_kernels_and_shows_the_shipped_h200_anatomy(
+    cpu_fake: FakeEngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+    monkeypatch.setattr(cpu_fake, "record_anatomy", lambda *a, **k: asked.append(1))
+    at = AppTest.from_file(str(APP), default_timeout=30).run()
+    at.switch_page("pages/anatomy.py").run()
+    assert not at.exception
+    assert any("no GPU kernels" in m.value for m in at.info)
+    assert not [b for b in at.button if b.key == "anatomy.record"]  # nothing to record
+    assert not asked
+    shipped = at.dataframe[0].value  # the shipped H200 results, then its family table
+    gapless = shipped[(shipped["implementation"] == "gapless") & (shipped["batch"] == 32)]
+    assert list(gapless["kernels/step"]) == [373]  # the H200 8B step, bench/results
+    assert any("H200" in c.value and "commit" in c.value for c in at.caption)
+
+
+def test_on_an_idle_engine_it_asks_for_load_instead_of_waiting(
+    fake: FakeEngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[int] = []
+    monkeypatch.setattr(fake, "record_anatomy", lambda *a, **k: asked.append(1))
+    monkeypatch.setattr(fake, "stats", lambda: {"running": 0, "waiting": 0, "unfinished": 0})
+    at = AppTest.from_file(str(APP), default_timeout=30).run()
+    at.switch_page("pages/anatomy.py").run()
+    at.button(key="anatomy.record").click().run()
+    assert not at.exception and not at.error
+    assert not asked  # no recording asked of an engine with nothing to run
+    assert any("engine is idle" in w.value for w in at.warning)
