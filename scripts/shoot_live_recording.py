@@ -42,7 +42,10 @@ def _replay():
     for s in _steps:
         c.bus.publish_step(s)
     c._settings.update(async_batching={mode!r}.startswith("async"),
-                       cuda_graphs="graphs" in {mode!r})
+                       cuda_graphs="graphs" in {mode!r},
+                       model=_rec.meta.get("model", "recording") + " (recorded on "
+                       + _rec.meta.get("machine", "?") + ", replayed)",
+                       dtype=_rec.meta.get("dtype", "bfloat16"))
     c.nvml = lambda: None
     return c
 
@@ -61,7 +64,7 @@ def main() -> int:
     ap.add_argument("--last", type=int, default=400, help="the newest steps of that mode")
     ap.add_argument("--out", default="docs/screenshots/live-kernels-h200.png")
     ap.add_argument("--width", type=int, default=1600)
-    ap.add_argument("--height", type=int, default=1150)
+    ap.add_argument("--height", type=int, default=1500)
     ap.add_argument("--wait-s", type=float, default=20.0)
     args = ap.parse_args()
     launcher = REPO / ".shoot_live_app.py"  # beside app.py: its pages/ paths resolve
@@ -86,9 +89,21 @@ def main() -> int:
             page = b.new_page(viewport={"width": args.width, "height": args.height})
             page.goto(url)
             time.sleep(args.wait_s)
+            # The kernel lane and the waterfall are below the first screen: their frames
+            # draw once scrolled into view.
+            # draw once in view (the default height holds the page to the waterfall).
+            for frame in page.locator("iframe").all():
+                frame.scroll_into_view_if_needed(timeout=10_000)
+            page.locator("iframe").first.scroll_into_view_if_needed(timeout=10_000)
+            page.evaluate("document.querySelector('section.main, [data-testid=\"stMain\"]')"
+                          "?.scrollTo(0, 0)")
+            time.sleep(args.wait_s / 2)
+            # not mid-rerun: Streamlit fades the elements of a rerun in progress
+            page.wait_for_function("!document.querySelector('[data-stale=\"true\"]')",
+                                   timeout=60_000)
             out = REPO / args.out
             out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(out))
+            page.screenshot(path=str(out), timeout=120_000)
             b.close()
         print(out)
     finally:
