@@ -178,6 +178,7 @@ def stream_reply(client: EngineClient, reply: Reply, history: list[Reply]) -> No
                           else f"cut short: {client.death_reason() or 'the engine stopped'}")
         stop_box.empty()
         trouble.empty()
+        reply.state = "cut"  # until the result is read: a later run settles it otherwise
         with engine_errors(client, "Reading the result") as read:
             out = client.result(reply.request_id, timeout=5.0)
         if not read.failed:
