@@ -35,6 +35,7 @@ PROMPT_LEN = 64
 MAX_TOKENS = 64
 DEFAULT_REPETITIONS = 3
 PROGRESS_PERIOD_S = 0.5
+CONTROLS_PERIOD_S = 1.0
 
 
 def benchmark_modes(graphs_available: bool) -> list[Any]:
@@ -157,16 +158,37 @@ def progress_view(run: BenchmarkRun) -> None:
     run.poll_tokens()
     with run.lock:
         p = run.progress
-        label, done, total = p.label, p.done, p.total
+        label, phase, done, total = p.label, p.phase, p.done, p.total
         index, runs, tokens, expected = p.run_index, p.runs, p.tokens, p.tokens_expected
     frac = min(1.0, tokens / expected) if expected else 0.0
     st.progress(
         frac,
-        text=f"run {min(index + 1, runs)} of {runs} ({label or 'starting'}): {done}/{total} "
-        f"requests finished · {tokens:,} of {expected:,} tokens generated",
+        text=f"run {min(index + 1, runs)} of {runs} ({label or 'starting'}, {phase}): "
+        f"{done}/{total} requests finished · {tokens:,} of {expected:,} tokens generated",
     )
     st.button("Stop the benchmark", key="bench.stop", on_click=run.cancel,
               icon=":material/stop:")
+
+
+def run_controls(client: EngineClient, settings: dict[str, Any], running: bool) -> None:
+    """The Run button and its repetitions, with the load generator's state read now; when
+    a benchmark started or ended since the page was drawn, the whole page is redrawn."""
+    load_on = True  # until the engine says otherwise
+    with engine_errors(client, "Reading the load generator"):
+        load_on = client.load_running()
+    now_running = RUNS.running() is not None
+    if now_running != running:
+        st.rerun()  # the progress (or the results) replace what the page drew
+    if load_on:
+        st.warning("The load generator is running: stop it on the Live page first.")
+    cols = st.columns([1, 3], vertical_alignment="bottom")
+    with cols[0]:
+        st.number_input("Repetitions per mode", min_value=1, max_value=10,
+                        value=DEFAULT_REPETITIONS, key=REPS_KEY, disabled=running)
+    with cols[1]:
+        st.button("Run the benchmark", key="bench.run", type="primary",
+                  disabled=load_on or running, icon=":material/play_arrow:",
+                  on_click=start, args=(client, settings))
 
 
 def start(client: EngineClient, settings: dict[str, Any]) -> None:
@@ -183,7 +205,6 @@ def main() -> None:
     st.title("Benchmark")
     with engine_errors(client, "Reading the engine's settings"):
         settings = client.settings()
-        load_on = client.load_running()
     graphs = bool(settings.get("cuda_graphs_available"))
     st.markdown(
         f"One fixed workload, **{NUM_REQUESTS} requests x ({PROMPT_LEN} prompt + {MAX_TOKENS} "
@@ -199,16 +220,9 @@ def main() -> None:
         )
     run = RUNS.current
     running = run is not None and run.running
-    if load_on:
-        st.warning("The load generator is running: stop it on the Live page first.")
-    cols = st.columns([1, 3], vertical_alignment="bottom")
-    with cols[0]:
-        st.number_input("Repetitions per mode", min_value=1, max_value=10,
-                        value=DEFAULT_REPETITIONS, key=REPS_KEY, disabled=running)
-    with cols[1]:
-        st.button("Run the benchmark", key="bench.run", type="primary",
-                  disabled=load_on or running, icon=":material/play_arrow:",
-                  on_click=start, args=(client, settings))
+    # Re-read every second: the load stopped (or a benchmark started) from another tab
+    # enables (or disables) Run here without a reload.
+    st.fragment(run_every=CONTROLS_PERIOD_S)(run_controls)(client, settings, running)
     failed = st.session_state.pop("bench.start_error", None)
     if failed:
         st.error(f"The benchmark could not start: {failed}")

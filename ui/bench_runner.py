@@ -50,7 +50,8 @@ def base_label(label: str) -> str:
 class Progress:
     run_index: int = 0  # runs finished
     runs: int = 0
-    label: str = ""
+    label: str = ""  # the mode of the run going on now (the spec's order, not the last item)
+    phase: str = ""  # "warming up" (no progress items come then) or "measuring"
     done: int = 0  # requests finished in the current run
     total: int = 0
     tokens: int = 0  # generated since the start (warm-ups included)
@@ -81,6 +82,7 @@ class BenchmarkRun:
                                     if self.spec.warmup else 0))
         self.progress = Progress(runs=runs, total=self.spec.num_requests,
                                  tokens_expected=runs * per_run)
+        self._next_run(0)
         self._tokens0 = self._generated()
         self._thread = threading.Thread(target=self._run, name="gapless-benchmark", daemon=True)
         self._thread.start()
@@ -105,6 +107,18 @@ class BenchmarkRun:
         with self.lock:
             self.progress.tokens = tokens
 
+    def _next_run(self, index: int) -> None:
+        """Label run ``index`` as soon as the previous one's result is in: the engine then
+        switches to its mode and warms up, which yields no progress item (the label lagged
+        the engine's mode line by the warm-up, ~5 s on a CPU). Caller holds the lock, or
+        no thread runs yet."""
+        from engine.drivers.workload import mode_label
+
+        if index < len(self.spec.modes):
+            self.progress.label = mode_label(self.spec.modes[index])
+            self.progress.done = 0
+            self.progress.phase = "warming up" if self.spec.warmup else "measuring"
+
     def _run(self) -> None:
         from engine.drivers.workload import BenchmarkResult
 
@@ -116,8 +130,10 @@ class BenchmarkRun:
                     if isinstance(item, BenchmarkResult):
                         self.results.append(item)
                         self.progress.run_index = len(self.results)
+                        self._next_run(len(self.results))
                     else:
                         self.progress.label = item.mode_label
+                        self.progress.phase = "measuring"
                         self.progress.done, self.progress.total = item.done, item.total
                 if self._cancel.is_set():
                     self.cancelled = True
