@@ -33,6 +33,7 @@ from engine.model.hf_config import text_config
 from engine.parallel.leader import TPLeader
 from engine.sizing import check_fits, kv_bytes_per_block, num_blocks_for
 from engine.step import heap
+from engine.step.floor_probe import engine_curve
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
@@ -125,6 +126,9 @@ class Engine:
             model, backend = compile_forward(model, self.backend_name, backend)
         # Every rank's share together: what a token's KV costs to read (the request ledger).
         self.kv_bytes_per_token = kv_bytes_per_block(model.config, 1, self.dtype)
+        # The size-aware floor's bandwidth curve, measured before the KV cache takes the free
+        # memory (cached per GPU model; ~0.1 s on the H200; None on a CPU).
+        self.floor_curve = engine_curve(self.device)
         num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
                                     self.dtype, tp_size=n_tp)
         # On the CPU every rank's share comes out of the same memory.
