@@ -83,17 +83,30 @@ def test_telemetry_off_says_so_and_the_key_is_checked():
     assert bare.get("/v1/requests/cmpl-a/ledger").status_code == 401
 
 
-def test_the_ledger_of_a_served_completion(server, oai):
-    from serving import API_KEY
+def test_a_repeated_prompt_is_cached_seen_in_usage_ledger_and_metrics(server, oai):
+    """The served engine end to end: the second of two identical prompts reports its cached
+    prompt tokens in usage (over the process wire), in its ledger, and in vLLM's counters."""
+    from serving import API_KEY, MODEL, metric, scrape, wait_scrape
 
-    done = oai.completions.create(model=None, prompt="def add(a, b):", max_tokens=5,
-                                  temperature=0, extra_body={"ignore_eos": True})
-    r = httpx.get(f"{server.url}/v1/requests/{done.id}/ledger",
-                  headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body["finish_reason"] == "length" and body["output_tokens"] == 5
-    assert body["prompt_tokens"] == done.usage.prompt_tokens
-    assert body["prefill_steps"] and len(body["decode_steps"]) == 4
-    assert body["device_s"] > 0 and body["kv_bytes_read"] > 0
-    assert body["cached_tokens"] == done.usage.prompt_tokens_details.cached_tokens
+    prompt = "# the ledger's own prompt, long enough for whole KV blocks\n" * 6
+    greedy = dict(max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    hits_before = metric(scrape(server.url), "vllm:prefix_cache_hits_total")
+    first = oai.completions.create(model=MODEL, prompt=prompt, **greedy)
+    again = oai.completions.create(model=MODEL, prompt=prompt, **greedy)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < again.usage.prompt_tokens  # its last prompt token is computed
+    assert again.choices[0].text == first.choices[0].text
+    bodies = {}
+    for done in (first, again):
+        r = httpx.get(f"{server.url}/v1/requests/{done.id}/ledger",
+                      headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        bodies[done.id] = r.json()
+    a, b = bodies[first.id], bodies[again.id]
+    assert (a["finish_reason"], b["finish_reason"]) == ("length", "length")
+    assert a["output_tokens"] == b["output_tokens"] == 5 and len(b["decode_steps"]) == 4
+    assert a["prompt_tokens"] == b["prompt_tokens"] == again.usage.prompt_tokens
+    assert b["cached_tokens"] == cached
+    assert b["device_s"] > 0 and b["kv_bytes_read"] > 0
+    wait_scrape(server.url, lambda m: metric(m, "vllm:prefix_cache_hits_total")
+                >= hits_before + cached, "the cached tokens in vllm:prefix_cache_hits_total")
