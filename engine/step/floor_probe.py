@@ -2,7 +2,8 @@
 
 Owns the measurement behind telemetry.floor's curve: for sizes from 1 MB to 1 GB (powers of
 two), read a buffer of that size once with a cold L2 (a 256 MB write between reads evicts
-it), timed by CUDA events around the read alone, median of ``repeats``. The read is a sum
+it), timed by CUDA events around the read alone (queued behind a short spin kernel, so the
+launch latency of an idle stream is not counted), median of ``repeats``. The read is a sum
 into float32: every byte is read once, the write is one scalar. A device-to-device copy of
 1 GB gives the peak-copy figure (bytes moved, read + write, over time: the usual "copy
 bandwidth"). `curve_for_device` returns the cached or shipped curve of this GPU model or
@@ -29,6 +30,10 @@ log = logging.getLogger("gapless.floor")
 
 SIZES_MB: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 FLUSH_BYTES = 256 << 20
+# A spin of ~20 us before each timed read: the read's launch is then queued behind it when the
+# start event fires, so an idle stream's launch latency (several us, most of a 1 MB read's
+# time) is not counted as reading time. Kernels of a decode step run back to back likewise.
+QUEUE_CYCLES = 40_000
 PARTIAL = "partial"
 ENGINE_BUDGET_S = 3.0  # engine start: the H200 measures all sizes in ~0.1 s
 
@@ -57,6 +62,7 @@ def measure_curve(device: torch.device | str = "cuda", repeats: int = 5,
         times = []
         for _ in range(repeats):
             flush.fill_(1)
+            torch.cuda._sleep(QUEUE_CYCLES)  # the read is queued when `start` fires
             start.record()
             x.sum(dtype=torch.float32)
             end.record()
@@ -68,6 +74,7 @@ def measure_curve(device: torch.device | str = "cuda", repeats: int = 5,
     dst.copy_(src)
     times = []
     for _ in range(repeats):
+        torch.cuda._sleep(QUEUE_CYCLES)
         start.record()
         dst.copy_(src)
         end.record()
@@ -78,7 +85,7 @@ def measure_curve(device: torch.device | str = "cuda", repeats: int = 5,
     torch.cuda.empty_cache()
     return BandwidthCurve(torch.cuda.get_device_name(device), tuple(points), peak_copy,
                           method=f"sum(bf16->fp32) after a {FLUSH_BYTES >> 20} MB L2 flush, "
-                                 f"CUDA events, median of {repeats}"
+                                 f"CUDA events, queued behind a spin, median of {repeats}"
                                  + (f"; {PARTIAL} (budget {budget_s:g} s)" if partial else ""),
                           measured=time.strftime("%Y-%m-%d"))
 
