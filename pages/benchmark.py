@@ -148,7 +148,11 @@ def show_results(results: list[Any]) -> None:
         st.subheader("Timelines of the median runs")
         names = list(groups)
         a, b = median_run(groups[names[0]]), median_run(groups[names[1]])
-        show_ab(Window(names[0], a.records), Window(names[1], b.records), key="bench.ab")
+        # Drawn: the median runs; judged: every alternated run of each mode (decode-only
+        # steps, a t-interval over the pairs from three repetitions up).
+        show_ab(Window(names[0], a.records, runs=[r.records for r in groups[names[0]]]),
+                Window(names[1], b.records, runs=[r.records for r in groups[names[1]]]),
+                key="bench.ab")
 
 
 def progress_view(run: BenchmarkRun) -> None:

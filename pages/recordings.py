@@ -93,7 +93,8 @@ def main() -> None:
     if len(labels) < 2:
         st.info(f"This recording holds one mode ({labels[0]}): its timeline is below.")
         steps = windows[labels[0]]
-        show_ab(Window(labels[0], steps), Window(labels[0], steps), key="rec.single")
+        show_ab(Window(labels[0], steps), Window(labels[0], steps), key="rec.single",
+                judge=False)
         return
     a_col, b_col = st.columns(2)
     a = a_col.selectbox("A", labels, index=0, key="rec.a")

@@ -87,17 +87,19 @@ def cpu_note(a: WindowStats, b: WindowStats) -> str:
     return note
 
 
-def show_ab(a: Window, b: Window, *, key: str) -> None:
-    """Verdict, figures side by side, and both timelines over one span of milliseconds."""
+def show_ab(a: Window, b: Window, *, key: str, judge: bool = True) -> None:
+    """Verdict, figures side by side, and both timelines over one span of milliseconds.
+    ``judge=False`` leaves the verdict out (one window shown twice has nothing to judge)."""
     try:
         sa = window_stats(a.records, a.label, a.start_ns, a.end_ns)
         sb = window_stats(b.records, b.label, b.start_ns, b.end_ns)
     except ValueError as exc:
         st.error(f"Cannot compare: {exc}")
         return
-    v = decode_verdict(a.all_runs(), b.all_runs(), a_label=a.label, b_label=b.label)
-    (st.success if v.measurable else st.info)(v.text, icon=":material/compare:")
-    st.caption(cpu_note(sa, sb))
+    if judge:
+        v = decode_verdict(a.all_runs(), b.all_runs(), a_label=a.label, b_label=b.label)
+        (st.success if v.measurable else st.info)(v.text, icon=":material/compare:")
+        st.caption(cpu_note(sa, sb))
     decode = [[decode_steps(r) for r in w.all_runs()] for w in (a, b)]
     cols = st.columns(2)
     tps = []
