@@ -223,6 +223,11 @@ def step_figures(plain: list, profiled: list, sampled_run: list) -> dict[str, An
     def durs(rs: list) -> list[float]:
         return [_comp(r).duration_ns / 1e3 for r in rs if r.num_tokens and _comp(r)]
 
+    def periods(rs: list) -> list[float]:
+        st = sorted((r.step, _comp(r).start_ns) for r in rs if r.num_tokens and _comp(r))
+        return [(b - a) / 1e3 for (n, a), (m, b) in zip(st, st[1:], strict=False) if m == n + 1]
+
+    prof_periods = periods(profiled)  # early vs late in one profiler session: does it age?
     smp = [r for r in recs if r.step in in_sample]
     uns = [r for r in recs if r.step not in in_sample]
     kspan, excess = [], []
@@ -238,6 +243,9 @@ def step_figures(plain: list, profiled: list, sampled_run: list) -> dict[str, An
         "kernel_span_us_sampled": med(kspan), "span_minus_kernels_us": med(excess),
         "period_us_sampled": med([p for r in smp if (p := period(r)) is not None]),
         "period_us_unsampled": med([p for r in uns if (p := period(r)) is not None]),
+        "period_us_plain": med(periods(plain)),
+        "period_us_profiled_first10": med(prof_periods[:10]),
+        "period_us_profiled_last10": med(prof_periods[-10:]),
         "samples": len(samples), "sampled_steps": len(smp), "steps": len(recs)}
 
 
