@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
+from test_pages_engine import engine, page  # noqa: F401  (the real engine, one per module)
 
 from telemetry.ledger import LedgerEntry, build_ledger
 from telemetry.records import RequestEvent, Span, StepRecord
@@ -103,3 +104,19 @@ def test_requests_page_shows_the_ledger_and_opens_the_timeline_on_a_request(
     assert at.toggle(key="live.pause").value is True  # now on the Live page, paused
     assert at.session_state[LIVE_WINDOW_KEY] == 50
     assert not at.warning
+
+
+def test_the_ledger_of_a_request_on_the_real_engine(engine) -> None:  # noqa: F811
+    """Through the dashboard's own client (engine process, wire, telemetry mirror): a reply's
+    ledger row has its steps, a device-time share and the KV it read."""
+    prompt = "import os\nimport sys\n" * 4
+    engine.generate(prompt, {"max_tokens": 6, "temperature": 0.0})
+    out = engine.generate(prompt, {"max_tokens": 6, "temperature": 0.0})
+    at = page("pages/requests.py")
+    assert not at.exception and not at.error
+    ledger = at.dataframe[1].value
+    row = ledger[ledger["request"] == out.request_id].iloc[0]
+    assert row["status"] == "length" and row["output"] == 6
+    assert row["cached"] == out.num_cached_tokens > 0
+    assert row["prefill steps"] >= 1 and row["decode steps"] == 5
+    assert row["device ms"] > 0 and row["KV read MiB"] > 0
