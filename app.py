@@ -88,7 +88,7 @@ def draw_history(client: EngineClient, settings: dict) -> None:
     nvml = client.nvml()
     now = time.perf_counter_ns()
     history.update(client.telemetry(), nvml, now)
-    series = history.series(now)
+    series = history.series(now, stats=client.stats())
     series.mem_bw_reason = memory_bandwidth_reason(nvml, client.nvml_reason())
     series.max_num_seqs = int(settings.get("max_num_seqs", 0))
     live_plot(history_figure(series, HISTORY_HEIGHT_PX), key="live.history",
@@ -205,8 +205,9 @@ def controls(client: EngineClient) -> None:
             )
             # Drawn in place like the charts above (a plain st.plotly_chart was rebuilt on
             # every refresh and showed blank for one frame in forty).
-            live_plot(gauges_figure(values, GAUGES_HEIGHT_PX), key="live.gauges",
-                      height_px=GAUGES_HEIGHT_PX)
+            live_plot(gauges_figure(values, GAUGES_HEIGHT_PX,
+                                    device=settings.get("device", "cuda")),
+                      key="live.gauges", height_px=GAUGES_HEIGHT_PX)
 
 
 def freeze() -> None:

@@ -37,7 +37,7 @@ def on_page(page: str | None) -> AppTest:
     return at
 
 
-@pytest.mark.parametrize("page", [None, "pages/playground.py"])
+@pytest.mark.parametrize("page", [None])
 def test_the_settings_shown_follow_a_change_made_elsewhere(
     fake: FakeEngineClient, page: str | None
 ) -> None:
