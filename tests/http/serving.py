@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = "models/gapless-tiny-python"
 SERVED = "gapless-tiny-python"  # the name it is served under by default: its folder's
 API_KEY = "test-key-123"
+HEADER_TIMEOUT_S = 3.0  # the session server's --header-timeout and --body-timeout
+BODY_TIMEOUT_S = 3.0
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -40,9 +42,10 @@ class Server:
     socket: Path  # where other local clients (the dashboard) attach to its engine
 
     def engine_pid(self) -> int:
-        """The engine process: the serve process's only child."""
-        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        pids = [int(p) for p in children.split()]
+        """The engine process: the serve process's only child (started by any of its
+        threads: a restart starts it from the supervisor's)."""
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        pids = [int(p) for t in tasks.iterdir() for p in (t / "children").read_text().split()]
         assert len(pids) == 1, f"serve has children {pids}"
         return pids[0]
 

@@ -17,7 +17,8 @@ from serving import MODEL, metric, scrape, start_server
 
 @pytest.fixture(scope="module")
 def doomed(tmp_path_factory: pytest.TempPathFactory):
-    srv = start_server(tmp_path_factory.mktemp("doomed"))  # no key, no chat template
+    # No key, no chat template; the server stays up answering 503 after the death.
+    srv = start_server(tmp_path_factory.mktemp("doomed"), "--on-engine-death", "stay")
     yield srv
     srv.stop()
 
