@@ -25,6 +25,7 @@ from dashboard_driver import (  # skips this module where there is no browser
     shoot,
     steps_on_the_timeline,
     sync_api,
+    timeline_frame,
 )
 
 pytestmark = BROWSER_MARKS
@@ -78,6 +79,27 @@ def test_the_h200_1b_recording_names_the_async_gain_with_its_interval(
     assert 0 < lo < gain < hi
     assert "block bootstrap" in text and "no measurable difference" not in text
     assert "Prefill, left out of the figures above" in text
+
+
+def test_hovering_the_live_timeline_says_it_holds_for_the_pointer(page: sync_api.Page) -> None:
+    """Issue 25 (14): while updates are held for the pointer the title no longer says
+    "Live"; it says "Held for the pointer", and "Live" again once the pointer leaves."""
+    goto_page(page, "Live")
+    steps_on_the_timeline(page)
+    frame = timeline_frame(page)
+    scroll_top(page)
+    box = page.locator(TIMELINE).bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.45)
+    frame.wait_for_function(
+        "() => (window.gaplessLivePlot.heldTitle || '').startsWith('Held for the pointer')",
+        timeout=15_000)
+    assert "waiting" in frame.evaluate("document.getElementById('held').innerText")
+    page.mouse.move(5, 5)
+    frame.wait_for_function("() => window.gaplessLivePlot.heldTitle === null", timeout=5_000)
+    assert frame.evaluate(
+        "document.getElementById('plot').querySelector('.gtitle').textContent").startswith(
+        "Live")
 
 
 def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page) -> None:
