@@ -4,6 +4,7 @@ request rode, with its cached prompt tokens, finish reason and device-time share
 from __future__ import annotations
 
 import pytest
+from helpers import TIGHT_CUDA
 
 from engine import Engine, EngineConfig, SamplingParams
 from telemetry.ledger import build_ledger, slowest_first, window_device_ns
@@ -52,3 +53,26 @@ def test_ledger_of_a_cached_request_and_an_aborted_one(tiny_model_dir, async_bat
     assert abs(shares - window_device_ns(r for r in records if r.chunks)) < 1e-3
     order = [e.e2e_s for e in slowest_first(ledger.values())]
     assert len(order) == 3 and order == sorted(order, reverse=True)
+
+
+@pytest.mark.cuda
+def test_ledger_on_the_gpu_with_cuda_graphs(tiny_model_dir):
+    """Compute spans from CUDA events (graphs, async): every request's share is positive and
+    the shares of the window add up to its device time."""
+    prefix = list(range(10, 74))
+    prompts = [prefix + [i, i + 1] for i in range(1, 9)]
+    cfg = EngineConfig(model=str(tiny_model_dir("llama")), **{**TIGHT_CUDA,
+                                                               "async_batching": True})
+    with Engine(cfg) as eng:
+        outs = eng.generate(prompts, SamplingParams(max_tokens=NEW, temperature=0.0,
+                                                    ignore_eos=True))
+        assert eng.settings()["cuda_graphs"]
+        records = eng.bus.snapshot_steps(10_000)
+        events = eng.bus.snapshot_events(10_000)
+        per_token = eng.settings()["kv_bytes_per_token"]
+    ledger = build_ledger(records, events, per_token)
+    mine = [ledger[o.request_id] for o in outs]
+    assert all(e.finish_reason == "length" and e.device_ns > 0 for e in mine)
+    assert sum(e.cached_tokens for e in mine) == sum(o.num_cached_tokens for o in outs) > 0
+    shares = sum(e.device_ns for e in ledger.values())
+    assert abs(shares - window_device_ns(r for r in records if r.chunks)) < 1e-3
