@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import queue
 import secrets
 import threading
 import time
@@ -39,7 +38,7 @@ from engine.process.status import (  # noqa: F401  (re-exported: they belong to 
     EngineStartError,
     EngineStatus,
 )
-from engine.process.streams import KEEP_FINISHED, POLL_S, RequestStream
+from engine.process.streams import KEEP_FINISHED, RequestStream, next_item
 from engine.process.wire import Command
 from telemetry.bus import TelemetryBus
 
@@ -404,17 +403,8 @@ class EngineClient:
         finished = False
         try:
             assert pending.items is not None
-            while True:
-                check = self._check(s, None, "the benchmark")
-                t0 = time.monotonic()
-                while True:
-                    try:
-                        item = pending.items.get(timeout=POLL_S)
-                        break
-                    except queue.Empty:
-                        check(t0)
-                if item is None:
-                    break
+            check = self._check(s, None, "the benchmark")
+            while (item := next_item(pending.items, check)) is not None:
                 yield item
             finished = True
             s.outcome(pending)

@@ -13,10 +13,9 @@ import logging
 import queue
 import threading
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 
 from engine.process.endpoint import hang_up
-from engine.process.wire import End, Message, Raw, Reply, describe, encode
+from engine.process.wire import End, Message, Raw, Reply, describe, encode, pickle_frame
 
 log = logging.getLogger("gapless.server")
 
@@ -24,10 +23,6 @@ MAX_BATCH = 512
 # Telemetry is not queued for a client while this many messages wait for it: a stalled
 # client must not make the engine process grow.
 MAX_BACKLOG = 2000
-
-
-def pickle_frame(message: Raw | list[Raw]) -> bytes:
-    return bytes(ForkingPickler.dumps(message))
 
 
 class ClientLink:

@@ -1,6 +1,6 @@
 """The engine process: an Engine, an NVML sampler and a load generator behind its clients.
 
-Owns the child side of the process boundary (docs/design.md section 5). session.py starts this
+Owns the child side of the process boundary (docs/design.md section 5). spawn.py starts this
 module as a fresh interpreter (``python -c "from engine.process.server import main; main()"
 --fd N --parent PID [--listen PATH]``), hands it one end of a socket pair (the owner's pipe)
 and sends the EngineConfig as a dict (Command.START). The child builds the Engine, answers
@@ -44,7 +44,7 @@ from typing import Any
 
 from engine.process import endpoint
 from engine.process.commands import CommandsMixin
-from engine.process.links import MAX_BACKLOG, ClientLink, pickle_frame
+from engine.process.links import MAX_BACKLOG, ClientLink
 from engine.process.wire import (
     HEARTBEAT_PERIOD_S,
     NO_REPLY,
@@ -60,6 +60,7 @@ from engine.process.wire import (
     encode,
     encode_events,
     encode_steps,
+    pickle_frame,
 )
 
 log = logging.getLogger("gapless.server")

@@ -14,11 +14,23 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from engine.core.request import RequestOutput
 
 KEEP_FINISHED = 1024  # ended requests whose result() can still be read
 POLL_S = 0.1  # how often a waiting caller runs its check
+
+
+def next_item(q: queue.SimpleQueue[Any], check: Callable[[float], None]) -> Any:
+    """The queue's next item, waited for in POLL_S slices; ``check(t0)`` runs between slices
+    (t0: when this wait began) and raises to end the wait."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            return q.get(timeout=POLL_S)
+        except queue.Empty:
+            check(t0)
 
 
 class RequestStream:
@@ -61,18 +73,9 @@ class RequestStream:
 
     def iter_counted(self, check: Callable[[float], None]) -> Iterator[tuple[str, int]]:
         """(text delta, output tokens so far, this delta's included) until the end."""
-        while True:
-            t0 = time.monotonic()
-            while True:
-                try:
-                    delta = self.deltas.get(timeout=POLL_S)
-                    break
-                except queue.Empty:
-                    check(t0)
-            if delta is None:
-                self.deltas.put(None)  # a second iteration ends at once too
-                return
+        while (delta := next_item(self.deltas, check)) is not None:
             yield delta
+        self.deltas.put(None)  # a second iteration ends at once too
 
     def wait(self, check: Callable[[float], None]) -> RequestOutput:
         t0 = time.monotonic()

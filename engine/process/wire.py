@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import operator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 from telemetry.records import RequestEvent, Span, StepRecord
@@ -158,6 +159,12 @@ def decode(raw: Raw) -> Message:
     if cls is None:
         raise ValueError(f"unknown message tag {raw[:1]!r}")
     return cls(*raw[1:])
+
+
+def pickle_frame(obj: Any) -> bytes:
+    """One frame's bytes, as ``Connection.send_bytes`` takes them (``recv`` unpickles them):
+    a Call, a list of Raw messages, or one Raw message pickled once for every client."""
+    return bytes(ForkingPickler.dumps(obj))
 
 
 def delta_raw(request_id: str, text: str, token_ids: list[int]) -> Raw:
