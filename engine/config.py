@@ -22,6 +22,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 MODEL_IMPLS = ("auto", "gapless", "transformers")
 NUM_SLOTS = (1, 2, 3)
+MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it
 
 
 @dataclass(slots=True)
@@ -71,11 +73,16 @@ class EngineConfig:
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> EngineConfig:
         path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"config file {str(path)!r} is a directory; give the YAML file "
+                             f"itself (e.g. {str(path / 'config.yaml')!r})")
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist")
         values = load_yaml(path)
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of setting: value at the top level")
+        if "model" not in values and "model" not in overrides:
+            values["model"] = default_model(path)
         model = values.get("model")
         if isinstance(model, str) and not Path(model).is_absolute():
             # A relative model folder is relative to the config file (if it exists there).
@@ -118,8 +125,9 @@ class EngineConfig:
             _check_int("max_model_len", self.max_model_len, 2)
         _check_type("prefix_caching", self.prefix_caching, bool)
         _check_int("block_size", self.block_size, 1)
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.block_size & (self.block_size - 1) or self.block_size > MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be a power of two from 1 to {MAX_BLOCK_SIZE}, "
+                             f"got {self.block_size}")
         if self.num_blocks is not None:
             _check_int("num_blocks", self.num_blocks, 2)
         _check_type("gpu_memory_fraction", self.gpu_memory_fraction, (int, float))
@@ -318,3 +326,16 @@ def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
     if not any(type(value) is type(c) and value == c for c in choices):
         allowed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
+
+
+def default_model(config_path: Path) -> str:
+    """The default model folder for a config file without ``model:``: the repository's
+    models/ folder wherever the command runs (never a hub lookup of a name like
+    "models/SmolLM2-135M-Instruct"); ValueError at once when it is not there."""
+    default = next(f.default for f in dataclasses.fields(EngineConfig) if f.name == "model")
+    for folder in (Path(default), REPO_ROOT / default):
+        if folder.is_dir():
+            return str(folder)
+    raise ValueError(f"{config_path}: no model: set, and the default model folder {default!r} "
+                     f"does not exist (here or in {REPO_ROOT}); set model: to a folder or a hub "
+                     "id, or make the default with scripts/setup.sh")
