@@ -76,17 +76,25 @@ def requests_view(client: EngineClient, kv_bytes_per_token: int) -> None:
     if len(rows) > MAX_ROWS:
         st.caption(f"Showing the newest {MAX_ROWS} of {len(rows):,} requests.")
     st.plotly_chart(latency_histograms(lats), key="req.histograms")
-    ledger_view(records, events, kv_bytes_per_token)
+    ledger_view(records, events, kv_bytes_per_token, slowest_ids(lats.values(), MAX_ROWS))
 
 
-def ledger_view(records: list, events: list, kv_bytes_per_token: int) -> None:
+def slowest_ids(lats, n: int) -> set[str]:
+    """The ``n`` slowest finished requests by their events alone: the ledger then joins only
+    them to the steps (a chunk per request per step is a million at batch 256)."""
+    done = [lat for lat in lats if lat.finish_reason is not None]
+    done.sort(key=lambda lat: -(lat.e2e_ns if lat.e2e_ns is not None else -1))
+    return {lat.request_id for lat in done[:n]}
+
+
+def ledger_view(records: list, events: list, kv_bytes_per_token: int, ids: set[str]) -> None:
     st.subheader("Request ledger, slowest first")
     st.caption(
         "Per finished request, joined to the steps it rode: its share of each step's device "
         "time is its share of the step's tokens; KV read counts its whole context at every "
         "step. 'partial': its first steps are no longer on the bus."
     )
-    slow = slowest_first(build_ledger(records, events, kv_bytes_per_token).values())
+    slow = slowest_first(build_ledger(records, events, kv_bytes_per_token, only=ids).values())
     if not slow:
         st.info("No finished request on the bus yet.")
         return

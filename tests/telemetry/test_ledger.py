@@ -90,3 +90,13 @@ def test_one_requests_ledger_and_its_steps_on_the_timeline():
     assert (b.first_step_ns, b.last_step_ns) == (400, 1350)
     assert [r.step for r in steps_of(b, steps)] == [0, 1, 2, 3]  # 0 and 3 touch its ends
     assert request_ledger(steps, events, "nobody") is None
+
+
+def test_only_the_asked_requests_with_the_same_shares():
+    steps = recorded_steps()
+    events = [RequestEvent("a", "queued", 0, prompt_tokens=16),
+              RequestEvent("b", "queued", 50, prompt_tokens=7)]
+    whole = build_ledger(steps, events, kv_bytes_per_token=3)
+    some = build_ledger(steps, events, kv_bytes_per_token=3, only={"b"})
+    assert list(some) == ["b"]
+    assert some["b"].to_dict() == whole["b"].to_dict()
