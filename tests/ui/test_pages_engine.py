@@ -212,3 +212,15 @@ def test_dead_engine_shows_the_reason_and_restarts(engine: EngineClient) -> None
     assert engine.alive()
     assert not at.exception and not at.error
     assert "live.timeline" in live_figures(at)
+
+
+def test_ab_one_click_judges_decode_steps_over_alternated_pairs(engine: EngineClient) -> None:
+    at = page("pages/ab.py")
+    at.select_slider(key="ab.seconds").set_value(3).run()
+    at.button(key="ab.one_click").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    verdicts = [m.value for m in (*at.info, *at.success) if "Decode throughput" in m.value]
+    assert len(verdicts) == 1, [m.value for m in (*at.info, *at.success)]
+    # sync and async alternated three times, one second each: enough decode-only steps
+    assert "t-interval over 3 alternated pairs" in verdicts[0], verdicts[0]
+    assert engine.settings()["async_batching"] is True and not engine.load_running()
