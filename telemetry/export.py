@@ -84,10 +84,11 @@ def request_tracks(records: Iterable[StepRecord],
         extent = _step_extent(rec) if rec.chunks else None
         if extent is None:
             continue
+        total = max(1, sum(c[1] for c in rec.chunks))
         for rid, n, context in rec.chunks:
             x(rid, f"step {rec.step}", *extent,
               {"request_id": rid, "step": rec.step, "tokens": n, "context": context,
-               "share": n / max(1, sum(c[1] for c in rec.chunks))})
+               "share": n / total})
     queued: dict[str, int] = {}
     for ev in events:
         if ev.kind == "queued":
