@@ -8,7 +8,9 @@ never imports a UI library and never reads the bus itself (callers hand over wha
 
 The figures cover the steps handed over: a request whose early steps fell out of the bus's
 ring is marked ``partial`` (its queue entry is missing), and its shares then count only the
-steps that are left.
+steps that are left. In async mode a request that stopped at step N may ride step N+1 too
+(its token there is computed one step late and discarded): that step is counted, since the
+device did the work.
 """
 
 from __future__ import annotations
