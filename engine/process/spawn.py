@@ -5,7 +5,8 @@ subprocess with one end of a socket pair (the pipe), its stderr relayed to ours 
 lines explain a crash), the wait for its exit, and the reason a user reads
 ("engine process exited with code -9 (SIGKILL)"). It never speaks the wire protocol
 (session.py does) and never leaves a process behind: kill() is SIGKILL, which also ends a
-stopped (SIGSTOP) or hung process.
+stopped (SIGSTOP) or hung process, and the child runs in its own process group, which the
+kernel sends SIGHUP + SIGCONT once the owner is gone (a stopped orphan does not stay stopped).
 
 The engine starts through subprocess rather than multiprocessing's spawn context (spawn
 semantics: nothing is inherited but one socket), because spawn re-runs the parent's __main__
@@ -78,8 +79,13 @@ class EngineProcess:
         if listen is not None:
             argv += ["--listen", str(listen)]
         try:
+            # Its own process group: when the owner dies, the kernel sees an orphaned group
+            # and sends it SIGHUP then SIGCONT, so even an engine stopped with SIGSTOP (whose
+            # watchdog thread cannot run) ends instead of staying stopped forever. (Unless a
+            # subreaper of the same session adopts it; then the watchdog acts once it runs.)
+            # A terminal's Ctrl-C / Ctrl-Z reach the owner only; the engine ignores SIGINT.
             self.proc = subprocess.Popen(argv, pass_fds=(fd,), stdin=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, env=env)
+                                         stderr=subprocess.PIPE, env=env, process_group=0)
         except BaseException:
             parent_sock.close()
             raise
