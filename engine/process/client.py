@@ -247,6 +247,8 @@ class EngineClient:
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"request_id must be a non-empty string, got {rid!r}")
         stream = s.streams.open(rid)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            stream.prompt_token_ids = list(prompt)
         try:
             call = s.begin(Command.SUBMIT, prompt=prompt, params=params, request_id=rid)
         except BaseException:  # not sent

@@ -36,7 +36,8 @@ def next_item(q: queue.SimpleQueue[Any], check: Callable[[float], None]) -> Any:
 class RequestStream:
     """One request's deltas and end."""
 
-    __slots__ = ("request_id", "deltas", "done", "output", "text", "token_ids")
+    __slots__ = ("request_id", "deltas", "done", "output", "text", "token_ids",
+                 "prompt_token_ids")
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -46,6 +47,9 @@ class RequestStream:
         self.output: RequestOutput | None = None
         self.text = ""
         self.token_ids: list[int] = []
+        # The prompt's ids when the client sent ids (HTTP always does): an end made on this
+        # side (a dead engine) still reports them. A text prompt's ids exist only in the engine.
+        self.prompt_token_ids: list[int] = []
 
     def add(self, text: str, token_ids: list[int]) -> None:
         self.text += text
@@ -62,8 +66,8 @@ class RequestStream:
 
     def end_here(self, reason: str, error: str) -> None:
         """End it on this side, keeping what arrived (the engine is gone or gave no answer)."""
-        self.finish(RequestOutput(self.request_id, [], list(self.token_ids), self.text,
-                                  reason, error))
+        self.finish(RequestOutput(self.request_id, list(self.prompt_token_ids),
+                                  list(self.token_ids), self.text, reason, error))
 
     def iter_deltas(self, check: Callable[[float], None]) -> Iterator[str]:
         """Text deltas until the end; ``check(t0)`` runs every POLL_S while waiting (t0: when
