@@ -79,3 +79,63 @@ def test_empty_api_key_refused(capsys):
 
     assert main(["--api-key", ""]) == 2
     assert "--api-key is empty" in capsys.readouterr().err
+
+
+def _peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MiB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_big_bodies_and_prompts_leave_server_memory_flat(server):
+    # The probe: four 10 MB prompts took the server's peak from 0.51 to 7.39 GB. Now each is
+    # refused before it is held whole or tokenized; the peak may grow by a few bodies' worth.
+    import concurrent.futures
+    import time
+
+    before = _peak_rss_mb(server.proc.pid)
+    big = b'{"prompt": "' + b"a " * (5 * 1024 * 1024) + b'"}'  # 10 MB, declared length
+    near = b'{"prompt": "' + b"a " * (limits.MAX_BODY_BYTES // 2 - 64) + b'"}'  # fits the body
+
+    def chunked(n: int):  # no Content-Length: refused once the read passes the limit
+        for _ in range(n):
+            yield b"a" * (1024 * 1024)
+
+    def post(body) -> tuple[int, float]:
+        t0 = time.monotonic()
+        r = httpx.post(f"{server.url}/v1/completions", content=body, timeout=120,
+                       headers={**AUTH, "Content-Type": "application/json"})
+        return r.status_code, time.monotonic() - t0
+
+    bodies = [big] * 4 + [near] * 4 + [chunked(10) for _ in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        answers = list(pool.map(post, bodies))
+    after = _peak_rss_mb(server.proc.pid)
+    print(f"\nserver peak RSS {before:.0f} -> {after:.0f} MiB over {len(bodies)} refusals; "
+          f"answered in {', '.join(f'{s} {t * 1000:.0f} ms' for s, t in answers)}")
+    assert [s for s, _ in answers] == [413] * 4 + [400] * 4 + [413] * 4
+    # Bounded by the bodies it may hold (the limit each, parsed once): not gigabytes.
+    assert after - before < 16 * limits.MAX_BODY_BYTES / 2**20
+
+
+def test_tokenization_gate_refuses_beyond_its_queue():
+    import asyncio
+    import threading
+
+    release = threading.Event()
+
+    async def main() -> list:
+        gate = limits.WorkGate("tokenizations", limit=1, waiting=1)
+        running = asyncio.ensure_future(gate.run(release.wait, 30))
+        await asyncio.sleep(0.2)
+        queued = asyncio.ensure_future(gate.run(lambda: "queued ran"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(limits.ApiError) as exc:
+            await gate.run(lambda: "never")
+        assert exc.value.status == 503 and exc.value.code == "server_busy"
+        release.set()
+        return [await running, await queued]
+
+    assert asyncio.run(main()) == [True, "queued ran"]
