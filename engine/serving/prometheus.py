@@ -217,6 +217,18 @@ class EngineMetrics:
             return generate_latest(self.registry)
 
 
+SENTINEL_COUNTERS = (
+    ("sentinel_checked", "gapless:sentinel_checked", "Finished greedy requests the "
+     "async-correctness sentinel re-scored through the synchronous path."),
+    ("sentinel_mismatches", "gapless:sentinel_mismatches", "Re-scored requests with at least "
+     "one token the synchronous path would not have produced."),
+    ("sentinel_tokens_checked", "gapless:sentinel_tokens_checked", "Output tokens the "
+     "sentinel re-scored."),
+    ("sentinel_tokens_mismatched", "gapless:sentinel_tokens_mismatched", "Re-scored output "
+     "tokens that did not match."),
+)
+
+
 class _LiveGauges(Collector):
     """Gauges and engine-wide counters from the last cached stats() / settings()."""
 
@@ -277,6 +289,11 @@ class _LiveGauges(Collector):
                     bool(settings.get("cuda_graphs")), labelled=False)
         yield gauge("gapless:cuda_graphs_available", "1 when CUDA graphs can be turned on.",
                     bool(settings.get("cuda_graphs_available")), labelled=False)
+        # The async-correctness sentinel (engine/step/sentinel.py), while it is on: its
+        # mismatch rate is rate(mismatches) / rate(checked).
+        for key, metric, doc in SENTINEL_COUNTERS:
+            if key in stats:
+                yield counter(metric, doc, stats[key], labelled=False)
         for key, metric, doc in NVML_GAUGES:
             value = (self.m.nvml or {}).get(key)
             if value is not None:  # no GPU, or a field the device does not report
