@@ -39,6 +39,7 @@ from telemetry.anatomy import (
 )
 
 MAX_STEPS = 256
+WARMUP_STEPS = 1  # run under the profiler before the recorded steps, not recorded
 
 
 @dataclass(slots=True)
@@ -109,7 +110,10 @@ class AnatomyRecorder:
             with self._lock:
                 if self._active is None and self._pending is not None:
                     self._active, self._pending = self._pending, None
-                    self._active.first_step = step
+                    # The step during which the profiler starts is not recorded: its first
+                    # launches pay CUPTI's start-up (on the H200 a graph step's kernels were
+                    # lost from the trace), as the kernel sampler's warm-up step.
+                    self._active.first_step = step + WARMUP_STEPS
                     self._active.t0 = time.perf_counter()
                     self._start()
                 req = self._active
@@ -120,7 +124,8 @@ class AnatomyRecorder:
             self._finish(e)
             return None
         assert req.first_step is not None
-        return f"{STEP_MARKER}{step}" if step - req.first_step < req.n_steps else None
+        return (f"{STEP_MARKER}{step}" if 0 <= step - req.first_step < req.n_steps
+                else None)
 
     def step_done(self, step: int) -> None:
         """Called on the loop thread once a step's results are read, only while ``active``:
