@@ -12,7 +12,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.step.anatomy import anatomy_summary, record_anatomy
-from telemetry.anatomy import family_table
+from telemetry.anatomy import family_table, group_by_step
 
 CFG = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
            num_blocks=40, max_model_len=96)
@@ -97,12 +97,30 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
     finally:
         eng.shutdown()
     assert rec.device == "cuda" and len(rec.steps) == 6
+    with_marker = {m.step: m for m in group_by_step(
+        rec.events, device_cats=("kernel", "gpu_memcpy", "gpu_memset"), keep_marker=True)}
     for s in rec.steps:
         assert len(s.kernels) > 5, f"step {s.step}: kernels not found by correlation"
         r = ours[s.step]
         assert (r.graph_bucket is not None) is graphs
         (comp,) = [x for x in r.spans if x.lane == "compute"]
-        early_us = comp.duration_ns / 1000 - s.span_us
-        print(f"step {s.step}: ours {comp.duration_ns / 1000:.1f} us, kernels {s.span_us:.1f} us")
-        slack = max(0.1 * s.span_us, 30) if graphs else max(0.25 * s.span_us, 200)
-        assert -2 <= early_us <= slack, (early_us, s.span_us)
+        ours_us = comp.duration_ns / 1000
+        print(f"step {s.step}: ours {ours_us:.1f} us, kernels {s.span_us:.1f} us")
+        assert ours_us >= s.span_us - 2, (ours_us, s.span_us)  # the kernels lie inside
+        if not graphs:
+            assert ours_us - s.span_us <= max(0.25 * s.span_us, 200), (ours_us, s.span_us)
+            continue
+        # A graph step's span runs from its start event, recorded inside the graph right
+        # after the marker kernel, to its end event after the last kernel. Under the
+        # profiler, a graph launched onto an idle stream starts its body up to ~100 us (tiny
+        # model) to ~350 us (8B) after the marker (truth_graphs, H200, 2026-12-04: our span
+        # 35 / 359 us longer than the sampled kernels' in sync mode, 6.5 us in async), so
+        # the span is checked from the marker's end: a synthetic graph's events matched
+        # marker end..last kernel end within 0.1 us under the same profiler.
+        marker = [k for k in with_marker[s.step].kernels if k.family == "marker"]
+        assert len(marker) == 1, [k.name for k in with_marker[s.step].kernels[:3]]
+        from_marker = max(k.end_us for k in s.kernels) - marker[0].end_us
+        body_gap = min(k.start_us for k in s.kernels) - marker[0].end_us
+        print(f"  from the marker's end {from_marker:.1f} us (body starts {body_gap:.1f} us "
+              "after it)")
+        assert abs(ours_us - from_marker) <= 5, (ours_us, from_marker, body_gap)
