@@ -108,12 +108,14 @@ def draw_notes(reply: Reply) -> None:
     st.caption(f"{reply.settings}" + (f" · {reply.figures}" if reply.figures else ""))
 
 
-def _stop_clicked() -> None:
-    """Stop's callback: the click already cut the stream (it reran the page, whose stream
-    loop aborted the request on its way out); name the reason on that reply."""
+def _stop_clicked(client: EngineClient) -> None:
+    """Stop's callback: abort the streaming reply's request and say why it is cut. The
+    click also reruns the page, and the run streaming it stops on its way (it may still be
+    running now: Streamlit starts the new run first)."""
     for reply in reversed(st.session_state.get(HISTORY_KEY, [])):
-        if reply.cut == INTERRUPTED:
+        if reply.state == "streaming" or reply.cut == INTERRUPTED:
             reply.cut = STOPPED
+            interrupt(client, reply, STOPPED)
             break
 
 
@@ -154,8 +156,9 @@ def stream_reply(client: EngineClient, reply: Reply, history: list[Reply]) -> No
     with st.chat_message("assistant"):
         stop_box = st.empty()
         stop_box.button("Stop", key="play.stop_reply", icon=":material/stop_circle:",
-                        on_click=_stop_clicked, help="Abort this request in the engine; "
-                        "the text so far stays, marked as cut.")
+                        on_click=_stop_clicked, args=(client,),
+                        help="Abort this request in the engine; the text so far stays, "
+                        "marked as cut.")
         trouble = st.empty()
         box = st.empty()
         drawn = [0.0]
@@ -269,7 +272,7 @@ def main() -> None:
     alive = engine_status(client).state == "alive"
     for reply in history:
         if alive:  # a stopped reply: the engine's own end, once it has one
-            settle(client, reply, timeout_s=SETTLE_S)
+            settle(client, reply, timeout_s=SETTLE_S, why=INTERRUPTED)
         with st.chat_message("user"):
             st.text(reply.prompt)
         with st.chat_message("assistant"):

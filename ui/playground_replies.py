@@ -100,6 +100,8 @@ def follow(client: Any, reply: Reply, draw: Callable[[str], None],
     while True:
         try:
             for delta in client.stream(reply.request_id, timeout=poll_s):
+                if reply.state != "streaming":  # settled by a newer run of the page
+                    return
                 now = time.perf_counter()
                 reply.t_first = now if reply.t_first is None else reply.t_first
                 reply.text += delta
@@ -127,10 +129,14 @@ def finish(reply: Reply, out: Any, t_end: float) -> None:
 
 def interrupt(client: Any, reply: Reply, why: str) -> None:
     """The tab stopped reading ``reply`` mid-stream: abort its request (the engine frees its
-    slot and KV blocks at its next step) and keep the text so far, marked as cut."""
-    reply.state = "cut"
-    reply.cut = why
-    reply.t_end = time.perf_counter()
+    slot and KV blocks at its next step) and keep the text so far, marked as cut (unless a
+    reason is there already, or the engine's end was read meanwhile). Idempotent: the
+    stream loop's way out and a newer run of the page may both call it, in either order."""
+    if reply.state == "streaming":
+        reply.state = "cut"
+        reply.t_end = time.perf_counter()
+    if reply.state == "cut" and reply.cut is None:
+        reply.cut = why
     if reply.request_id is not None:
         try:
             client.abort(reply.request_id)
@@ -138,12 +144,19 @@ def interrupt(client: Any, reply: Reply, why: str) -> None:
             pass
 
 
-def settle(client: Any, reply: Reply, timeout_s: float = 0.5) -> None:
+def settle(client: Any, reply: Reply, timeout_s: float = 0.5,
+           why: str = "stopped before its end") -> None:
     """For a cut reply, the engine's own account once it has ended the request (after the
     abort): its token count and finish reason. Left as it is while the engine has not
-    answered within ``timeout_s`` (asked again on the next run) or knows nothing of it."""
-    if reply.state != "cut" or reply.request_id is None:
+    answered within ``timeout_s`` (asked again on the next run) or knows nothing of it.
+
+    A reply still "streaming" here belongs to an older run of the page that a click
+    interrupted: Streamlit starts the new run at once, while the old run's stream loop has
+    yet to reach its way out. It is cut (``why``) and aborted from here."""
+    if reply.request_id is None or reply.state == "done":
         return
+    if reply.state == "streaming":
+        interrupt(client, reply, why)
     try:
         out = client.result(reply.request_id, timeout=timeout_s)
     except Exception:  # a timeout, a dead or restarted engine: keep what the tab saw
