@@ -156,7 +156,7 @@ def create_app(client: Any, *, tokenizer: Any,
     prompts = PromptBuilder(tokenizer, max_model_len)
     bounds = bounds or limits.Bounds()
     tokenizing = limits.WorkGate("tokenizations", bounds.max_tokenizing,
-                                 bounds.max_tokenize_waiting)
+                                 bounds.max_tokenize_waiting_chars)
     metrics = EngineMetrics(client, model, metrics_period_s, max_model_len=max_model_len)
 
     @asynccontextmanager
@@ -279,7 +279,8 @@ def create_app(client: Any, *, tokenizer: Any,
     async def completions(request: Request) -> Response:
         req = await parse(request, CompletionRequest)
         check_model(req.model)
-        ids = await tokenizing.run(prompts.completion_ids, req)
+        ids = await tokenizing.run(prompts.completion_ids, req,
+                                   cost=limits.prompt_chars(req) + 1)
         return await answer(request, req, ids, "cmpl", _completion_events,
                             schema.completion_body)
 
@@ -305,7 +306,8 @@ def create_app(client: Any, *, tokenizer: Any,
     async def chat_completions(request: Request) -> Response:
         req = await parse(request, ChatCompletionRequest)
         check_model(req.model)
-        ids = await tokenizing.run(prompts.chat_ids, req, model)
+        ids = await tokenizing.run(prompts.chat_ids, req, model,
+                                   cost=limits.prompt_chars(req) + 1)
         return await answer(request, req, ids, "chatcmpl", _chat_events, schema.chat_body)
 
     async def _chat_events(er: EngineRequest, name: str, created: int,

@@ -28,7 +28,9 @@ MAX_JSON_DEPTH = 64  # OpenAI's bodies nest < 10 deep (messages -> content parts
 CHARS_PER_TOKEN_BOUND = 32
 BODY_TIMEOUT_S = 30.0  # default --body-timeout: the whole body, after its headers
 MAX_TOKENIZING = 4  # prompts tokenized at once, on threads (default --max-tokenizing)
-MAX_TOKENIZE_WAITING = 64  # prompts waiting for a tokenizer thread before 503s
+# Prompt characters that may wait for a tokenizer thread before 503s: a burst of short
+# prompts (128 streams at once) queues, a pile of long ones does not.
+MAX_TOKENIZE_WAITING_CHARS = 16 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +40,7 @@ class Bounds:
     max_body_bytes: int = MAX_BODY_BYTES
     body_timeout_s: float = BODY_TIMEOUT_S
     max_tokenizing: int = MAX_TOKENIZING
-    max_tokenize_waiting: int = MAX_TOKENIZE_WAITING
+    max_tokenize_waiting_chars: int = MAX_TOKENIZE_WAITING_CHARS
 
 
 def declared_length(headers: Any, max_body_bytes: int) -> int | None:
@@ -140,33 +142,39 @@ def prompt_chars(req: Any) -> int:
 
 
 class WorkGate:
-    """At most ``limit`` calls at once on worker threads, at most ``waiting`` queued behind
-    them; one more is refused at once with 503 (the server is busy: retry), so a burst of
-    long prompts can neither occupy every thread nor queue without end."""
+    """At most ``limit`` calls at once on worker threads; calls queued behind them may
+    together cost at most ``max_waiting_cost`` (prompt characters); one more is refused at
+    once with 503 (the server is busy: retry), so a burst of long prompts can neither occupy
+    every thread nor queue without end. One call always may wait, whatever its cost."""
 
-    def __init__(self, what: str, limit: int, waiting: int) -> None:
-        if limit < 1 or waiting < 0:
-            raise ValueError(f"{what}: limit must be >= 1 and waiting >= 0, got {limit}, "
-                             f"{waiting}")
+    def __init__(self, what: str, limit: int, max_waiting_cost: int) -> None:
+        if limit < 1 or max_waiting_cost < 0:
+            raise ValueError(f"{what}: limit must be >= 1 and max_waiting_cost >= 0, got "
+                             f"{limit}, {max_waiting_cost}")
         self.what = what
         self.limit = limit
-        self.max_waiting = waiting
+        self.max_waiting_cost = max_waiting_cost
         self.waiting = 0
+        self.waiting_cost = 0
         self.running = 0
         self._sem = asyncio.Semaphore(limit)
 
-    async def run(self, fn: Any, *args: Any) -> Any:
+    async def run(self, fn: Any, *args: Any, cost: int = 1) -> Any:
         from starlette.concurrency import run_in_threadpool
 
-        if self._sem.locked() and self.waiting >= self.max_waiting:
+        if (self._sem.locked() and self.waiting
+                and self.waiting_cost + cost > self.max_waiting_cost):
             raise ApiError(503, f"the server is busy: {self.limit} {self.what} run and "
-                                f"{self.waiting} wait already; retry shortly",
+                                f"{self.waiting} wait already ({self.waiting_cost} prompt "
+                                "characters); retry shortly",
                            type="server_error", code="server_busy")
         self.waiting += 1
+        self.waiting_cost += cost
         try:
             await self._sem.acquire()
         finally:
             self.waiting -= 1
+            self.waiting_cost -= cost
         self.running += 1
         try:
             return await run_in_threadpool(fn, *args)

@@ -66,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a request's body must arrive within S seconds of its headers, "
                          f"else 408 (default {limits.BODY_TIMEOUT_S:g})")
     ap.add_argument("--max-tokenizing", type=int, default=limits.MAX_TOKENIZING, metavar="N",
-                    help="prompts tokenized at once; up to "
-                         f"{limits.MAX_TOKENIZE_WAITING} more wait, beyond that 503 "
-                         f"(default {limits.MAX_TOKENIZING})")
+                    help="prompts tokenized at once; prompts of up to "
+                         f"{limits.MAX_TOKENIZE_WAITING_CHARS} characters in all may wait, "
+                         f"beyond that 503 (default {limits.MAX_TOKENIZING})")
     ap.add_argument("--engine-timeout", type=float, default=30.0, metavar="S",
                     help="an engine silent for S seconds (hung, stopped) fails its requests "
                          "with 503 / an error event and aborts them (default 30)")

@@ -127,15 +127,16 @@ def test_tokenization_gate_refuses_beyond_its_queue():
     release = threading.Event()
 
     async def main() -> list:
-        gate = limits.WorkGate("tokenizations", limit=1, waiting=1)
-        running = asyncio.ensure_future(gate.run(release.wait, 30))
+        gate = limits.WorkGate("tokenizations", limit=1, max_waiting_cost=100)
+        running = asyncio.ensure_future(gate.run(release.wait, 30, cost=1000))
         await asyncio.sleep(0.2)
-        queued = asyncio.ensure_future(gate.run(lambda: "queued ran"))
+        queued = [asyncio.ensure_future(gate.run(lambda: "queued ran", cost=40))
+                  for _ in range(2)]  # short prompts queue
         await asyncio.sleep(0.1)
-        with pytest.raises(limits.ApiError) as exc:
-            await gate.run(lambda: "never")
+        with pytest.raises(limits.ApiError) as exc:  # 80 + 40 characters would pass 100
+            await gate.run(lambda: "never", cost=40)
         assert exc.value.status == 503 and exc.value.code == "server_busy"
         release.set()
-        return [await running, await queued]
+        return [await running, *[await q for q in queued]]
 
-    assert asyncio.run(main()) == [True, "queued ran"]
+    assert asyncio.run(main()) == [True, "queued ran", "queued ran"]
