@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--budget", type=int, default=2048)
     add_cost_arguments(parser)
+    parser.add_argument("--cost-variants", default="on",
+                        help=f"comma-separated, of: {', '.join(VARIANTS)}")
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,15 +46,30 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampler period of the cost pairs")
 
 
+VARIANTS = {
+    "on": "the sampler as shipped",
+    "no-convert": "profiler sessions and brackets, results dropped unconverted",
+    "switch-5ms": "conversion under Python's default 5 ms GIL switch interval",
+}
+
+
 def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
-               args: argparse.Namespace) -> dict[str, Any]:
-    """Throughput with the sampler at --cost-period vs off, alternated."""
+               args: argparse.Namespace, variant: str = "on") -> dict[str, Any]:
+    """Throughput with the sampler at --cost-period vs off, alternated. ``variant`` takes
+    the cost apart (VARIANTS): the profiler sessions alone, or the conversion's GIL share."""
     from bench.harness.timing import alternated_pairs
     from bench.suites.truth import make_engine, params
+    from engine.step import kernel_trace
 
+    if variant not in VARIANTS:
+        raise ValueError(f"cost variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     period = getattr(args, "cost_period", 2.0)
     on = make_engine(model, args, len(prompts), args.pair_new, period=period)
     off = make_engine(model, args, len(prompts), args.pair_new, period=0.0)
+    on.loop.pipeline.kernels.keep_results = variant != "no-convert"
+    switch = kernel_trace.CONVERT_SWITCH_S
+    if variant == "switch-5ms":
+        kernel_trace.CONVERT_SWITCH_S = None
     try:
         for e in (on, off):
             e.generate(prompts[:4], params(8))
@@ -66,17 +83,22 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
         samples = on.loop.pipeline.kernels.samples_made
         convert = [round(x * 1e3, 2) for x in on.loop.pipeline.kernels.convert_s]
     finally:
+        kernel_trace.CONVERT_SWITCH_S = switch
         on.shutdown()
         off.shutdown()
     pairs = [{"off_tok_s": a, "on_tok_s": b, "cost_pct": 100 * (1 - b / a)}
              for a, b in zip(res.a.values, res.b.values, strict=True)]
     return {"pairs": pairs, "median_cost_pct": statistics.median(p["cost_pct"] for p in pairs),
-            "samples_made": samples, "period_s": period, "convert_ms": convert}
+            "samples_made": samples, "period_s": period, "convert_ms": convert,
+            "variant": variant, "read_from_objects": kernel_trace.READ_OBJECTS,
+            "read_times_s": dict(kernel_trace.READ_TIMES)}
 
 
 def cost_markdown(c: dict[str, Any]) -> list[str]:
     conv = c.get("convert_ms") or []
-    return [f"## Sampler cost ({c.get('period_s', 2.0):g} s period vs off, tok/s, alternated)",
+    what = VARIANTS.get(c.get("variant", "on"), "")
+    return [f"## Sampler cost ({c.get('period_s', 2.0):g} s period vs off, tok/s, alternated; "
+            f"{what})",
             "", ", ".join(f"{p['on_tok_s']:.0f} vs {p['off_tok_s']:.0f} "
                           f"({p['cost_pct']:+.2f}%)" for p in c["pairs"])
             + f"; median {c['median_cost_pct']:+.2f}%; {c['samples_made']} samples"
@@ -88,12 +110,15 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     model = build_model(args.preset, torch.device(args.device), getattr(torch, args.dtype))
     prompts = random_prompts(args.batch, args.prompt, model.config.vocab_size)
     t = time.perf_counter()
-    c = cost_pairs(model, prompts, args)
+    costs = {}
+    for v in args.cost_variants.split(","):
+        costs[v] = cost_pairs(model, prompts, args, v)
+        print("\n".join(cost_markdown(costs[v])), flush=True)
     summary = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-               "preset": args.preset, "batch": args.batch, "sampler_cost": c,
+               "preset": args.preset, "batch": args.batch, "sampler_cost": costs,
                "seconds": time.perf_counter() - t, "commit": report.short_commit()}
     report.write_json(out / "truth_cost.json", summary)
-    text = "\n".join(cost_markdown(c)) + "\n"
+    text = "\n\n".join("\n".join(cost_markdown(c)) for c in costs.values()) + "\n"
     (out / "truth_cost.md").write_text(text)
     print(text, flush=True)
     return summary

@@ -47,6 +47,7 @@ import os
 import queue
 import re
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -65,6 +66,10 @@ log = logging.getLogger("gapless.kernels")
 DEFAULT_PERIOD_S = 10.0
 DEFAULT_STEPS = 4
 MAX_READY = 64
+# The worker converts with a 0.5 ms GIL switch interval (Python's default is 5 ms): the loop
+# thread, which needs the GIL back after each blocking CUDA call, then waits at most that
+# long for it while a conversion runs, instead of up to a step's worth of time.
+CONVERT_SWITCH_S: float | None = 0.0005
 # Recorded but not counted: the first step after the profiler starts pays CUPTI's start-up
 # on its launches (a gap a CPU-bound step would show as idle GPU).
 WARMUP_STEPS = 1
@@ -97,6 +102,8 @@ class KernelSampler:
         # samples handed to the worker / done by it (each counter written by one thread)
         self._submitted = self._converted = 0
         self.convert_s: deque[float] = deque(maxlen=64)  # worker seconds per conversion
+        # False only to measure the sampler's cost without its conversion (bench truth-cost)
+        self.keep_results = True
 
     def set_period(self, period_s: float) -> None:
         if isinstance(period_s, bool) or not isinstance(period_s, (int, float)) or not (
@@ -175,7 +182,7 @@ class KernelSampler:
             self._failed(e)
             return
         cost = self.cost_ns + time.perf_counter_ns() - t0
-        if keep:
+        if keep and self.keep_results:
             self._submit((result, self.first + WARMUP_STEPS, self.steps, dict(self.marks), cost))
 
     def _failed(self, e: BaseException) -> None:
@@ -200,6 +207,9 @@ class KernelSampler:
         assert self._jobs is not None
         while (job := self._jobs.get()) is not None:
             t0 = time.perf_counter()
+            switch = sys.getswitchinterval()
+            if CONVERT_SWITCH_S is not None:
+                sys.setswitchinterval(CONVERT_SWITCH_S)
             try:
                 sample = convert(*job)
             except NoRuntimeEvents as e:  # this Kineto: fall back to CPU activities
@@ -211,6 +221,7 @@ class KernelSampler:
                 _dump(job, e)
                 continue
             finally:
+                sys.setswitchinterval(switch)
                 self.convert_s.append(time.perf_counter() - t0)
                 self._converted += 1
             if sample is not None:
@@ -394,19 +405,22 @@ def object_events(result: Any) -> list[dict[str, Any]]:
     from torch._C._autograd import DeviceType
 
     out = []
+    cuda = DeviceType.CUDA
     for e in result.events():
         name = e.name()
-        if e.device_type() == DeviceType.CUDA:
+        tid = 0
+        if e.device_type() == cuda:
             if name.startswith(STEP_MARKER):
                 continue  # a user annotation on the device timeline, not work
             cat = ("gpu_memcpy" if name.startswith("Memcpy") else
                    "gpu_memset" if name.startswith("Memset") else "kernel")
-        elif name.startswith("cu"):
-            cat = "cuda_runtime"
         else:
-            cat = "cpu_op"
-        out.append({"ph": "X", "cat": cat, "name": name, "ts": e.start_ns() / 1000.0,
-                    "dur": e.duration_ns() / 1000.0, "tid": e.start_thread_id(),
+            # (start_thread_id and duration_ns are the slow getters: only what is read)
+            cat, tid = ("cuda_runtime" if name.startswith("cu") else "cpu_op"), \
+                e.start_thread_id()
+        start = e.start_ns()
+        out.append({"ph": "X", "cat": cat, "name": name, "ts": start / 1000.0,
+                    "dur": (e.end_ns() - start) / 1000.0, "tid": tid,
                     "args": {"correlation": e.correlation_id()}})
     return out
 
@@ -427,6 +441,7 @@ def _same(a: KernelSample | None, b: KernelSample | None) -> bool:
 # Which way traces are read: None until the first sample compared the two (per process).
 READ_OBJECTS: bool | None = None if os.environ.get(
     "GAPLESS_KERNEL_TRACE_READ", "objects") == "objects" else False
+READ_TIMES: dict[str, float] = {}  # the first sample's conversion both ways, seconds
 
 
 def convert(result: Any, first: int, steps: int, marks: dict[int, tuple[int, int, int, int]],
@@ -434,6 +449,7 @@ def convert(result: Any, first: int, steps: int, marks: dict[int, tuple[int, int
     global READ_OBJECTS
     if READ_OBJECTS is False:
         return to_sample(trace_events(result), first, steps, marks, cost_ns)
+    t0 = time.perf_counter()
     try:
         fast = to_sample(object_events(result), first, steps, marks, cost_ns)
     except Exception as e:
@@ -443,11 +459,13 @@ def convert(result: Any, first: int, steps: int, marks: dict[int, tuple[int, int
                     "using its JSON export", e)
         READ_OBJECTS = False
         return to_sample(trace_events(result), first, steps, marks, cost_ns)
-    if READ_OBJECTS is None:  # the first sample: both ways, trusted only if they agree
+    if READ_OBJECTS is None:  # the first sample: both ways; objects only if same and faster
+        t1 = time.perf_counter()
         slow = to_sample(trace_events(result), first, steps, marks, cost_ns)
-        READ_OBJECTS = _same(fast, slow)
+        READ_TIMES.update(objects_s=t1 - t0, json_s=time.perf_counter() - t1)
+        READ_OBJECTS = _same(fast, slow) and READ_TIMES["objects_s"] < READ_TIMES["json_s"]
         if not READ_OBJECTS:
-            log.warning("kernel sampler: the profiler's objects disagree with its JSON "
-                        "export; using the export")
+            log.info("kernel sampler: reading the profiler's JSON export (objects: same "
+                     "sample %s, %s)", _same(fast, slow), READ_TIMES)
             return slow
     return fast

@@ -106,8 +106,8 @@ class _Ev:
     def start_ns(self):
         return round(self.e["ts"] * 1000) + self.shift
 
-    def duration_ns(self):
-        return round(self.e["dur"] * 1000)
+    def end_ns(self):
+        return self.start_ns() + round(self.e["dur"] * 1000)
 
     def start_thread_id(self):
         return self.e.get("tid", 0)
@@ -136,9 +136,12 @@ def test_objects_are_trusted_only_if_they_agree_with_the_export(monkeypatch, shi
     from engine.step import kernel_trace
 
     monkeypatch.setattr(kernel_trace, "READ_OBJECTS", None)
+    monkeypatch.setattr(kernel_trace, "READ_TIMES", {})
     events, marks = trace([7, 8, 9])
     sample = kernel_trace.convert(_Result(events, shift_ns), 7, 2, marks)
-    assert kernel_trace.READ_OBJECTS is (shift_ns == 0)
+    t = kernel_trace.READ_TIMES
+    # trusted when they agree, and used when also faster than the export
+    assert kernel_trace.READ_OBJECTS is (shift_ns == 0 and t["objects_s"] < t["json_s"])
     # either way the sample is the export's (5 us off is not "the same")
     assert sample is not None and sample.steps[0].kernels[1].start_ns == 23_000
     again = kernel_trace.convert(_Result(events, shift_ns), 7, 2, marks)
