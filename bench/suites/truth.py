@@ -112,7 +112,7 @@ def reference_busy(window_s: float, cuda: bool) -> dict[str, Any]:
         return {"busy": None}
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.step.kernel_trace import _HOST_COPY
+    from engine.step.kernel_trace_read import _HOST_COPY
     from telemetry.kernels import union_ns
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

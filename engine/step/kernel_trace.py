@@ -18,8 +18,9 @@ correlation ids the kernels, belong to that step. (Bracketing by ``cudaEventQuer
 and matching them by time, tried first, found only 1 to 4 of 10 brackets on the H200.) The
 profiler is stopped once the last of them has had its results read (no sync: those kernels
 are done). The extra step only gives the window's end (its first kernel). Stopping costs the
-loop thread the profiler's disable call; the trace is written, read and grouped by step on a
-worker thread, and the finished `telemetry.kernels.KernelSample` rides out on the next step
+loop thread the profiler's disable call; the trace is read and grouped by step on a worker
+thread (engine/step/kernel_trace_read.py; one sample at a time: no sample starts while the
+last converts), and the finished `telemetry.kernels.KernelSample` rides out on the next step
 record the loop publishes (``StepRecord.kernel_samples``). Should a trace carry no runtime
 events (a Kineto build without them), the sampler falls back to CPU activities with
 ``gapless.step <n>`` ranges, as the anatomy records.
@@ -40,15 +41,11 @@ conversion, and never leave the profiler on after an error.
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import os
 import queue
-import re
-import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -58,8 +55,15 @@ from typing import Any
 
 import torch
 
-from telemetry.anatomy import STEP_MARKER, group_by_step
-from telemetry.kernels import KernelRecord, KernelSample, SampledStep, family_of, make_sample
+from engine.step.kernel_trace_read import (
+    NoRuntimeEvents,
+    _same,
+    object_events,
+    to_sample,
+    trace_events,
+)
+from telemetry.anatomy import STEP_MARKER
+from telemetry.kernels import KernelSample
 
 log = logging.getLogger("gapless.kernels")
 
@@ -251,10 +255,6 @@ def _dump(job: tuple[Any, int, int, dict, int], error: BaseException) -> None:
         log.warning("kernel sampler: dump failed: %s", e)
 
 
-class NoRuntimeEvents(RuntimeError):
-    """The trace has no CUDA runtime events to find the sampled steps by."""
-
-
 def _start(with_cpu: bool) -> None:
     """Enable Kineto with CUDA activities (and CPU ones in the fallback)."""
     from torch.autograd import ProfilerActivity, _enable_profiler, _prepare_profiler
@@ -266,176 +266,6 @@ def _start(with_cpu: bool) -> None:
     acts = {ProfilerActivity.CUDA} | ({ProfilerActivity.CPU} if with_cpu else set())
     _prepare_profiler(cfg.config(create_trace_id=True), acts)
     _enable_profiler(cfg.config(create_trace_id=False), acts)
-
-
-def trace_events(result: Any) -> list[dict[str, Any]]:
-    """The Chrome-trace events of a finished profiler result (written to a temporary file
-    by Kineto, read back, removed)."""
-    fd, path = tempfile.mkstemp(prefix="gapless-kernels-", suffix=".json")
-    os.close(fd)
-    try:
-        result.save(path)
-        with open(path) as f:
-            return json.load(f)["traceEvents"]
-    finally:
-        os.unlink(path)
-
-
-_RUNTIME = ("cuda_runtime", "cuda_driver")
-_DEVICE = ("kernel", "gpu_memset", "gpu_memcpy")
-_HOST_COPY = re.compile(r"Memcpy (HtoD|DtoH)|Memcpy .*Pinned|Memcpy .*Pageable")
-
-
-def _corr(ev: dict[str, Any]) -> Any:
-    args = ev.get("args") or {}
-    return args.get("correlation", args.get("correlation id"))
-
-
-def _ns(ev: dict[str, Any], at: float = 0.0) -> float:
-    return (float(ev["ts"]) + at * float(ev.get("dur", 0))) * 1000.0
-
-
-def _nearest(sorted_ns: list[float], t: float) -> int:
-    i = bisect.bisect_left(sorted_ns, t)
-    if i == 0:
-        return 0
-    if i == len(sorted_ns) or t - sorted_ns[i - 1] <= sorted_ns[i] - t:
-        return i - 1
-    return i
-
-
-def _near(sorted_ns: list[float], t: float) -> float:
-    return abs(sorted_ns[_nearest(sorted_ns, t)] - t)
-
-
-MARK_KERNEL = "spin_kernel"  # torch.cuda._sleep(0): our bracket launches, on a side stream
-
-
-def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int, int]],
-               ) -> tuple[dict[int, list[dict[str, Any]]], float]:
-    """Device events per sampled step, found by the bracket launches (a zero-cycle spin
-    kernel on a side stream, two per step, in step order), and the trace-to-host offset
-    (ns). The bracket launches are found through their kernels' correlation ids, so no
-    clock matching is needed to find them; launches made between a step's two brackets on
-    the same thread belong to it. Raises NoRuntimeEvents without runtime events."""
-    runtime = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") in _RUNTIME),
-                     key=lambda e: float(e["ts"]))
-    if not runtime:
-        raise NoRuntimeEvents("kernel sampler: the trace has no CUDA runtime events")
-    mark_corr = {_corr(e) for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"
-                 and MARK_KERNEL in str(e.get("name", ""))}
-    calls = [e for e in runtime if _corr(e) in mark_corr]
-    steps = sorted(marks)
-    ours = sorted([((a + b) / 2, n, 0) for n in steps for a, b in [marks[n][:2]]]
-                  + [((c + d) / 2, n, 1) for n in steps for c, d in [marks[n][2:]]])
-    if not calls or len(calls) > len(ours):
-        raise ValueError(f"kernel sampler: {len(calls)} bracket launches in the trace for "
-                         f"{len(ours)} brackets")
-    # Launches made just after the profiler started may be missing: match from the end.
-    matched = list(zip(ours[len(ours) - len(calls):], calls, strict=True))
-    offsets = [_ns(call, 0.5) - t for (t, _, _), call in matched]
-    found = {(n, k): call for (_, n, k), call in matched}
-    step_of: dict[Any, int] = {}
-    for n in steps:
-        lo_ev, hi_ev = found.get((n, 0)), found.get((n, 1))
-        if lo_ev is None or hi_ev is None:
-            continue
-        lo, hi, tid = _ns(lo_ev), _ns(hi_ev, 1.0), lo_ev.get("tid")
-        for e in runtime:
-            t = _ns(e)
-            if lo < t < hi and e.get("tid") == tid and _corr(e) not in mark_corr | {None}:
-                step_of[_corr(e)] = n
-    out: dict[int, list[dict[str, Any]]] = {n: [] for n in steps}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in _DEVICE:
-            n = step_of.get(_corr(e))
-            if n is not None and not _HOST_COPY.search(str(e.get("name", ""))):
-                out[n].append(e)
-    return out, statistics.median(offsets)
-
-
-def by_ranges(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int, int]],
-              ) -> tuple[dict[int, list[dict[str, Any]]], float]:
-    """The fallback: device events per step by the ``gapless.step <n>`` ranges."""
-    offsets = []
-    for e in events:
-        name = str(e.get("name", ""))
-        if e.get("ph") == "X" and name.startswith(STEP_MARKER) and e.get("cat") != (
-                "gpu_user_annotation"):
-            n = int(name[len(STEP_MARKER):])
-            if n in marks:
-                a, _, _, d = marks[n]
-                offsets.append(_ns(e, 0.5) - (a + d) / 2)
-    if not offsets:
-        raise ValueError("kernel sampler: no step ranges in the trace")
-    out: dict[int, list[dict[str, Any]]] = {}
-    for s in group_by_step(events, device_cats=_DEVICE, keep_marker=True):
-        out[s.step] = [{"name": k.name, "ts": k.start_us, "dur": k.dur_us} for k in s.kernels]
-    return out, statistics.median(offsets)
-
-
-def to_sample(events: list[dict[str, Any]], first: int, steps: int,
-              marks: dict[int, tuple[int, int, int, int]], cost_ns: int = 0,
-              ) -> KernelSample | None:
-    """A trace's kernels grouped by sampled step on our clock; steps first..first+steps-1
-    are counted, the next one ends the window."""
-    has_ranges = any(str(e.get("name", "")).startswith(STEP_MARKER) for e in events)
-    per_step, off = (by_ranges if has_ranges else by_markers)(events, marks)
-    sampled: list[SampledStep] = []
-    next_start: int | None = None
-    for n in range(first, first + steps + 1):
-        evs = per_step.get(n)
-        if not evs:
-            continue
-        ks = sorted((KernelRecord(str(e["name"]), family_of(str(e["name"])),
-                                  round(_ns(e) - off), round(_ns(e, 1.0) - off))
-                     for e in evs), key=lambda k: k.start_ns)
-        if n == first + steps:
-            next_start = ks[0].start_ns
-        else:
-            sampled.append(SampledStep(n, ks))
-    return make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns)
-
-
-def object_events(result: Any) -> list[dict[str, Any]]:
-    """The same events read from the profiler result's objects, without Kineto's JSON
-    export (which writes, parses and holds the GIL for the whole trace): only the fields the
-    grouping reads. Times are the profiler's (ns), as in the export; `read_events` checks
-    the two against each other once per process before trusting this path."""
-    from torch._C._autograd import DeviceType
-
-    out = []
-    cuda = DeviceType.CUDA
-    for e in result.events():
-        name = e.name()
-        tid = 0
-        if e.device_type() == cuda:
-            if name.startswith(STEP_MARKER):
-                continue  # a user annotation on the device timeline, not work
-            cat = ("gpu_memcpy" if name.startswith("Memcpy") else
-                   "gpu_memset" if name.startswith("Memset") else "kernel")
-        else:
-            # (start_thread_id and duration_ns are the slow getters: only what is read)
-            cat, tid = ("cuda_runtime" if name.startswith("cu") else "cpu_op"), \
-                e.start_thread_id()
-        start = e.start_ns()
-        out.append({"ph": "X", "cat": cat, "name": name, "ts": start / 1000.0,
-                    "dur": (e.end_ns() - start) / 1000.0, "tid": tid,
-                    "args": {"correlation": e.correlation_id()}})
-    return out
-
-
-def _same(a: KernelSample | None, b: KernelSample | None) -> bool:
-    """Same steps, kernels and times within 2 us (the export rounds to microseconds)."""
-    if a is None or b is None:
-        return a is b
-    if [(st.step, len(st.kernels)) for st in a.steps] != [
-            (st.step, len(st.kernels)) for st in b.steps]:
-        return False
-    return all(ka.name == kb.name and abs(ka.start_ns - kb.start_ns) <= 2000
-               and abs(ka.end_ns - kb.end_ns) <= 2000
-               for sa, sb in zip(a.steps, b.steps, strict=True)
-               for ka, kb in zip(sa.kernels, sb.kernels, strict=True))
 
 
 # Which way traces are read: None until the first sample compared the two (per process).
