@@ -1,5 +1,5 @@
 """Benchmark page: one fixed workload, the modes alternated over N repetitions, compared
-honestly (median and spread; a difference inside the spread is "no measurable difference").
+honestly (median and spread; a difference inside the spreads is not called a difference).
 
 Owns the run settings (repetitions), the progress display (runs, requests finished, tokens
 generated) and the results: per mode the median total time and tokens/s with their spread,
@@ -216,7 +216,8 @@ def main() -> None:
         f"async{', CUDA graphs off and on' if graphs else ''}, taken in turn (sync, async, "
         "sync, async...) so that a slow moment of the machine falls on every mode alike. "
         "Each mode's figures are the median of its runs with their spread; a difference "
-        "inside the spread is called no measurable difference."
+        "inside the spreads is not called a difference (and is called no difference only "
+        "when the medians are within 2%)."
     )
     if not graphs:
         st.caption(

@@ -2,8 +2,11 @@
 
 Owns the one rule the Benchmark and A/B views use: each side is a few repeated measurements
 (runs, or sub-windows of a capture); a side is summarised by its median and its spread
-(lowest to highest); when the two spreads overlap the difference is "no measurable
-difference", whatever the medians say. Pure functions: no streamlit, no engine.
+(lowest to highest); when the two spreads overlap the difference is not established. It
+is called "no measurable difference" only when the medians also differ by less than
+NEGLIGIBLE_PCT; a larger difference inside overlapping spreads is "not settled by these
+runs" (a 41% difference must never read as no difference). Pure functions: no streamlit,
+no engine.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+NEGLIGIBLE_PCT = 2.0  # medians closer than this, with overlapping spreads: no difference
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,10 +74,18 @@ def verdict(
             f"({'higher' if change > 0 else 'lower'}), outside the spread of "
             f"{a.n} and {b.n} measurements: {ranges}.",
         )
+    if abs(change) < NEGLIGIBLE_PCT:
+        return Verdict(
+            False,
+            change,
+            f"{what}: **no measurable difference** between {a_label} and {b_label} "
+            f"(medians differ by {change:+.1f}%, inside the spread of {a.n} and {b.n} "
+            f"measurements: {ranges}).",
+        )
     return Verdict(
         False,
         change,
-        f"{what}: **no measurable difference** between {a_label} and {b_label} "
-        f"(medians differ by {change:+.1f}%, inside the spread of {a.n} and {b.n} "
-        f"measurements: {ranges}).",
+        f"{what}: **not settled by these runs**: the medians of {b_label} and {a_label} "
+        f"differ by {change:+.1f}%, but the spreads of {a.n} and {b.n} measurements overlap "
+        f"({ranges}). Repeat with more runs to tell.",
     )

@@ -122,7 +122,8 @@ def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page
     page.get_by_role("heading", name="Results").wait_for(timeout=900_000)
     page.wait_for_timeout(1500)
     text = body_text(page)
-    assert "total time" in text and ("no measurable difference" in text or "better" in text)
+    assert "total time" in text and any(w in text for w in (
+        "no measurable difference", "not settled", "better", "worse"))
     shoot(page, "benchmark")
 
 

@@ -38,10 +38,18 @@ def serial(n: int, cpu_ms: float, gpu_ms: float, mode: str = "sync") -> list[Ste
 
 
 # ------------------------------------------------------------------------------- verdicts
-def test_overlapping_spreads_are_no_measurable_difference() -> None:
-    v = verdict(spread([10, 12, 11]), spread([11.5, 13, 12]), a_label="sync", b_label="async",
-                what="steps/s")
+def test_overlapping_spreads_with_close_medians_are_no_measurable_difference() -> None:
+    v = verdict(spread([10, 12, 11]), spread([9.5, 13, 11.1]), a_label="sync",
+                b_label="async", what="steps/s")
     assert not v.measurable and "no measurable difference" in v.text
+
+
+def test_a_large_difference_inside_overlapping_spreads_is_not_called_no_difference() -> None:
+    # Issue 25 (4): a 41% difference must never read "no measurable difference".
+    v = verdict(spread([100, 104, 160]), spread([141, 150, 98]), a_label="sync",
+                b_label="async", what="steps/s")
+    assert not v.measurable and v.change_pct == pytest.approx(35.6, abs=0.1)
+    assert "no measurable difference" not in v.text and "not settled" in v.text
 
 
 def test_separate_spreads_are_a_measured_difference_with_its_direction() -> None:
