@@ -99,11 +99,15 @@ class KernelSample:
     kernel_ns: int
     aligned: str = "clock"
     cost_ns: int = 0  # loop-thread time the sample took (profiler start + stop)
+    # GPU idle inside the window while the loop thread was in the sampler's own bracket
+    # launches: time the sampler added to its steps, not the engine's (left out of busy)
+    bracket_idle_ns: int = 0
 
     @property
     def busy(self) -> float:
         lo, hi = self.window
-        return self.kernel_ns / (hi - lo) if hi > lo else 0.0
+        w = hi - lo - self.bracket_idle_ns
+        return self.kernel_ns / w if w > 0 else 0.0
 
 
 def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
@@ -119,11 +123,27 @@ def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
     return total
 
 
+def idle_overlap_ns(spans: Iterable[tuple[int, int]], busy: Sequence[tuple[int, int]],
+                    lo: int, hi: int) -> int:
+    """How much of ``spans`` (disjoint) falls inside [lo, hi) but outside every ``busy``
+    interval: the GPU's idle time during them."""
+    total = 0
+    for a, b in spans:
+        a, b = max(a, lo), min(b, hi)
+        if b <= a:
+            continue
+        covered = union_ns((max(x, a), min(y, b)) for x, y in busy if y > a and x < b)
+        total += (b - a) - covered
+    return total
+
+
 def make_sample(steps: Sequence[SampledStep], next_start_ns: int | None,
-                aligned: str = "clock", cost_ns: int = 0) -> KernelSample | None:
+                aligned: str = "clock", cost_ns: int = 0,
+                brackets: Sequence[tuple[int, int]] = ()) -> KernelSample | None:
     """A sample of ``steps`` (consecutive, with kernels). Its window ends at the next step's
     first kernel (``next_start_ns``) when known, else at the last kernel's end. None when no
-    step has kernels."""
+    step has kernels. ``brackets``: the host intervals of the sampler's own launches around
+    each step; the GPU idle time they overlap is kept apart (``bracket_idle_ns``)."""
     steps = sorted((s for s in steps if s.kernels), key=lambda s: s.step)
     if not steps:
         return None
@@ -132,17 +152,18 @@ def make_sample(steps: Sequence[SampledStep], next_start_ns: int | None,
         s.end_ns for s in steps)
     clipped = [(max(k.start_ns, lo), min(k.end_ns, hi)) for s in steps for k in s.kernels
                if k.end_ns > lo and k.start_ns < hi]
-    return KernelSample(list(steps), (lo, hi), union_ns(clipped), aligned, cost_ns)
+    return KernelSample(list(steps), (lo, hi), union_ns(clipped), aligned, cost_ns,
+                        idle_overlap_ns(brackets, clipped, lo, hi))
 
 
 def kernel_busy(samples: Iterable[KernelSample]) -> float | None:
-    """Kernel busy over sampled windows: their kernel time over their time. None without
-    samples."""
+    """Kernel busy over sampled windows: their kernel time over their time, less the GPU
+    idle the sampler's own bracket launches caused. None without samples."""
     k = w = 0
     for s in samples:
         k += s.kernel_ns
-        w += s.window[1] - s.window[0]
-    return k / w if w else None
+        w += s.window[1] - s.window[0] - s.bracket_idle_ns
+    return k / w if w > 0 else None
 
 
 def kernel_fraction(samples: Iterable[KernelSample]) -> float | None:
@@ -175,4 +196,5 @@ def sample_from_dict(d: dict) -> KernelSample:
                                           for k in s["kernels"]]) for s in d["steps"]]
     lo, hi = d["window"]
     return KernelSample(steps, (int(lo), int(hi)), int(d["kernel_ns"]),
-                        str(d.get("aligned", "")), int(d.get("cost_ns", 0)))
+                        str(d.get("aligned", "")), int(d.get("cost_ns", 0)),
+                        int(d.get("bracket_idle_ns", 0)))

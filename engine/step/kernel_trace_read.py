@@ -135,7 +135,13 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
             next_start = ks[0].start_ns
         else:
             sampled.append(SampledStep(n, ks))
-    return make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns)
+    # The sampler's own launches (brackets) around the counted steps and the one that ends
+    # the window: on a CPU-bound step they delay the GPU (the fallback has none).
+    spans = [] if has_ranges else [
+        iv for n in range(first, first + steps + 1) if n in marks
+        for iv in ((marks[n][0], marks[n][1]), (marks[n][2], marks[n][3]))]
+    return make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns,
+                       spans)
 
 
 def object_events(result: Any) -> list[dict[str, Any]]:

@@ -61,7 +61,10 @@ def test_kernels_join_their_step_on_our_clock(foreign):
     # the window: step 7's first kernel to step 9's first kernel (two whole periods)
     assert sample.window == (20_000, 220_000)
     assert sample.kernel_ns == 2 * (2_000 + 30_000 + 10_000)
-    assert sample.busy == pytest.approx(84 / 200)
+    # the sampler's own bracket launches of steps 8 and 9 (1 us each, inside the window, GPU
+    # idle) are not the engine's time: 4 us left out of busy
+    assert sample.bracket_idle_ns == 4_000
+    assert sample.busy == pytest.approx(84 / 196)
 
 
 def test_bracket_launches_missed_at_the_profiler_start_lose_only_that_step():
@@ -153,3 +156,12 @@ def test_no_new_sample_starts_while_the_last_one_converts():
     s.next_at = 0.0
     s._submitted = 1  # handed to the worker, not converted yet
     assert s.begin_step(5) is False and not s.open
+
+
+def test_bracket_time_counts_only_where_the_gpu_was_idle():
+    from telemetry.kernels import idle_overlap_ns
+
+    kernels = [(100, 200), (300, 400)]
+    # fully idle, half under a kernel, fully under a kernel, outside the window
+    spans = [(50, 60), (190, 210), (320, 330), (500, 600)]
+    assert idle_overlap_ns(spans, kernels, 0, 450) == 10 + 10 + 0 + 0
