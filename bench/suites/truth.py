@@ -177,7 +177,12 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                            "sampler_failures": sampler.failures,
                            "sampler_error": sampler.last_error,
                            "sample_cost_ms": [s.cost_ns / 1e6 for s in samples][:8],
-                           "convert_ms": [round(x * 1e3, 2) for x in sampler.convert_s][-8:]}
+                           "convert_ms": [round(x * 1e3, 2) for x in sampler.convert_s][-8:],
+                           "bracket_idle_ms": [round(s.bracket_idle_ns / 1e6, 3)
+                                               for s in samples][:8],
+                           "ours_busy_raw": (sum(s.kernel_ns for s in samples) / sum(
+                               s.window[1] - s.window[0] for s in samples)) if samples
+                           else None}
     if ref.get("busy") is not None and out["ours_busy"] is not None:
         out["diff_pp"] = 100 * (out["ours_busy"] - ref["busy"])
     if window:
