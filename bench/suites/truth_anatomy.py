@@ -63,6 +63,7 @@ def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
     from telemetry.floor import size_aware_seconds
 
     eng.configure(async_batching=True, cuda_graphs=args.device == "cuda")
+    gen0 = eng.stats()["generated_tokens"]  # the engine's count since it started
     handles = [eng.submit(p, params(48)) for p in prompts]
     wait_decoding(eng, len(prompts))
     gen = eng.stats()["generated_tokens"]
@@ -72,7 +73,9 @@ def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
     Path(rec.trace_path).unlink(missing_ok=True)
     steps = [s for s in rec.steps if s.kernels]
     floor = ByteFloor.of(model)
-    ctx = args.prompt + gen // len(prompts)
+    # this batch's context when the recording starts (the count is the engine's lifetime's:
+    # the 12-04 table took it whole and put the 8B step's context at 2,530, not ~260)
+    ctx = args.prompt + (gen - gen0) // len(prompts)
     reads = step_reads(model, floor, [ctx] * len(prompts))
     layers = model.config.num_hidden_layers
     kv_reads, w_reads = reads[-2 * layers:], reads[:-2 * layers]
