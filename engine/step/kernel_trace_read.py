@@ -70,8 +70,10 @@ def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, in
     ours = sorted([((a + b) / 2, n, 0) for n in steps for a, b in [marks[n][:2]]]
                   + [((c + d) / 2, n, 1) for n in steps for c, d in [marks[n][2:]]])
     if not calls or len(calls) > len(ours):
+        kernels = sum(1 for e in events if e.get("cat") == "kernel")
         raise ValueError(f"kernel sampler: {len(calls)} bracket launches in the trace for "
-                         f"{len(ours)} brackets")
+                         f"{len(ours)} brackets ({len(runtime)} runtime events, {kernels} "
+                         "kernels)")
     # Launches made just after the profiler started may be missing: match from the end.
     matched = list(zip(ours[len(ours) - len(calls):], calls, strict=True))
     offsets = [_ns(call, 0.5) - t for (t, _, _), call in matched]
