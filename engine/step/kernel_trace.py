@@ -94,6 +94,7 @@ class KernelSampler:
         self.first = 0
         # step -> perf ns (before, after) its opening and closing bracket calls
         self.marks: dict[int, tuple[int, int, int, int]] = {}
+        self.spans: dict[int, tuple[int, int, int, int]] = {}  # the brackets' whole time
         self.with_cpu = False  # fallback: CPU activities and step ranges
         self._side: Any = None  # the side stream of the bracket kernels
         self.cost_ns = 0
@@ -101,7 +102,8 @@ class KernelSampler:
         self.samples_made = 0
         self.failures = 0
         self.last_error: str | None = None
-        self._jobs: queue.SimpleQueue[tuple[Any, int, int, dict, int] | None] | None = None
+        self._jobs: queue.SimpleQueue[tuple[Any, int, int, dict, int, dict] | None] | None = (
+            None)
         self._worker: threading.Thread | None = None
         # samples handed to the worker / done by it (each counter written by one thread)
         self._submitted = self._converted = 0
@@ -137,7 +139,7 @@ class KernelSampler:
             except Exception as e:  # another profiler holds CUPTI: try next period
                 self._failed(e)
                 return False
-            self.open, self.first, self.marks = True, step, {}
+            self.open, self.first, self.marks, self.spans = True, step, {}, {}
             self.cost_ns = time.perf_counter_ns() - t0
         return step - self.first <= self.steps + WARMUP_STEPS
 
@@ -148,17 +150,24 @@ class KernelSampler:
         ctx = (torch.profiler.record_function(f"{STEP_MARKER}{step}") if self.with_cpu
                else nullcontext())
         with ctx:
-            a = clock()
+            # (a, b) and (c, d) hold the launch call alone (the clock pair); the outer times
+            # also hold the stream switches: all the time the bracket took from the step.
+            a0 = clock()
             with torch.cuda.stream(side):
+                a = clock()
                 torch.cuda._sleep(0)
-            b = clock()
+                b = clock()
+            b0 = clock()
             try:
                 yield
             finally:
-                c = clock()
+                c0 = clock()
                 with torch.cuda.stream(side):
+                    c = clock()
                     torch.cuda._sleep(0)
-                self.marks[step] = (a, b, c, clock())
+                    d = clock()
+                self.marks[step] = (a, b, c, d)
+                self.spans[step] = (a0, b0, c0, clock())
 
     def step_done(self, step: int) -> None:
         """After a step's results were read: stop once the last marked step is done."""
@@ -187,7 +196,8 @@ class KernelSampler:
             return
         cost = self.cost_ns + time.perf_counter_ns() - t0
         if keep and self.keep_results:
-            self._submit((result, self.first + WARMUP_STEPS, self.steps, dict(self.marks), cost))
+            self._submit((result, self.first + WARMUP_STEPS, self.steps, dict(self.marks), cost,
+                          dict(self.spans)))
 
     def _failed(self, e: BaseException) -> None:
         self.failures += 1
@@ -197,7 +207,7 @@ class KernelSampler:
             log.warning("kernel sampler: %s", self.last_error)
 
     # ---------------------------------------------------------------------- worker
-    def _submit(self, job: tuple[Any, int, int, dict, int]) -> None:
+    def _submit(self, job: tuple[Any, int, int, dict, int, dict]) -> None:
         if self._worker is None:
             self._jobs = queue.SimpleQueue()
             self._worker = threading.Thread(target=self._work, name="gapless-kernels",
@@ -238,14 +248,14 @@ class KernelSampler:
             self._jobs.put(None)
 
 
-def _dump(job: tuple[Any, int, int, dict, int], error: BaseException) -> None:
+def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException) -> None:
     """With GAPLESS_KERNEL_TRACE_DUMP=<folder>, a trace that failed to convert is kept there
     (events and our bracket times) for a look off the GPU machine."""
     folder = os.environ.get("GAPLESS_KERNEL_TRACE_DUMP")
     if not folder:
         return
     try:
-        result, first, steps, marks, _ = job
+        result, first, steps, marks = job[:4]
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"failed-sample-{first}.json"), "w") as f:
             json.dump({"error": str(error), "first": first, "steps": steps,
@@ -275,23 +285,24 @@ READ_TIMES: dict[str, float] = {}  # the first sample's conversion both ways, se
 
 
 def convert(result: Any, first: int, steps: int, marks: dict[int, tuple[int, int, int, int]],
-            cost_ns: int = 0) -> KernelSample | None:
+            cost_ns: int = 0, spans: dict[int, tuple[int, int, int, int]] | None = None,
+            ) -> KernelSample | None:
     global READ_OBJECTS
     if READ_OBJECTS is False:
-        return to_sample(trace_events(result), first, steps, marks, cost_ns)
+        return to_sample(trace_events(result), first, steps, marks, cost_ns, spans)
     t0 = time.perf_counter()
     try:
-        fast = to_sample(object_events(result), first, steps, marks, cost_ns)
+        fast = to_sample(object_events(result), first, steps, marks, cost_ns, spans)
     except Exception as e:
         if READ_OBJECTS:
             raise
         log.warning("kernel sampler: reading the profiler's objects failed (%s); "
                     "using its JSON export", e)
         READ_OBJECTS = False
-        return to_sample(trace_events(result), first, steps, marks, cost_ns)
+        return to_sample(trace_events(result), first, steps, marks, cost_ns, spans)
     if READ_OBJECTS is None:  # the first sample: both ways; objects only if same and faster
         t1 = time.perf_counter()
-        slow = to_sample(trace_events(result), first, steps, marks, cost_ns)
+        slow = to_sample(trace_events(result), first, steps, marks, cost_ns, spans)
         READ_TIMES.update(objects_s=t1 - t0, json_s=time.perf_counter() - t1)
         READ_OBJECTS = _same(fast, slow) and READ_TIMES["objects_s"] < READ_TIMES["json_s"]
         if not READ_OBJECTS:

@@ -119,6 +119,7 @@ def by_ranges(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int
 
 def to_sample(events: list[dict[str, Any]], first: int, steps: int,
               marks: dict[int, tuple[int, int, int, int]], cost_ns: int = 0,
+              spans: dict[int, tuple[int, int, int, int]] | None = None,
               ) -> KernelSample | None:
     """A trace's kernels grouped by sampled step on our clock; steps first..first+steps-1
     are counted, the next one ends the window."""
@@ -139,11 +140,13 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
             sampled.append(SampledStep(n, ks))
     # The sampler's own launches (brackets) around the counted steps and the one that ends
     # the window: on a CPU-bound step they delay the GPU (the fallback has none).
-    spans = [] if has_ranges else [
-        iv for n in range(first, first + steps + 1) if n in marks
-        for iv in ((marks[n][0], marks[n][1]), (marks[n][2], marks[n][3]))]
+    # (``spans``: each bracket's whole time, stream switches included; else the launches)
+    whole = spans if spans is not None else marks
+    brackets = [] if has_ranges else [
+        iv for n in range(first, first + steps + 1) if n in whole
+        for iv in ((whole[n][0], whole[n][1]), (whole[n][2], whole[n][3]))]
     return make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns,
-                       spans)
+                       brackets)
 
 
 def object_events(result: Any) -> list[dict[str, Any]]:
