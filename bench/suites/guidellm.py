@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
 
     exe = find_guidellm(args.guidellm)
     version = subprocess.run([exe, "--version"], capture_output=True, text=True,
-                             timeout=120).stdout.strip()
+                             timeout=120).stdout.strip().rpartition(" ")[2]  # "... version: X"
     model = args.model
     if model is None:
         import yaml
