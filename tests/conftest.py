@@ -22,6 +22,26 @@ SESSION_FOLDERS = ("http", "browser")
 # Started first under xdist (--dist loadgroup): the longest units, so they run beside the
 # rest instead of after it.
 FIRST = ("tests/browser", "tests/http")
+# Modules whose every test starts engine processes (EngineClient, `python -m engine`, TP
+# workers): 10-60 s per start on a 2-core VM. Marked slow here, so the everyday quick line
+# (`-m "not slow and not browser"`, docs/testing.md) leaves them to the full line, which
+# runs them unchanged. tests/http's tests that use the session `serve` process (its
+# `server` fixture) are marked slow the same way; its pure tests stay in the quick line.
+STARTS_ENGINE_PROCESSES = (
+    "tests/engine/test_cli.py",
+    "tests/engine/test_client.py",
+    "tests/engine/test_client_anatomy.py",
+    "tests/parallel/test_tp_engine.py",
+    "tests/parallel/test_tp_lifecycle.py",
+    "tests/process/test_process_attach.py",
+    "tests/process/test_process_hung.py",
+)
+
+
+def starts_engine_processes(item: pytest.Item) -> bool:
+    rel = item.path.relative_to(Path(__file__).parent.parent).as_posix()
+    return rel in STARTS_ENGINE_PROCESSES or (
+        rel.startswith("tests/http/") and "server" in getattr(item, "fixturenames", ()))
 
 
 def xdist_group(item: pytest.Item) -> str:
@@ -35,6 +55,9 @@ def xdist_group(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # before -m deselects (this hook runs first)
+        if starts_engine_processes(item):
+            item.add_marker(pytest.mark.slow)
     if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         for item in items:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
