@@ -226,7 +226,6 @@ def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
         st.number_input(
             "Prompt tokens",
             min_value=1,
-            max_value=max(1, cap),
             value=min(DEFAULT_LEN, max(1, cap)),
             key=LOAD_PROMPT_KEY,
             disabled=running,
@@ -236,7 +235,6 @@ def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
         st.number_input(
             "Output tokens",
             min_value=1,
-            max_value=max(1, cap),
             value=min(DEFAULT_LEN, max(1, cap)),
             key=LOAD_TOKENS_KEY,
             disabled=running,

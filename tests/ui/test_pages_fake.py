@@ -110,13 +110,19 @@ def test_load_generator_starts_and_stops(fake: FakeEngineClient) -> None:
     assert not fake.load_running()
 
 
-def test_load_lengths_are_capped_at_max_model_len(fake: FakeEngineClient) -> None:
+def test_load_lengths_are_judged_as_typed_against_max_model_len(fake: FakeEngineClient) -> None:
+    """No bound of the box's own: a value typed above it would be kept at the last valid one,
+    and the message would speak of that old value (issue 25, 12)."""
     at = app().run()
-    assert at.number_input(key="load.prompt_len").max == 255  # max_model_len 256 - 1
     at.number_input(key="load.prompt_len").set_value(200).run()
     at.number_input(key="load.max_tokens").set_value(100).run()
     assert at.button(key="load.start").disabled
-    assert any("exceeds the engine's max_model_len of 256" in e.value for e in at.error)
+    assert any("prompt + output = 300 tokens exceeds the engine's max_model_len of 256"
+               in e.value for e in at.error)
+    at.number_input(key="load.prompt_len").set_value(5000).run()
+    assert any("= 5100 tokens" in e.value for e in at.error), [e.value for e in at.error]
+    at.number_input(key="load.prompt_len").set_value(64).run()
+    assert not at.error and not at.button(key="load.start").disabled
 
 
 def test_pause_freezes_the_timeline_and_offers_its_trace(fake: FakeEngineClient) -> None:
