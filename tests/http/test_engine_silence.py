@@ -109,6 +109,16 @@ def test_silent_engine_fails_its_clients_cleanly_and_aborts_their_requests(hung)
 def test_dead_engine_is_restarted_with_the_same_settings(hung):
     old = hung.engine_pid()
     os.kill(old, signal.SIGKILL)
+    # While it restarts, /health says so (the new engine takes seconds to load).
+    health = _wait_status(hung.url, "/health", 503).json()["error"]
+    assert health["code"] == "engine_dead" and "SIGKILL" in health["message"]
+    deadline = time.monotonic() + 30
+    while "restarting it: attempt 1 of 5" not in health["message"]:
+        assert time.monotonic() < deadline, health
+        time.sleep(0.05)
+        r = httpx.get(f"{hung.url}/health", timeout=30)
+        assert r.status_code == 503, "restarted before /health was seen saying so"
+        health = r.json()["error"]
     deadline = time.monotonic() + 120
     while True:  # a new engine process, answering
         try:
