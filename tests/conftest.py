@@ -22,15 +22,21 @@ SESSION_FOLDERS = ("http", "browser")
 # Started first under xdist (--dist loadgroup): the longest units, so they run beside the
 # rest instead of after it.
 FIRST = ("tests/browser", "tests/http")
-# Modules whose every test starts engine processes (EngineClient, `python -m engine`, TP
-# workers): 10-60 s per start on a 2-core VM. Marked slow here, so the everyday quick line
-# (`-m "not slow and not browser"`, docs/testing.md) leaves them to the full line, which
-# runs them unchanged. tests/http's tests that use the session `serve` process (its
-# `server` fixture) are marked slow the same way; its pure tests stay in the quick line.
+# Modules (or single tests, "path::name") that start engine processes (EngineClient,
+# `python -m engine [serve]`, TP workers): 10-60 s per start on a 2-core VM. Marked slow
+# here, so the everyday quick line (`-m "not slow and not browser"`, docs/testing.md) leaves
+# them to the full line, which runs them unchanged. tests/http's tests that use the session
+# `serve` process (its `server` fixture) are marked slow the same way.
 STARTS_ENGINE_PROCESSES = (
     "tests/engine/test_cli.py",
     "tests/engine/test_client.py",
     "tests/engine/test_client_anatomy.py",
+    "tests/http/test_client_death.py",
+    "tests/http/test_engine_death.py",
+    "tests/http/test_engine_silence.py",
+    "tests/http/test_model_names.py::test_served_model_name_aliases_over_http",
+    "tests/http/test_orphan.py",
+    "tests/http/test_serve_attach.py::test_serve_attach_serves_the_dashboards_engine",
     "tests/parallel/test_tp_engine.py",
     "tests/parallel/test_tp_lifecycle.py",
     "tests/process/test_process_attach.py",
@@ -40,8 +46,9 @@ STARTS_ENGINE_PROCESSES = (
 
 def starts_engine_processes(item: pytest.Item) -> bool:
     rel = item.path.relative_to(Path(__file__).parent.parent).as_posix()
-    return rel in STARTS_ENGINE_PROCESSES or (
-        rel.startswith("tests/http/") and "server" in getattr(item, "fixturenames", ()))
+    name = getattr(item, "originalname", item.name)
+    return (rel in STARTS_ENGINE_PROCESSES or f"{rel}::{name}" in STARTS_ENGINE_PROCESSES
+            or (rel.startswith("tests/http/") and "server" in getattr(item, "fixturenames", ())))
 
 
 def xdist_group(item: pytest.Item) -> str:
