@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 ASYNC_KEY = "ctl.async"
 SLOTS_KEY = "ctl.slots"
 GRAPHS_KEY = "ctl.graphs"
+SENTINEL_KEY = "ctl.sentinel"
+SENTINEL_EVERY = 64  # the toggle's sampling: re-score 1 in 64 finished greedy requests
 REFUSED_KEY = "ctl.refused"  # why this tab's last change was not applied (shown once)
 SLOT_CHOICES = (1, 2, 3)
 
@@ -75,6 +77,8 @@ def _push(client: EngineClient, what: str, version: int | None, key: str,
             value = latest[field]
             if field == "cuda_graphs":
                 value = bool(value) and bool(latest.get("cuda_graphs_available"))
+            elif field == "sentinel_sample_every":
+                value = bool(value)
             st.session_state[key] = value
 
 
@@ -82,21 +86,23 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
     """Async on/off, slots 1/2/3 and CUDA graphs on/off, in three columns. Each widget shows
     the engine's value and is keyed by the engine's settings version (widget_key)."""
     version = settings.get("settings_version")
-    keys = {base: widget_key(base, settings) for base in (ASYNC_KEY, SLOTS_KEY, GRAPHS_KEY)}
+    keys = {base: widget_key(base, settings)
+            for base in (ASYNC_KEY, SLOTS_KEY, GRAPHS_KEY, SENTINEL_KEY)}
     available = bool(settings.get("cuda_graphs_available"))
     # A new widget (a new engine state) starts at the engine's value. Its state is never
     # set again from the script body: doing that on every run made Streamlit fire on_change
     # for values nobody clicked (seen in the server log as refused stale changes).
     for base, value in ((ASYNC_KEY, bool(settings["async_batching"])),
                         (SLOTS_KEY, int(settings["num_slots"])),
-                        (GRAPHS_KEY, bool(settings.get("cuda_graphs")) and available)):
+                        (GRAPHS_KEY, bool(settings.get("cuda_graphs")) and available),
+                        (SENTINEL_KEY, bool(settings.get("sentinel_sample_every")))):
         if keys[base] not in st.session_state:
             st.session_state[keys[base]] = value
 
     def on_change(base: str, what: str, field: str) -> None:
         _push(client, what, version, keys[base], **{field: st.session_state[keys[base]]})
 
-    async_col, slots_col, graphs_col = st.columns(3)
+    async_col, slots_col, graphs_col, sentinel_col = st.columns([1, 1, 1, 1.2])
     with async_col:
         st.toggle(
             "Async batching",
@@ -131,9 +137,41 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
         )
         if not available:
             st.caption(reason)
+    with sentinel_col:
+        sentinel_control(client, settings, version, keys[SENTINEL_KEY])
     refused = st.session_state.pop(REFUSED_KEY, None)
     if refused:
         st.caption(f":material/sync_problem: {refused}")
+
+
+def sentinel_line(stats: dict[str, Any]) -> str:
+    """The sentinel's running result, e.g. "checked 120 · mismatches 0 (0.0%)"."""
+    checked = int(stats.get("sentinel_checked", 0))
+    bad = int(stats.get("sentinel_mismatches", 0))
+    rate = f" ({100 * bad / checked:.1f}%)" if checked else ""
+    return f"checked {checked:,} · mismatches {bad:,}{rate}"
+
+
+def sentinel_control(client: EngineClient, settings: dict[str, Any], version: int | None,
+                     key: str) -> None:
+    """The async-correctness sentinel on/off (1 in SENTINEL_EVERY finished greedy requests
+    re-scored through the synchronous path), and its running mismatch count."""
+    every = int(settings.get("sentinel_sample_every") or 0)
+
+    def on_change() -> None:
+        _push(client, "Switching the sentinel", version, key,
+              sentinel_sample_every=SENTINEL_EVERY if st.session_state[key] else 0)
+
+    st.toggle(
+        "Async sentinel",
+        key=key,
+        on_change=on_change,
+        help=f"Re-score 1 in {SENTINEL_EVERY} finished greedy requests through the synchronous "
+             "path on this engine and compare tokens: a live check that async output is right "
+             "(gapless:sentinel_* on /metrics).",
+    )
+    if every:
+        st.caption(f"1 in {every} · " + sentinel_line(client.stats()))
 
 
 LOAD_DRIVE_KEY = "load.drive"

@@ -29,7 +29,7 @@ State = Literal["alive", "not_responding", "dead"]
 # Every call a page makes waits at most this long: a hung engine must not freeze a page.
 UI_CALL_TIMEOUT_S = 2.0
 BANNER_PERIOD_S = 1.0
-LIVE_KEYS = ("async_batching", "num_slots", "cuda_graphs")
+LIVE_KEYS = ("async_batching", "num_slots", "cuda_graphs", "sentinel_sample_every")
 
 
 @dataclass(slots=True, frozen=True)

@@ -153,8 +153,10 @@ def test_configure_is_a_compare_and_set_on_the_settings_version(client):
         same = client.configure(num_slots=after["num_slots"], expect_version=v + 1)
         assert same["settings_version"] == v + 1  # no change: no new version
         assert client.settings()["engine_pid"] == client.pid
+        on = client.configure(sentinel_sample_every=4, origin="tab test")  # the dashboard's
+        assert on["sentinel_sample_every"] == 4 and on["settings_version"] == v + 2
     finally:
-        client.configure(num_slots=before["num_slots"])
+        client.configure(num_slots=before["num_slots"], sentinel_sample_every=0)
 
 
 def test_telemetry_arrives_in_the_client_mirror(client):

@@ -99,7 +99,7 @@ class FakeEngineClient:
             "max_num_seqs": 8,
             "max_model_len": 256,
         }
-        self._settings.update(settings_version=0, engine_pid=1)
+        self._settings.update(settings_version=0, engine_pid=1, sentinel_sample_every=0)
         self.configured_by: list[str | None] = []
         self._dead: str | None = None
         self.hung = False  # stopped (SIGSTOP): calls time out, status() says so
@@ -189,6 +189,8 @@ class FakeEngineClient:
             "steps": self._step,
             "generated_tokens": 2 * self._step,
             "preemptions": 0,
+            **({"sentinel_checked": 12, "sentinel_mismatches": 0}
+               if self._settings["sentinel_sample_every"] else {}),
         }
 
     def configure(
@@ -199,6 +201,7 @@ class FakeEngineClient:
         *,
         expect_version: int | None = None,
         origin: str | None = None,
+        sentinel_sample_every: int | None = None,
     ) -> dict[str, Any]:
         self._check()
         self.configured_by.append(origin)
@@ -212,6 +215,7 @@ class FakeEngineClient:
             ("async_batching", async_batching),
             ("num_slots", num_slots),
             ("cuda_graphs", cuda_graphs),
+            ("sentinel_sample_every", sentinel_sample_every),
         ):
             if value is not None and self._settings[key] != value:
                 self._settings[key] = value

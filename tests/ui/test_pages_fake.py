@@ -264,3 +264,15 @@ def test_a_change_made_on_a_stale_view_is_refused_not_applied(fake: FakeEngineCl
     assert control(second, "ctl.slots").value == 3  # the second tab now shows the engine's
     assert "not applied" in texts(second)
     assert all(o and o.startswith(("tab ", "a tab")) for o in fake.configured_by)
+
+
+def test_the_sentinel_is_one_toggle_away_and_shows_its_mismatch_count(
+        fake: FakeEngineClient) -> None:
+    at = app().run()
+    assert control(at, "ctl.sentinel").value is False
+    control(at, "ctl.sentinel").set_value(True).run()
+    assert fake.settings()["sentinel_sample_every"] == 64
+    assert control(at, "ctl.sentinel").value is True
+    assert "checked 12 · mismatches 0 (0.0%)" in texts(at)
+    control(at, "ctl.sentinel").set_value(False).run()
+    assert fake.settings()["sentinel_sample_every"] == 0
