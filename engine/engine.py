@@ -213,7 +213,9 @@ class Engine:
             if cb is not None and not callable(cb):
                 raise ValueError(f"{name} must be a callable or None, got {type(cb).__name__}")
         req = self._prepare(prompt, params, request_id)
-        return self._enqueue([(req, RequestHandle(req.request_id, on_delta, on_finish))])[0]
+        handle = RequestHandle(req.request_id, on_delta, on_finish)
+        handle.prompt_token_ids = list(req.prompt_token_ids)
+        return self._enqueue([(req, handle)])[0]
 
     def _prepare(self, prompt: Any, params: Any, request_id: Any) -> Request:
         """Validate everything about one request; queue nothing."""

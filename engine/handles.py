@@ -29,6 +29,7 @@ class RequestHandle:
     def __init__(self, request_id: str, on_delta: DeltaCallback | None = None,
                  on_finish: FinishCallback | None = None) -> None:
         self.request_id = request_id
+        self.prompt_token_ids: list[int] = []  # set by submit() once the prompt is tokenized
         self.on_delta = on_delta
         self.on_finish = on_finish
         self._deltas: queue.SimpleQueue[str | None] = queue.SimpleQueue()

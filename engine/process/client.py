@@ -255,7 +255,9 @@ class EngineClient:
             s.streams.forget(stream)
             raise
         try:
-            s.finish_call(call, Command.SUBMIT, self.call_timeout_s)
+            answer = s.finish_call(call, Command.SUBMIT, self.call_timeout_s)
+            if isinstance(answer, dict) and not stream.prompt_token_ids:
+                stream.prompt_token_ids = list(answer.get("prompt_token_ids") or [])
         except TimeoutError as e:  # sent, unconfirmed: the abort follows it in order
             message = f"{e}; request {rid} was aborted"
             try:

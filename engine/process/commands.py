@@ -111,7 +111,10 @@ class CommandsMixin:
             if request_id is not None:
                 link.open.discard(request_id)
             raise
-        return str(handle.request_id)
+        # The prompt's token ids go back with the id: the client keeps them, so a request
+        # ended by the engine's death still says what its prompt was.
+        return {"request_id": str(handle.request_id),
+                "prompt_token_ids": list(getattr(handle, "prompt_token_ids", []))}
 
     def abort(self, link: ClientLink, request_id: str) -> None:
         if not isinstance(request_id, str):

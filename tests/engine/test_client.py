@@ -302,7 +302,8 @@ def test_the_engine_exits_when_its_parent_dies(model_dir, tmp_path):
 
 def test_killed_engine_is_reported_and_restart_serves_again(client):
     long = dict(max_tokens=480, temperature=0.0, ignore_eos=True)
-    rids = [client.submit([3, 1, 4, 1, 5], long) for _ in range(3)]
+    rids = [client.submit([3, 1, 4, 1, 5], long) for _ in range(2)]
+    rids.append(client.submit("def f(x):", long))  # text: tokenized in the engine process
     first = next(client.stream(rids[0], timeout=30))  # running, not just queued
     assert isinstance(first, str)
     streamed: dict[str, list[str]] = {}
@@ -323,6 +324,8 @@ def test_killed_engine_is_reported_and_restart_serves_again(client):
         out = client.result(rid, timeout=2)
         assert out.finish_reason == "error"
         assert out.error == reason
+        assert out.prompt_token_ids, f"{rid}: the ended request lost its prompt"
+    assert client.result(rids[0], timeout=2).prompt_token_ids == [3, 1, 4, 1, 5]
     for t in drains:
         t.join(2)
         assert not t.is_alive(), "a stream() iterator hung after the engine died"
