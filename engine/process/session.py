@@ -24,7 +24,6 @@ import queue
 import threading
 import time
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from engine.core.request import RequestOutput
@@ -55,16 +54,13 @@ from engine.process.wire import (
     decode,
     decode_events,
     decode_steps,
+    pickle_frame,
 )
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.client")
 
 EXIT_GRACE_S = 1.5  # after the pipe closes, how long to wait for the exit code
-
-
-def _pickle(obj: Any) -> bytes:
-    return bytes(ForkingPickler.dumps(obj))
 
 
 class _Call:
@@ -184,7 +180,7 @@ class Session:
     # --------------------------------------------------------------------- transport
     def _encode(self, call_id: int, command: Command, kwargs: dict[str, Any]) -> bytes:
         try:
-            return _pickle(Call(call_id, command, _pickle(kwargs)))
+            return pickle_frame(Call(call_id, command, pickle_frame(kwargs)))
         except Exception as e:  # nothing was sent: the caller's input is at fault
             raise ValueError(f"cannot send {command.value!r} to the engine process: {e}") from e
 
