@@ -46,6 +46,7 @@ CONTROLS_PERIOD_S = 1.0  # controls follow the engine's settings (changed from a
 GAUGE_WINDOW_MS = 2000.0
 TIMELINE_WINDOWS_MS = (50, 100, 250, 500, 1000, 2000, 5000)
 DEFAULT_WINDOW_MS = 1000  # a few CPU steps, a few hundred GPU steps
+TRACE_EVENTS = 65536  # request events looked through for the steps' requests
 SNAPSHOT_STEPS = 4000  # the newest steps taken from the bus per refresh (a slice, no copy)
 TIMELINE_WIDTH_PX = 1600  # for merging sub-pixel spans; about a wide browser window
 FAVICON = Path(__file__).resolve().parent / "ui" / "frontend" / "favicon.png"
@@ -223,7 +224,7 @@ def pause_for_trace() -> None:
     freeze()
 
 
-def trace_download(shown: list[StepRecord]) -> None:
+def trace_download(shown: list[StepRecord], client: EngineClient) -> None:
     """The Chrome trace of exactly the steps on screen (a paused timeline).
 
     The file is built by this full run and stays registered until the next one. A live
@@ -241,7 +242,8 @@ def trace_download(shown: list[StepRecord]) -> None:
         return
     st.download_button(
         "Download the Chrome trace of the steps on screen",
-        data=chrome_trace_json(shown),
+        # The request events too: each request's track gets its time in queue and its end.
+        data=chrome_trace_json(shown, client.telemetry().snapshot_events(TRACE_EVENTS)),
         file_name=f"gapless-steps-{shown[0].step}-{shown[-1].step}.json",
         mime="application/json",
         key="live.trace",
@@ -277,7 +279,7 @@ def live_page() -> None:
         )
     with trace_col:
         if paused:
-            trace_download(shown)
+            trace_download(shown, client)
         else:
             st.button(
                 "Pause to download the Chrome trace of the steps on screen",
