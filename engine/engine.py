@@ -28,6 +28,7 @@ from engine.core.request import Request, RequestOutput
 from engine.core.scheduler import Scheduler
 from engine.handles import DeltaCallback, FinishCallback, HandleSink, RequestHandle
 from engine.inputs import PromptInput
+from engine.live_control import LiveControl
 from engine.model import loader
 from engine.model.hf_config import text_config
 from engine.parallel.leader import TPLeader
@@ -37,7 +38,7 @@ from engine.step.floor_probe import engine_curve
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
-from engine.step.sentinel import Sentinel, check_sample_every
+from engine.step.sentinel import Sentinel
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 
@@ -51,7 +52,7 @@ def _stable_seed(engine_seed: int, request_id: str) -> int:
     return zlib.crc32(f"{engine_seed}:{request_id}".encode()) & 0x7FFFFFFF
 
 
-class Engine:
+class Engine(LiveControl):
     def __init__(
         self,
         config: EngineConfig,
@@ -282,94 +283,6 @@ class Engine:
             raise RuntimeError(f"the engine stopped serving: {self.dead_reason}")
         if self._stop:
             raise RuntimeError("the engine is shut down")
-
-    # -------------------------------------------------------------------- live control
-    def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
-                  cuda_graphs: bool | None = None,
-                  sentinel_sample_every: int | None = None) -> dict[str, Any]:
-        """Change live settings; they take effect at the next step boundary (the pipeline
-        drains first). Returns the settings in force afterwards."""
-        if async_batching is not None and not isinstance(async_batching, bool):
-            raise ValueError(f"async_batching must be true or false, got {async_batching!r}")
-        if num_slots is not None and (type(num_slots) is not int or num_slots not in (1, 2, 3)):
-            raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
-        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
-        if cuda_graphs and self.loop.graphs is None:
-            raise ValueError(f"cuda_graphs cannot be turned on: {self.loop.graphs_reason()}")
-        if sentinel_sample_every is not None:
-            check_sample_every(sentinel_sample_every)
-            if sentinel_sample_every and self.loop.sentinel is None:
-                raise ValueError("the sentinel cannot be turned on with tensor_parallel_size > 1")
-        before = self._live_settings()
-        done: Future[None] = Future()
-        with self._lock:
-            self._check_serving()
-            self._command("configure", (async_batching, num_slots, cuda_graphs,
-                                        sentinel_sample_every), done)
-        if self._thread is None:
-            self._apply_commands()
-        while True:  # wait, but notice a loop that died meanwhile
-            try:
-                done.result(timeout=0.1)
-                break
-            except TimeoutError:
-                self._check_serving()
-        if self._live_settings() != before:
-            self.settings_version += 1
-        return self.settings()
-
-    def _live_settings(self) -> tuple[Any, ...]:
-        s = self.loop.settings
-        sentinel = 0 if self.loop.sentinel is None else self.loop.sentinel.sample_every
-        return (s.async_batching, s.num_slots, self.loop.graphs_active, sentinel)
-
-    def settings(self) -> dict[str, Any]:
-        s = self.loop.settings
-        return {
-            "async_batching": s.async_batching,
-            "num_slots": s.num_slots,
-            "cuda_graphs": self.loop.graphs_active,
-            "cuda_graphs_available": self.loop.graphs is not None and not self.loop.graphs.failure,
-            "cuda_graphs_reason": self.loop.graphs_reason(),
-            "sentinel_sample_every": 0 if self.loop.sentinel is None
-            else self.loop.sentinel.sample_every,
-            "settings_version": self.settings_version,
-            "device": self.device.type,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "model": self.config.model,
-            "attention_backend": self.backend_name,
-            "model_impl": self.model_impl,
-            "tensor_parallel_size": self.config.tensor_parallel_size,
-            "torch_compile": self.torch_compile,
-            "max_num_seqs": self.config.max_num_seqs,
-            "max_num_batched_tokens": self.config.max_num_batched_tokens,
-            "max_model_len": self.max_model_len,
-            "block_size": self.config.block_size,
-            "prefix_caching": self.config.prefix_caching,
-            "telemetry": self.config.telemetry,
-            "kv_bytes_per_token": self.kv_bytes_per_token,
-        }
-
-    def stats(self) -> dict[str, int]:
-        sch = self.scheduler
-        return {
-            "running": len(sch.running),
-            "waiting": len(sch.waiting),
-            "kv_blocks_used": sch.allocator.num_used,
-            "kv_blocks_total": sch.allocator.num_blocks,
-            "steps": self.loop.step_no,
-            "generated_tokens": self.loop.generated_tokens,
-            "discarded_tokens": self.loop.discarded_tokens,
-            "preemptions": sch.total_preemptions,
-            # Prefix cache (tokens): looked up at admission, and found cached there.
-            "prefix_cache_queries": sch.allocator.queries,
-            "prefix_cache_hits": sch.allocator.hits,
-            "kv_blocks_cached": sch.allocator.num_cached,
-            # Submitted and not finished, including requests not yet picked up by the loop.
-            "unfinished": self._sink.num_open,
-            **({} if self.loop.sentinel is None else self.loop.sentinel.stats()),
-        }
 
     # ---------------------------------------------------------------------- the loop
     def _command(self, kind: str, arg: Any, done: Future | None = None) -> None:
