@@ -29,6 +29,7 @@ a second copy of the checkpoint's weights.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.interface import AttnContext
+from engine.model.fused_gemm import gate_up_silu
 from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
+
+# Issue 22, first step: the gate_up GEMM with SiLU-and-mul in its epilogue (one kernel, not two).
+# Off by default until the GPU run (bench/suites/fusion.py) measures it; the env var selects it.
+FUSED_EPILOGUES = os.environ.get("GAPLESS_FUSED_EPILOGUES") == "1"
 
 
 @dataclass(slots=True)
@@ -110,8 +116,11 @@ class FusedDecoderLayer(nn.Module):
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         h, residual = add_rms_norm(x, residual, self.post_norm, eps)
-        x = F.linear(silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias)), self.down,
-                     self.down_bias)
+        if FUSED_EPILOGUES:
+            a = gate_up_silu(h, self.gate_up, self.gate_up_bias)
+        else:
+            a = silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias))
+        x = F.linear(a, self.down, self.down_bias)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual
