@@ -102,6 +102,112 @@ def gate_up_silu_triton(
     return out
 
 
+if triton is not None:
+
+    @triton.jit
+    def _fused_linear_kernel(
+        h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, eps,
+        stride_h, stride_w, stride_r, stride_o,
+        NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        """out = epilogue(prologue(h) @ W^T): RMSNorm prologue (NORM), SiLU(gate)*up of a
+        fused [2N, K] weight (PAIR), residual add (RESIDUAL). One pass over K per program."""
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_mask = rm < M
+        n_mask = rn < N
+        h_rows = h_ptr + rm[:, None].to(tl.int64) * stride_h
+        rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if NORM:  # first pass over the rows (small at decode): the RMS of each row
+            ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + rk
+                a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :],
+                            other=0.0).to(tl.float32)
+                ss += tl.sum(a * a, axis=1)
+            rstd = tl.rsqrt(ss / K + eps)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            k_mask = kk < K
+            a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            if NORM:  # rounded like add_rms_norm: normed row to the dtype, then * weight
+                nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+                y = (a.to(tl.float32) * rstd[:, None]).to(h_ptr.dtype.element_ty)
+                a = (y.to(tl.float32) * nw[None, :]).to(h_ptr.dtype.element_ty)
+            wmask = k_mask[:, None] & n_mask[None, :]
+            wg = tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_w + kk[:, None],
+                         mask=wmask, other=0.0)
+            acc_g = tl.dot(a, wg, acc_g)
+            if PAIR:
+                wu = tl.load(w_ptr + (rn[None, :] + N).to(tl.int64) * stride_w + kk[:, None],
+                             mask=wmask, other=0.0)
+                acc_u = tl.dot(a, wu, acc_u)
+        if HAS_BIAS:
+            acc_g += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            if PAIR:
+                acc_u += tl.load(b_ptr + N + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        y = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)
+        if PAIR:
+            u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
+            y = y / (1.0 + tl.exp(-y)) * u
+        if RESIDUAL:
+            r = tl.load(r_ptr + rm[:, None].to(tl.int64) * stride_r + rn[None, :],
+                        mask=m_mask[:, None] & n_mask[None, :], other=0.0)
+            y = y + r.to(tl.float32)
+        tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_o + rn[None, :],
+                 y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def fused_linear_torch(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    norm: torch.Tensor | None = None, eps: float = 1e-6, pair: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The oracle of `fused_linear`: RMSNorm(h)*norm if norm, the linear, SiLU*up if pair,
+    + residual if given."""
+    if norm is not None:
+        hf = h.float()
+        y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+        h = (y.float() * norm.float()).to(h.dtype)
+    out = gate_up_silu_torch(h, weight, bias) if pair else F.linear(h, weight, bias)
+    return out if residual is None else (out.float() + residual.float()).to(out.dtype)
+
+
+def fused_linear(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+    norm: torch.Tensor | None = None, eps: float = 1e-6, pair: bool = False,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One kernel: [RMSNorm prologue] GEMM [SiLU-and-mul | residual add epilogue]."""
+    if not use_triton(h):
+        return fused_linear_torch(h, weight, bias, norm=norm, eps=eps, pair=pair,
+                                  residual=residual)
+    h = h if h.stride(-1) == 1 else h.contiguous()
+    m, k = h.shape
+    n = weight.shape[0] // 2 if pair else weight.shape[0]
+    out = torch.empty((m, n), dtype=h.dtype, device=h.device)
+    if m == 0:
+        return out
+    block_m, block_n, block_k = _blocks(m)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    r = residual if residual is not None else out
+    _fused_linear_kernel[grid](
+        h, norm if norm is not None else weight, weight, bias if bias is not None else weight,
+        r, out, m, n, k, eps, h.stride(0), weight.stride(0), r.stride(0), out.stride(0),
+        NORM=norm is not None, PAIR=pair, RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4,
+    )
+    return out
+
+
 def gate_up_silu(
     h: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

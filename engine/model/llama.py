@@ -38,12 +38,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.interface import AttnContext
-from engine.model.fused_gemm import gate_up_silu
+from engine.model.fused_gemm import fused_linear, gate_up_silu
 from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 
 # Issue 22, first step: the gate_up GEMM with SiLU-and-mul in its epilogue (one kernel, not two).
 # Off by default until the GPU run (bench/suites/fusion.py) measures it; the env var selects it.
 FUSED_EPILOGUES = os.environ.get("GAPLESS_FUSED_EPILOGUES") == "1"
+# Issue 22: six kernels a layer (norm-prologue qkv, rope+cache, attention, o + residual,
+# norm-prologue gate_up + SiLU, down + residual); no tensor parallelism. Off by default.
+FUSED_LAYER = os.environ.get("GAPLESS_FUSED_LAYER") == "1"
 
 
 @dataclass(slots=True)
@@ -105,6 +108,8 @@ class FusedDecoderLayer(nn.Module):
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
+        if FUSED_LAYER and self.tp is None and residual is None:
+            return self._forward_six(x, positions, ctx, kv, cos_sin, num_heads, eps), None
         h, residual = add_rms_norm(x, residual, self.input_norm, eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
         k_cache, v_cache = kv
@@ -124,6 +129,20 @@ class FusedDecoderLayer(nn.Module):
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual
+
+    def _forward_six(self, x, positions, ctx, kv, cos_sin, num_heads, eps) -> torch.Tensor:
+        """x is the whole hidden state (the residual stream); returns the next one."""
+        t = x.shape[0]
+        qkv = fused_linear(x, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps)
+        k_cache, v_cache = kv
+        q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
+                           num_heads, self.qk_norm, eps)
+        attn = ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
+                           scale=self.scaling, sliding_window=self.sliding_window)
+        x = fused_linear(attn.reshape(t, -1), self.o, self.o_bias, residual=x)
+        a = fused_linear(x, self.gate_up, self.gate_up_bias, norm=self.post_norm, eps=eps,
+                         pair=True)
+        return fused_linear(a, self.down, self.down_bias, residual=x)
 
 
 class FusedLlamaForCausalLM(nn.Module):
@@ -185,11 +204,12 @@ class FusedLlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, gapless, gapless.kv_caches[i],
                                 self.cos_sin, self.num_heads, self.eps)
-        assert residual is not None
         if isinstance(logits_to_keep, torch.Tensor):
-            x, residual = x[logits_to_keep], residual[logits_to_keep]
+            x = x[logits_to_keep]
+            residual = None if residual is None else residual[logits_to_keep]
         elif logits_to_keep:
-            x, residual = x[-logits_to_keep:], residual[-logits_to_keep:]
+            x = x[-logits_to_keep:]
+            residual = None if residual is None else residual[-logits_to_keep:]
         h, _ = add_rms_norm(x, residual, self.norm, self.eps)
         logits = self.lm_head(h)
         if tp is not None:

@@ -65,9 +65,36 @@ def test_interp_gate_up_silu(m, k, n, bias) -> None:
     _check(torch.float32, "cpu", m, k, n, bias, 1e-5)
 
 
+def _check_linear(dtype, device, m, k, n, bias, norm, pair, residual, tol):
+    from engine.model import fused_gemm
+
+    g = torch.Generator().manual_seed(m * 11 + n + k)
+    h = torch.randn(m, k, generator=g).to(device, dtype)
+    w = (torch.randn((2 if pair else 1) * n, k, generator=g) / k ** 0.5).to(device, dtype)
+    b = torch.randn(w.shape[0], generator=g).to(device, dtype) if bias else None
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(device, dtype) if norm else None
+    r = torch.randn(m, n, generator=g).to(device, dtype) if residual else None
+    kw = dict(norm=nw, eps=1e-5, pair=pair, residual=r)
+    want = fused_gemm.fused_linear_torch(h, w, b, **kw)
+    got = fused_gemm.fused_linear(h, w, b, **kw)
+    assert got.shape == want.shape == (m, n)
+    assert rel_err(got, want) < tol
+
+
 @interp_only
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 64, 96), (20, 100, 40)])
+@pytest.mark.parametrize(("norm", "pair", "residual"),
+                         [(True, False, False), (True, True, False), (False, False, True),
+                          (False, True, True)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_interp_fused_linear(m, k, n, norm, pair, residual, bias) -> None:
+    _check_linear(torch.float32, "cpu", m, k, n, bias, norm, pair, residual, 1e-5)
+
+
+@interp_only
+@pytest.mark.parametrize("flag", ["FUSED_EPILOGUES", "FUSED_LAYER"])
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
-def test_interp_model_forward_with_epilogue_matches_torch_path(family, monkeypatch) -> None:
+def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, monkeypatch):
     """A mixed prefill+decode flat batch: the epilogue on (Triton ops, interpreted) vs the
     present path's torch ops (the oracle)."""
     sys.path.insert(0, str(REPO_ROOT / "tests"))
@@ -101,14 +128,23 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, monkeypat
             return model(input_ids=ids, position_ids=pos[None],
                          logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
 
-    monkeypatch.setattr(llama, "FUSED_EPILOGUES", True)
+    monkeypatch.setattr(llama, flag, True)
     calls = []
-    real = fused_gemm.gate_up_silu_triton
-    monkeypatch.setattr(fused_gemm, "gate_up_silu_triton",
-                        lambda *a: calls.append(1) or real(*a))
+    name = "gate_up_silu_triton" if flag == "FUSED_EPILOGUES" else "_fused_linear_kernel"
+    real = getattr(fused_gemm, name)
+    if flag == "FUSED_EPILOGUES":
+        monkeypatch.setattr(fused_gemm, name, lambda *a: calls.append(1) or real(*a))
+    else:
+        class Counted:
+            def __getitem__(self, grid):
+                calls.append(1)
+                return real[grid]
+        monkeypatch.setattr(fused_gemm, name, Counted())
     got = run()
-    assert len(calls) == hf.config.num_hidden_layers  # the epilogue kernel ran in every layer
-    monkeypatch.setattr(llama, "FUSED_EPILOGUES", False)
+    # the fused kernels ran in every layer: 1 (gate_up+SiLU) or 4 (qkv, o, gate_up, down)
+    per_layer = 1 if flag == "FUSED_EPILOGUES" else 4
+    assert len(calls) == per_layer * hf.config.num_hidden_layers
+    monkeypatch.setattr(llama, flag, False)
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
     want = run()
     assert rel_err(got, want) < 1e-4
@@ -120,18 +156,59 @@ def test_cuda_gate_up_silu_bf16() -> None:
     for m in (1, 16, 32, 200):
         _check(torch.bfloat16, "cuda", m, 2048, 8192, False, 1e-2)
     _check(torch.bfloat16, "cuda", 5, 896, 4864, True, 1e-2)
+    for norm, pair, residual in [(True, False, False), (True, True, False),
+                                 (False, False, True)]:
+        for m in (1, 32, 200):
+            _check_linear(torch.bfloat16, "cuda", m, 2048, 2048, False, norm, pair, residual,
+                          1e-2)
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="the torch path, not the interpreter")
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_six_kernel_layer_torch_path_greedy_equals_generate(family, tmp_path, monkeypatch):
+    """The six-kernel layer's restructured residual stream (the hidden state carried whole,
+    residual adds in the o/down epilogues, norms in the next GEMM's prologue) through the
+    engine on CPU (torch twins): greedy tokens equal generate's, preemption forced."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
+    from helpers import hf_greedy, mixed_prompts
+    from tiny_models import save_tiny_model
+
+    from engine import Engine, EngineConfig, SamplingParams
+    from engine.model import fused_gemm, llama
+
+    monkeypatch.setattr(llama, "FUSED_LAYER", True)
+    calls = []
+    real = fused_gemm.fused_linear_torch
+    monkeypatch.setattr(fused_gemm, "fused_linear_torch",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    model_dir = save_tiny_model(family, tmp_path, **({"sliding_window": 16}
+                                                     if family == "mistral" else {}))
+    prompts = mixed_prompts(9)
+    expected = hf_greedy(model_dir, prompts, 12)
+    cfg = EngineConfig(model=str(model_dir), device="cpu", max_num_seqs=6,
+                       max_num_batched_tokens=16, block_size=4, num_blocks=25,
+                       max_model_len=96, async_batching=False, model_impl="gapless")
+    with Engine(cfg) as eng:
+        outs = eng.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
+                                                    ignore_eos=True))
+        stats = eng.stats()
+    assert calls, "the six-kernel layer did not run"
+    assert stats["preemptions"] > 0
+    assert [o.token_ids for o in outs] == expected
 
 
 @needs_cuda
 @pytest.mark.cuda
+@pytest.mark.parametrize("flag", ["FUSED_EPILOGUES", "FUSED_LAYER"])
 @pytest.mark.parametrize("graphs", [False, True])
-def test_cuda_greedy_with_epilogue_equals_generate(graphs, tiny_model_dir, monkeypatch) -> None:
+def test_cuda_greedy_with_epilogue_equals_generate(graphs, flag, tiny_model_dir, monkeypatch):
     sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
     from helpers import cuda_engine_outputs, hf_greedy, mixed_prompts
 
     from engine.model import llama
 
-    monkeypatch.setattr(llama, "FUSED_EPILOGUES", True)
+    monkeypatch.setattr(llama, flag, True)
     model_dir = tiny_model_dir("llama")
     prompts = mixed_prompts(9, seed=5)
     expected = hf_greedy(model_dir, prompts, 12, "cuda", torch.bfloat16)
