@@ -139,9 +139,13 @@ def test_trace_download_is_a_chrome_trace_of_the_steps_on_screen(page: sync_api.
     download = info.value
     assert download.suggested_filename.startswith("gapless-steps-"), download.suggested_filename
     trace = json.loads(Path(download.path()).read_bytes())
-    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != "request"]
     assert {"compute", "cpu.prepare"} <= {e["cat"] for e in spans}
     shown = int(title.split()[1])  # "Paused: N steps in the last ..."
     assert len({e["args"]["step"] for e in spans}) == shown
+    # One track per request (issue 24): its steps, and its time in queue from the events.
+    tracks = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "request"]
+    assert tracks and {e["args"]["step"] for e in tracks if "step" in e["args"]} <= {
+        e["args"]["step"] for e in spans}
     page.get_by_text("Pause", exact=True).click()  # back to live
     page.get_by_role("button", name="Pause to download the Chrome trace").wait_for()

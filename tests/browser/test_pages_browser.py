@@ -129,7 +129,7 @@ def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page
 
 def test_requests_page_lists_the_requests(page: sync_api.Page) -> None:
     goto_page(page, "Requests")
-    page.locator('[data-testid="stDataFrame"]').wait_for()
+    page.locator('[data-testid="stDataFrame"]').first.wait_for()  # the requests, then the ledger
     page.wait_for_timeout(1500)
     assert "time to first token" in body_text(page)
     shoot(page, "requests")
