@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -59,32 +58,6 @@ def xdist_group(item: pytest.Item) -> str:
     if len(rel.parts) > 2 and rel.parts[1] in SESSION_FOLDERS:
         return "/".join(rel.parts[:2])
     return rel.as_posix()
-
-
-def scope_of(nodeid: str) -> str:
-    """xdist_group() from a node id, for the controller's scheduler (it sees ids only)."""
-    path = nodeid.split("::", 1)[0]
-    parts = path.split("/")
-    if len(parts) > 2 and parts[1] in SESSION_FOLDERS:
-        return "/".join(parts[:2])
-    return path
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: -p no:xdist still loads
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under --dist loadgroup: our own scopes, computed from node ids. xdist 3.8 groups by
-    rewriting ``item._nodeid``, which pytest 9 no longer reads (a node's id is ``_id``), so
-    its xdist_group marks had no effect: the browser tests ran on both workers, each with a
-    Streamlit server and a Chromium of its own (seen 2026-12-04; they then timed out)."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FolderScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid)
-
-    return FolderScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
