@@ -118,6 +118,10 @@ def test_two_tabs_toggling_async_in_turn_never_flip_the_engine(server, browser, 
                     "([m, v]) => document.body.innerText.includes(m) && "
                     "document.body.innerText.includes('settings v' + v)",
                     arg=[f"mode {want}", start + i + 1], timeout=30_000)
+            # The banner shows the new version first; the toggles' own row redraws on its
+            # next second. A click before that lands on the previous version's toggle and is
+            # refused by design (compare-and-set); a person sees the toggle move first.
+            time.sleep(1.5)
         time.sleep(3)  # a late stale push would show here
         for t in tabs:
             assert _settings_version(t) == start + 20, body_text(t)[:400]
