@@ -17,19 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-
-interp_only = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the TRITON_INTERPRET=1 child")
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or IN_INTERPRETER,
-                                reason="needs a CUDA GPU (and a real Triton)")
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
-    assert not torch.isnan(a).any(), "NaN in the kernel's output (an element was not written)"
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
 @pytest.mark.slow
