@@ -22,18 +22,14 @@ import torch
 from bench.harness import report
 from bench.harness.floor import COPY_BW, ByteFloor
 from bench.harness.shapes import build_model
-from bench.harness.workload import default_device, random_prompts
+from bench.harness.workload import random_prompts
+from bench.suites.truth_cost import add_shape_arguments
 
 DESCRIPTION = "step anatomy per kernel family against the peak-copy and size-aware floors"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="llama-8b")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--device", default=default_device())
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--prompt", type=int, default=256)
-    parser.add_argument("--budget", type=int, default=2048)
+    add_shape_arguments(parser)
 
 
 def step_reads(model: torch.nn.Module, floor: ByteFloor, contexts: list[int]) -> list[int]:

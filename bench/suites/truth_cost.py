@@ -27,13 +27,18 @@ from bench.harness.workload import default_device, random_prompts
 DESCRIPTION = "kernel sampler cost: decode throughput with the sampler on vs off, alternated"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """One shape's engine on its device (truth-cost and truth-anatomy)."""
     parser.add_argument("--preset", default="llama-8b")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--device", default=default_device())
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--budget", type=int, default=2048)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_shape_arguments(parser)
     add_cost_arguments(parser)
     parser.add_argument("--cost-variants", default="on",
                         help=f"comma-separated, of: {', '.join(VARIANTS)}")
