@@ -16,21 +16,12 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import pytest  # noqa: E402
-import streamlit as st  # noqa: E402
-from fake_engine import FakeEngineClient, reset_shared_state  # noqa: E402
-
-import ui.client  # noqa: E402
+from fake_engine import FakeEngineClient, serve_client  # noqa: E402
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
-    client = FakeEngineClient()
-    st.cache_resource.clear()
-    reset_shared_state()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
-    yield client
-    st.cache_resource.clear()
-    reset_shared_state()
+    yield from serve_client(monkeypatch, FakeEngineClient())
 
 
 

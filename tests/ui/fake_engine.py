@@ -343,3 +343,18 @@ def control(at: Any, base: str) -> Any:
     found = [w for w in getattr(at, kind) if str(w.key).startswith(base + ".")]
     assert len(found) == 1, [w.key for w in getattr(at, kind)]
     return found[0]
+
+
+def serve_client(monkeypatch: Any, client: Any) -> Iterator[Any]:
+    """Make ``client`` the dashboard's engine client for one test, with fresh shared state
+    before and after (a fixture's body: ``yield from serve_client(...)``)."""
+    import streamlit as st
+
+    import ui.client
+
+    st.cache_resource.clear()
+    reset_shared_state()
+    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    yield client
+    st.cache_resource.clear()
+    reset_shared_state()

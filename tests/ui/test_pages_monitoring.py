@@ -149,9 +149,8 @@ def test_ab_one_click_captures_sync_then_async_and_restores(fake: FakeEngineClie
     assert "t-interval over 3 alternated pairs" in verdicts[0], verdicts[0]
 
 
-def test_recordings_page_opens_the_shipped_recording_without_an_engine(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def recordings_page(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> AppTest:
+    """The Recordings page, run with an engine client that fails the test if started."""
     import streamlit as st
 
     def no_engine() -> FakeEngineClient:
@@ -159,10 +158,16 @@ def test_recordings_page_opens_the_shipped_recording_without_an_engine(
 
     st.cache_resource.clear()
     monkeypatch.setattr(ui.client, "make_client", no_engine)
-    assert (RECORDINGS_DIR / "cpu-tiny.jsonl").is_file()
     at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
-                           default_timeout=30)
-    at.switch_page("pages/recordings.py").run()
+                           default_timeout=timeout_s)
+    return at.switch_page("pages/recordings.py").run()
+
+
+def test_recordings_page_opens_the_shipped_recording_without_an_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert (RECORDINGS_DIR / "cpu-tiny.jsonl").is_file()
+    at = recordings_page(monkeypatch, timeout_s=30)
     assert not at.exception, at.exception
     assert list(at.dataframe[0].value["mode"]) == ["sync", "async"]
     assert any("CPU" in m.value and "commit" in m.value for m in at.markdown)
@@ -173,16 +178,7 @@ def test_recordings_page_opens_the_shipped_recording_without_an_engine(
 def test_recordings_page_names_the_h200_async_gain_with_its_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import streamlit as st
-
-    def no_engine() -> FakeEngineClient:
-        raise AssertionError("the Recordings page must not start an engine")
-
-    st.cache_resource.clear()
-    monkeypatch.setattr(ui.client, "make_client", no_engine)
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
-                           default_timeout=60)
-    at.switch_page("pages/recordings.py").run()
+    at = recordings_page(monkeypatch, timeout_s=60)
     at.selectbox(key="rec.pick").set_value("h200-llama-1b.jsonl").run()
     assert not at.exception, at.exception
     table = at.dataframe[0].value

@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import streamlit as st
-from fake_engine import REPLY, FakeEngineClient, FakeOutput, reset_shared_state
+from fake_engine import REPLY, FakeEngineClient, FakeOutput, serve_client
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
-import ui.client
 from ui.chat import load_chat_template
 
 
@@ -112,13 +110,7 @@ class DeadOutput(FakeOutput):
 
 @pytest.fixture
 def dying(monkeypatch: pytest.MonkeyPatch) -> Iterator[DyingEngine]:
-    client = DyingEngine()
-    st.cache_resource.clear()
-    reset_shared_state()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
-    yield client
-    st.cache_resource.clear()
-    reset_shared_state()
+    yield from serve_client(monkeypatch, DyingEngine())
 
 
 def test_a_reply_cut_by_a_dead_engine_is_kept_and_marked(dying: DyingEngine) -> None:
