@@ -16,8 +16,12 @@ has_cuda = torch.cuda.is_available()
 
 
 # Folders whose tests share one session-long server (tests/http: `engine serve`; tests/browser:
-# `streamlit run` and Chromium). Under pytest-xdist each stays on one worker, so the server
-# starts once; the browser's worker is also the only process with playwright's asyncio loop.
+# `streamlit run` and Chromium). They are marked as one xdist group each, meant to keep each on
+# one worker. But pytest 9 ignores the group xdist 3.8 writes into the node id (it sets
+# `item._nodeid`; pytest 9 reads `item._id`), so under `-n 2` the tests of a group spread over
+# both workers and each worker starts its own server. scripts/test.sh therefore runs the
+# browser tests in a phase of their own, in one process; tests/http's server starting twice
+# costs time only.
 SESSION_FOLDERS = ("http", "browser")
 # Started first under xdist (--dist loadgroup): the longest units, so they run beside the
 # rest instead of after it.
