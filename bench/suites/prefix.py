@@ -52,7 +52,7 @@ def make_engine(args: argparse.Namespace, model, caching: bool):
     return Engine(cfg, model=model, tokenizer=None)
 
 
-def run_workload(eng, args: argparse.Namespace, vocab: int) -> dict:
+def run_workload(eng, args: argparse.Namespace, vocab: int, label: str = "") -> dict:
     from engine import SamplingParams
 
     g = torch.Generator().manual_seed(0)
@@ -63,10 +63,14 @@ def run_workload(eng, args: argparse.Namespace, vocab: int) -> dict:
     ttfts: list[float] = []
     tokens: list[list[int]] = []
     t0 = time.perf_counter()
-    for _ in range(args.turns):
+    for turn in range(args.turns):
         for c in chats:
             c += torch.randint(1, vocab, (args.user,), generator=g).tolist()
+        t_turn = time.perf_counter()
         outs = eng.generate([list(c) for c in chats], params)
+        # One line per turn: on a slow machine, how long the whole run will take.
+        print(f"  {label} turn {turn + 1}/{args.turns}: {time.perf_counter() - t_turn:.1f} s",
+              flush=True)
         for c, o in zip(chats, outs, strict=True):
             c += o.token_ids
             tokens.append(o.token_ids)
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         for name in ("off", "on"):
             eng = make_engine(args, model, name == "on")
             try:
-                runs[name].append(run_workload(eng, args, vocab))
+                runs[name].append(run_workload(eng, args, vocab, f"caching {name}"))
             finally:
                 eng.shutdown()
     same = runs["off"][0]["tokens"] == runs["on"][0]["tokens"]
