@@ -394,7 +394,7 @@ class EngineClient:
         return dict(self._call(Command.STOP_LOAD))
 
     def load_running(self) -> bool:
-        return bool(self._call(Command.LOAD_RUNNING))
+        return bool(self.load_stats()["running"])
 
     def load_stats(self) -> dict[str, Any]:
         """running, submitted, finished, inflight, dropped, errors, stopped_reason, spec."""

@@ -59,7 +59,6 @@ class CommandsMixin:
             Command.STATS: lambda link: engine.stats(),
             Command.START_LOAD: self.start_load,
             Command.STOP_LOAD: self.stop_load,
-            Command.LOAD_RUNNING: lambda link: self.load_running(),
             Command.LOAD_STATS: lambda link: self.load_stats(),
             Command.PROCESS_INFO: self.process_info,
             Command.RECORD_ANATOMY: self.record_anatomy,

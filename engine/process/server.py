@@ -299,7 +299,7 @@ class EngineServer(CommandsMixin):
         reading = self.nvml.latest()
         if reading is not None and reading is not state["last_reading"]:
             state["last_reading"] = reading
-            frame = pickle_frame(encode(Nvml(dataclasses.asdict(reading), None)))
+            frame = pickle_frame(encode(Nvml(dataclasses.asdict(reading))))
             for link in links:
                 link.put_frame(frame)
         if time.monotonic() >= state["next_beat"]:

@@ -316,8 +316,8 @@ class Session:
                     pending = self._calls.get(call_id)
                 if pending is not None and pending.items is not None:
                     pending.items.put(item)
-            case Nvml(reading, reason):
-                self.nvml, self.nvml_reason = reading, reason
+            case Nvml(reading):
+                self.nvml = reading
             case Ready(info):
                 self.info = info
                 self.nvml_reason = info.get("nvml_reason")

@@ -44,7 +44,6 @@ class Command(enum.StrEnum):
     STATS = "stats"
     START_LOAD = "start_load"
     STOP_LOAD = "stop_load"
-    LOAD_RUNNING = "load_running"
     LOAD_STATS = "load_stats"
     PROCESS_INFO = "process_info"
     RECORD_ANATOMY = "record_anatomy"    # answered from its own thread when recorded
@@ -94,8 +93,9 @@ class Telemetry(NamedTuple):
 
 
 class Nvml(NamedTuple):
-    reading: dict[str, Any] | None  # NvmlReading as a dict
-    reason: str | None
+    """A new NVML reading. Why there is none (no GPU, no driver) is said once, in Ready."""
+
+    reading: dict[str, Any]  # NvmlReading as a dict
     TAG = 5
 
 

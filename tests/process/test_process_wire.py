@@ -199,7 +199,7 @@ def test_every_message_kind_round_trips_as_a_tagged_tuple():
     from engine.process import wire
 
     kinds = [wire.Reply(3, True, {"a": 1}), wire.Delta("r", "hi", [1, 2]),
-             wire.End("r", {"text": "hi"}), wire.Telemetry([], []), wire.Nvml(None, "no GPU"),
+             wire.End("r", {"text": "hi"}), wire.Telemetry([], []), wire.Nvml({"gpu_util": 50}),
              wire.BenchItem(4, "item"), wire.Ready({"pid": 1}), wire.Failed("bad model"),
              wire.Heartbeat(7, 2, 0.0), wire.Closing("bye")]
     assert len({type(m).TAG for m in kinds}) == len(kinds)
