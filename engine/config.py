@@ -21,6 +21,7 @@ DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 MODEL_IMPLS = ("auto", "gapless", "transformers")
+FUSED_LAYERS = ("plain", "epilogues", "six", "auto")  # engine.model.llama.FusedPath
 NUM_SLOTS = (1, 2, 3)
 MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it
@@ -45,6 +46,8 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     model_impl: str = "auto"
+    fused_layer: str = "plain"
+    fused_pdl: bool = False
     tensor_parallel_size: int = 1
     torch_compile: bool = False
     async_batching: bool = True
@@ -105,6 +108,8 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("model_impl", self.model_impl, MODEL_IMPLS)
+        _check_choice("fused_layer", self.fused_layer, FUSED_LAYERS)
+        _check_type("fused_pdl", self.fused_pdl, bool)
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.tensor_parallel_size > 1 and self.model_impl == "transformers":
             raise ValueError(

@@ -116,6 +116,10 @@ class Engine(LiveControl):
         else:
             model, self.model_impl = loader.select_model_impl(model, config.model_impl,
                                                               self.max_model_len, owned)
+        if hasattr(model, "set_fused_path"):  # the gapless decode layer's kernels (issue 22)
+            from engine.model.llama import FusedPath
+
+            model.set_fused_path(FusedPath(config.fused_layer, config.fused_pdl))
         self.model, self.tokenizer = model, tokenizer
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
         n_tp = config.tensor_parallel_size

@@ -20,10 +20,14 @@ and down, rotary + KV write in the QKV epilogue, programmatic dependent launch.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
 from engine.model.fused_ops import tl, triton, use_triton
+from engine.model.gemm_table import GemmConfig, heuristic_config
 
 
 def gate_up_silu_torch(
@@ -104,16 +108,19 @@ def gate_up_silu_triton(
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _fused_linear_kernel(
         h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, eps,
         stride_h, stride_w, stride_r, stride_o,
         NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
+        BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
     ):
         """out = epilogue(prologue(h) @ W^T): RMSNorm prologue (NORM), SiLU(gate)*up of a
-        fused [2N, K] weight (PAIR), residual add (RESIDUAL). One pass over K per program."""
+        fused [2N, K] weight (PAIR), residual add (RESIDUAL). One pass over K per program, each
+        program owns BLOCK_N output columns (no split-K, so no reduce kernel). USE_GDC: launched
+        with programmatic dependent launch: wait for the previous kernel before reading h (the
+        weights do not depend on it), let the next kernel launch once the K loop is done."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -122,11 +129,14 @@ if triton is not None:
         m_mask = rm < M
         n_mask = rn < N
         h_rows = h_ptr + rm[:, None].to(tl.int64) * stride_h
+        if USE_GDC:
+            tl.extra.cuda.gdc_wait()
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if NORM:  # first pass over the rows (small at decode): the RMS of each row
             ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + rk
+            rnk = tl.arange(0, NORM_BK)
+            for k0 in range(0, K, NORM_BK):
+                kk = k0 + rnk
                 a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :],
                             other=0.0).to(tl.float32)
                 ss += tl.sum(a * a, axis=1)
@@ -149,6 +159,8 @@ if triton is not None:
                 wu = tl.load(w_ptr + (rn[None, :] + N).to(tl.int64) * stride_w + kk[:, None],
                              mask=wmask, other=0.0)
                 acc_u = tl.dot(a, wu, acc_u)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         if HAS_BIAS:
             acc_g += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if PAIR:
@@ -163,6 +175,16 @@ if triton is not None:
             y = y + r.to(tl.float32)
         tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_o + rn[None, :],
                  y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@functools.cache
+def pdl_supported(device_index: int) -> bool:
+    """Programmatic dependent launch: Hopper or newer, and a Triton with gdc_wait."""
+    if triton is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    cuda_ext = getattr(getattr(tl, "extra", None), "cuda", None)
+    has_gdc = hasattr(cuda_ext, "gdc_wait") and hasattr(cuda_ext, "gdc_launch_dependents")
+    return has_gdc and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def fused_linear_torch(
@@ -183,9 +205,11 @@ def fused_linear_torch(
 def fused_linear(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     norm: torch.Tensor | None = None, eps: float = 1e-6, pair: bool = False,
-    residual: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None, config: GemmConfig | None = None, pdl: bool = False,
 ) -> torch.Tensor:
-    """One kernel: [RMSNorm prologue] GEMM [SiLU-and-mul | residual add epilogue]."""
+    """One kernel: [RMSNorm prologue] GEMM [SiLU-and-mul | residual add epilogue].
+    config: tiles and warps (engine.model.gemm_table; None: its heuristic); pdl: launch with
+    programmatic dependent launch where the GPU and Triton support it (ignored elsewhere)."""
     if not use_triton(h):
         return fused_linear_torch(h, weight, bias, norm=norm, eps=eps, pair=pair,
                                   residual=residual)
@@ -195,15 +219,19 @@ def fused_linear(
     out = torch.empty((m, n), dtype=h.dtype, device=h.device)
     if m == 0:
         return out
-    block_m, block_n, block_k = _blocks(m)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    cfg = config or heuristic_config(n, k)
+    block_m = _blocks(m)[0]
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, cfg.block_n))
     r = residual if residual is not None else out
+    gdc = pdl and h.is_cuda and pdl_supported(h.device.index or 0)
+    extra = {"launch_pdl": True} if gdc else {}
     _fused_linear_kernel[grid](
         h, norm if norm is not None else weight, weight, bias if bias is not None else weight,
         r, out, m, n, k, eps, h.stride(0), weight.stride(0), r.stride(0), out.stride(0),
         NORM=norm is not None, PAIR=pair, RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)), USE_GDC=gdc,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     return out
 

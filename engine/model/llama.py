@@ -38,15 +38,41 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.interface import AttnContext
+from engine.model import gemm_table
 from engine.model.fused_gemm import fused_linear, gate_up_silu
 from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from engine.model.gemm_table import GemmConfig
 
-# Issue 22, first step: the gate_up GEMM with SiLU-and-mul in its epilogue (one kernel, not two).
-# Off by default until the GPU run (bench/suites/fusion.py) measures it; the env var selects it.
-FUSED_EPILOGUES = os.environ.get("GAPLESS_FUSED_EPILOGUES") == "1"
-# Issue 22: six kernels a layer (norm-prologue qkv, rope+cache, attention, o + residual,
-# norm-prologue gate_up + SiLU, down + residual); no tensor parallelism. Off by default.
-FUSED_LAYER = os.environ.get("GAPLESS_FUSED_LAYER") == "1"
+FUSED_LAYER_MODES = ("plain", "epilogues", "six", "auto")
+
+
+@dataclass(frozen=True, slots=True)
+class FusedPath:
+    """Which decode layer runs (config keys `fused_layer` and `fused_pdl`, issue 22).
+
+    layer: "plain" the present path (add+norm, qkv, rope+cache, attention, o, add+norm, gate_up,
+    SiLU*up, down); "epilogues" only SiLU*up in the gate_up GEMM's epilogue; "six" six kernels
+    a layer (norm-prologue qkv, rope+cache, attention, o + residual, norm-prologue gate_up +
+    SiLU, down + residual) with the fused Triton kernel for every GEMM; "auto" per GEMM shape
+    whichever engine/model/gemm_table.py measured faster: the fused kernel, or cuBLAS and the
+    separate ops. pdl: launch the fused kernels with programmatic dependent launch (Hopper+).
+    """
+
+    layer: str = "plain"
+    pdl: bool = False
+
+    def pick(self, kind: str, n: int, k: int, x: torch.Tensor) -> GemmConfig | None:
+        """The fused kernel's configuration for this GEMM, or None for cuBLAS + separate ops."""
+        name = gemm_table.device_name(x.device.index or 0) if x.is_cuda else None
+        return gemm_table.choose(self.layer, kind, n, k, x.shape[0], name)
+
+
+def _env_path() -> FusedPath:
+    """The default when no config sets it: GAPLESS_FUSED_LAYER / GAPLESS_FUSED_EPILOGUES=1
+    (the switches before the config keys existed), else plain."""
+    if os.environ.get("GAPLESS_FUSED_LAYER") == "1":
+        return FusedPath("six")
+    return FusedPath("epilogues" if os.environ.get("GAPLESS_FUSED_EPILOGUES") == "1" else "plain")
 
 
 @dataclass(slots=True)
@@ -95,6 +121,7 @@ class FusedDecoderLayer(nn.Module):
         self.sliding_window = sliding_window
         self.scaling = scaling
         self.tp: Any = None  # engine.parallel.comm.TPComm on a tensor-parallel rank
+        self.path = _env_path()
 
     def forward(
         self,
@@ -108,8 +135,8 @@ class FusedDecoderLayer(nn.Module):
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
-        if FUSED_LAYER and self.tp is None and residual is None:
-            return self._forward_six(x, positions, ctx, kv, cos_sin, num_heads, eps), None
+        if self.path.layer in ("six", "auto") and self.tp is None:
+            return self._forward_six(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
         h, residual = add_rms_norm(x, residual, self.input_norm, eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
         k_cache, v_cache = kv
@@ -121,7 +148,7 @@ class FusedDecoderLayer(nn.Module):
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         h, residual = add_rms_norm(x, residual, self.post_norm, eps)
-        if FUSED_EPILOGUES:
+        if self.path.layer == "epilogues":
             a = gate_up_silu(h, self.gate_up, self.gate_up_bias)
         else:
             a = silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias))
@@ -130,19 +157,44 @@ class FusedDecoderLayer(nn.Module):
             x = self.tp.all_reduce(x)
         return x, residual
 
-    def _forward_six(self, x, positions, ctx, kv, cos_sin, num_heads, eps) -> torch.Tensor:
-        """x is the whole hidden state (the residual stream); returns the next one."""
-        t = x.shape[0]
-        qkv = fused_linear(x, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps)
+    def _forward_six(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
+        """The hidden state is x + residual (residual None: x is whole). Per GEMM, the fused
+        kernel (norm prologue, SiLU*up or residual epilogue) or cuBLAS and the separate ops, as
+        `self.path.pick` says; a cuBLAS o or down leaves its residual add pending, so that the
+        next add+norm kernel does it, as on the present path."""
+        t, pdl = x.shape[0], self.path.pdl
+        cfg = self.path.pick("norm", self.qkv.shape[0], self.qkv.shape[1], x)
+        if cfg is not None:
+            x = x if residual is None else x + residual
+            qkv = fused_linear(x, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps,
+                               config=cfg, pdl=pdl)
+        else:
+            h, x = add_rms_norm(x, residual, self.input_norm, eps)
+            qkv = F.linear(h, self.qkv, self.qkv_bias)
         k_cache, v_cache = kv
         q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
                            num_heads, self.qk_norm, eps)
         attn = ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
                            scale=self.scaling, sliding_window=self.sliding_window)
-        x = fused_linear(attn.reshape(t, -1), self.o, self.o_bias, residual=x)
-        a = fused_linear(x, self.gate_up, self.gate_up_bias, norm=self.post_norm, eps=eps,
-                         pair=True)
-        return fused_linear(a, self.down, self.down_bias, residual=x)
+        x, residual = self._linear_residual(attn.reshape(t, -1), self.o, self.o_bias, x)
+        n_inter = self.gate_up.shape[0] // 2
+        cfg = self.path.pick("norm_pair", n_inter, self.gate_up.shape[1], x)
+        if cfg is not None:
+            x = x if residual is None else x + residual
+            a = fused_linear(x, self.gate_up, self.gate_up_bias, norm=self.post_norm, eps=eps,
+                             pair=True, config=cfg, pdl=pdl)
+        else:
+            h, x = add_rms_norm(x, residual, self.post_norm, eps)
+            a = silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias))
+        return self._linear_residual(a, self.down, self.down_bias, x)
+
+    def _linear_residual(self, a, weight, bias, x) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x + a @ weight^T: (the sum, None) from the fused kernel, or (the product, x) with
+        the add left to the next add+norm."""
+        cfg = self.path.pick("residual", weight.shape[0], weight.shape[1], a)
+        if cfg is None:
+            return F.linear(a, weight, bias), x
+        return fused_linear(a, weight, bias, residual=x, config=cfg, pdl=self.path.pdl), None
 
 
 class FusedLlamaForCausalLM(nn.Module):
@@ -177,6 +229,14 @@ class FusedLlamaForCausalLM(nn.Module):
         self.num_heads = num_heads
         self.eps = eps
         self.tp: Any = None  # engine.parallel.comm.TPComm on a tensor-parallel rank
+
+    def set_fused_path(self, path: FusedPath) -> None:
+        """Select the decode layer (config keys fused_layer / fused_pdl) for every layer."""
+        if path.layer not in FUSED_LAYER_MODES:
+            raise ValueError(f"fused_layer must be one of {', '.join(FUSED_LAYER_MODES)}, "
+                             f"got {path.layer!r}")
+        for layer in self.layers:
+            layer.path = path
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens

@@ -20,6 +20,7 @@ import torch
 from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+MODES = {"FUSED_EPILOGUES": "epilogues", "FUSED_LAYER": "six"}  # the config key's values
 
 
 @pytest.mark.slow
@@ -55,7 +56,8 @@ def test_interp_gate_up_silu(m, k, n, bias) -> None:
     _check(torch.float32, "cpu", m, k, n, bias, 1e-5)
 
 
-def _check_linear(dtype, device, m, k, n, bias, norm, pair, residual, tol):
+def _check_linear(dtype, device, m, k, n, bias, norm, pair, residual, tol, config=None,
+                  pdl=False):
     from engine.model import fused_gemm
 
     g = torch.Generator().manual_seed(m * 11 + n + k)
@@ -66,7 +68,7 @@ def _check_linear(dtype, device, m, k, n, bias, norm, pair, residual, tol):
     r = torch.randn(m, n, generator=g).to(device, dtype) if residual else None
     kw = dict(norm=nw, eps=1e-5, pair=pair, residual=r)
     want = fused_gemm.fused_linear_torch(h, w, b, **kw)
-    got = fused_gemm.fused_linear(h, w, b, **kw)
+    got = fused_gemm.fused_linear(h, w, b, **kw, config=config, pdl=pdl)
     assert got.shape == want.shape == (m, n)
     assert rel_err(got, want) < tol
 
@@ -79,6 +81,19 @@ def _check_linear(dtype, device, m, k, n, bias, norm, pair, residual, tol):
 @pytest.mark.parametrize("bias", [False, True])
 def test_interp_fused_linear(m, k, n, norm, pair, residual, bias) -> None:
     _check_linear(torch.float32, "cpu", m, k, n, bias, norm, pair, residual, 1e-5)
+
+
+@interp_only
+@pytest.mark.parametrize(("m", "k", "n"), [(3, 200, 72), (17, 64, 40)])
+@pytest.mark.parametrize("config", [(16, 256, 4, 3), (32, 32, 2, 2), (64, 128, 4, 4)])
+def test_interp_fused_linear_tile_configs(m, k, n, config) -> None:
+    """The sweep's tile configurations: N and K not multiples of the tiles, several programs
+    over N, the norm pass and the K loop in more than one step."""
+    from engine.model.gemm_table import GemmConfig
+
+    cfg = GemmConfig(*config)
+    for norm, pair, residual in [(True, True, False), (False, False, True)]:
+        _check_linear(torch.float32, "cpu", m, k, n, False, norm, pair, residual, 1e-5, cfg)
 
 
 @interp_only
@@ -118,7 +133,7 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, mon
             return model(input_ids=ids, position_ids=pos[None],
                          logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
 
-    monkeypatch.setattr(llama, flag, True)
+    model.set_fused_path(llama.FusedPath(MODES[flag]))
     calls = []
     name = "gate_up_silu_triton" if flag == "FUSED_EPILOGUES" else "_fused_linear_kernel"
     real = getattr(fused_gemm, name)
@@ -134,7 +149,7 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, mon
     # the fused kernels ran in every layer: 1 (gate_up+SiLU) or 4 (qkv, o, gate_up, down)
     per_layer = 1 if flag == "FUSED_EPILOGUES" else 4
     assert len(calls) == per_layer * hf.config.num_hidden_layers
-    monkeypatch.setattr(llama, flag, False)
+    model.set_fused_path(llama.FusedPath("plain"))
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
     want = run()
     assert rel_err(got, want) < 1e-4
@@ -154,20 +169,30 @@ def test_cuda_gate_up_silu_bf16() -> None:
 
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="the torch path, not the interpreter")
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
-def test_six_kernel_layer_torch_path_greedy_equals_generate(family, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("family", "fused_kinds"),
+                         [("llama", "all"), ("mistral", "all"), ("qwen2", "all"),
+                          ("qwen3", "all"), ("llama", "norm_pair"), ("qwen2", "norm,residual")])
+def test_six_kernel_layer_torch_path_greedy_equals_generate(family, fused_kinds, tmp_path,
+                                                             monkeypatch):
     """The six-kernel layer's restructured residual stream (the hidden state carried whole,
     residual adds in the o/down epilogues, norms in the next GEMM's prologue) through the
-    engine on CPU (torch twins): greedy tokens equal generate's, preemption forced."""
+    engine on CPU (torch twins): greedy tokens equal generate's, preemption forced. With
+    fused_kinds other than "all", mode "auto" with a stand-in table that picks the fused kernel
+    only for those kinds and cuBLAS + separate ops elsewhere (the pending residual add)."""
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
     from helpers import hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
     from engine import Engine, EngineConfig, SamplingParams
-    from engine.model import fused_gemm, llama
+    from engine.model import fused_gemm, gemm_table
 
-    monkeypatch.setattr(llama, "FUSED_LAYER", True)
+    mode = "six"
+    if fused_kinds != "all":
+        mode, kinds = "auto", fused_kinds.split(",")
+        cfg16 = gemm_table.GemmConfig(16, 64, 4, 3)
+        monkeypatch.setattr(gemm_table, "choose",
+                            lambda mode, kind, *a: cfg16 if kind in kinds else None)
     calls = []
     real = fused_gemm.fused_linear_torch
     monkeypatch.setattr(fused_gemm, "fused_linear_torch",
@@ -178,7 +203,8 @@ def test_six_kernel_layer_torch_path_greedy_equals_generate(family, tmp_path, mo
     expected = hf_greedy(model_dir, prompts, 12)
     cfg = EngineConfig(model=str(model_dir), device="cpu", max_num_seqs=6,
                        max_num_batched_tokens=16, block_size=4, num_blocks=25,
-                       max_model_len=96, async_batching=False, model_impl="gapless")
+                       max_model_len=96, async_batching=False, model_impl="gapless",
+                       fused_layer=mode)
     with Engine(cfg) as eng:
         outs = eng.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
                                                     ignore_eos=True))
@@ -190,19 +216,35 @@ def test_six_kernel_layer_torch_path_greedy_equals_generate(family, tmp_path, mo
 
 @needs_cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize("flag", ["FUSED_EPILOGUES", "FUSED_LAYER"])
+@pytest.mark.parametrize(("mode", "pdl"), [("epilogues", False), ("six", False), ("six", True),
+                                           ("auto", True)])
 @pytest.mark.parametrize("graphs", [False, True])
-def test_cuda_greedy_with_epilogue_equals_generate(graphs, flag, tiny_model_dir, monkeypatch):
+def test_cuda_greedy_with_epilogue_equals_generate(graphs, mode, pdl, tiny_model_dir):
     sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
     from helpers import cuda_engine_outputs, hf_greedy, mixed_prompts
 
-    from engine.model import llama
-
-    monkeypatch.setattr(llama, flag, True)
     model_dir = tiny_model_dir("llama")
     prompts = mixed_prompts(9, seed=5)
     expected = hf_greedy(model_dir, prompts, 12, "cuda", torch.bfloat16)
     got, _, settings = cuda_engine_outputs(model_dir, prompts, 12, async_batching=False,
-                                           cuda_graphs=graphs, model_impl="gapless")
+                                           cuda_graphs=graphs, model_impl="gapless",
+                                           fused_layer=mode, fused_pdl=pdl)
     assert settings["model_impl"] == "gapless"
     assert got == expected
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_fused_linear_tile_configs_and_pdl() -> None:
+    """Every configuration the sweep tries, with and without programmatic dependent launch."""
+    from engine.model.gemm_table import GemmConfig
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.suites.fused_sweep import CONFIGS
+
+    for i, config in enumerate(CONFIGS):
+        cfg = GemmConfig(*config)
+        for norm, pair, residual in [(True, True, False), (False, False, True)]:
+            for m in (1, 32):
+                _check_linear(torch.bfloat16, "cuda", m, 576, 1536, False, norm, pair,
+                              residual, 1e-2, cfg, pdl=i % 2 == 0)

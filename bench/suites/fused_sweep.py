@@ -1,0 +1,296 @@
+"""The fused decode GEMMs against cuBLAS, per shape: the table `fused_layer: auto` reads.
+
+For each decode GEMM of the six-kernel layer (engine/model/llama.py) of SmolLM2-135M,
+Llama-3.2-1B and Llama-3.1-8B at M in {1, 16, 32}, this times
+- cuBLAS and the separate kernels the fused one replaces, as the present path runs them:
+  qkv: add+RMSNorm then F.linear; gate_up: add+RMSNorm, F.linear, SiLU*up; o and down:
+  F.linear alone (their residual add rides in the next add+RMSNorm, which runs anyway);
+- the fused Triton kernel (engine/model/fused_gemm.py) with every tile configuration of
+  CONFIGS, then the best one again launched with programmatic dependent launch (PDL).
+Timing: R calls captured in one CUDA graph (launch overhead excluded, as in a decode step),
+cycling through weight copies of >= 128 MB in all so that L2 (50 MB) cannot serve them; the
+figure is graph time / R. Kernels compile first in parallel worker processes (Triton's disk
+cache), so the sweep's time is spent timing.
+
+Writes fused_sweep.json (every row), fused_table.json (the per-shape table, the format of
+engine/model/gemm_table.json; point GAPLESS_FUSED_TABLE at it to run the model with it) and
+fused_sweep.md.
+
+    python -m bench fused-sweep                      # one H200, ~2 minutes
+    python -m bench fused-sweep --models smollm2-135m --ms 16
+    python -m bench fused-sweep --device cpu         # dry run: the torch twins, one tiny shape
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench.harness import report
+
+DESCRIPTION = ("fused decode GEMMs (norm prologue, SiLU / residual epilogues) vs cuBLAS + "
+               "separate ops per shape, tile sweep and PDL, writes the per-shape table (CUDA)")
+
+COPY_BW = 4.22e12
+EPS = 1e-5
+MODELS = {  # name: (hidden, q+k+v heads * head_dim, intermediate)
+    "smollm2-135m": (576, (9 + 2 * 3) * 64, 1536),
+    "llama-1b": (2048, (32 + 2 * 8) * 64, 8192),
+    "llama-8b": (4096, (32 + 2 * 8) * 128, 14336),
+}
+# (BLOCK_N, BLOCK_K, num_warps, num_stages): small N tiles give every SM a program at
+# N = 576..4096; long K tiles keep the loop short and the loads in flight.
+CONFIGS = [
+    (16, 128, 4, 3), (16, 256, 4, 3), (16, 256, 4, 4), (16, 512, 4, 2), (16, 256, 2, 4),
+    (32, 128, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (32, 256, 8, 3),
+    (64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 8, 3),
+    (128, 64, 4, 4), (128, 128, 8, 3),
+]
+QUICK = [(16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4)]
+
+
+def gemms(model: str) -> list[tuple[str, str, int, int]]:
+    """(op, kind, N, K) of one layer; N of norm_pair is the intermediate size."""
+    h, qkv, inter = MODELS[model]
+    return [("qkv", "norm", qkv, h), ("o", "residual", h, h),
+            ("gate_up", "norm_pair", inter, h), ("down", "residual", h, inter)]
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--ms", default="1,16,32", help="comma-separated batch sizes M")
+    ap.add_argument("--quick", action="store_true", help=f"only {len(QUICK)} configurations")
+    ap.add_argument("--no-pdl", action="store_true", help="skip the PDL timing")
+    ap.add_argument("--budget-s", type=float, default=150.0,
+                    help="stop starting new shapes after this many seconds (table so far kept)")
+    ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1),
+                    help="processes compiling the kernels first (0: compile while timing)")
+    ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
+
+
+def time_graph(fn: Callable[[int], object], n_copies: int, reps: int) -> float:
+    """Seconds per call of fn(i) (i picks the weight copy), from a CUDA graph of reps calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(2):
+            fn(i % n_copies)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(reps):
+            fn(i % n_copies)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / (3 * reps)
+
+
+def time_wall(fn: Callable[[int], object], n_copies: int, reps: int) -> float:
+    """The dry run's timer (CPU): wall seconds per call."""
+    t0 = time.perf_counter()
+    for i in range(reps):
+        fn(i % n_copies)
+    return (time.perf_counter() - t0) / reps
+
+
+class Operands:
+    """One shape's inputs and >= 128 MB of weight copies (L2 flushed by cycling them)."""
+
+    def __init__(self, kind: str, n: int, k: int, m: int, device: str, dtype: torch.dtype,
+                 min_bytes: int) -> None:
+        rows = 2 * n if kind == "norm_pair" else n
+        self.w_bytes = rows * k * dtype.itemsize
+        self.n_copies = max(2, -(-min_bytes // self.w_bytes))
+        g = torch.Generator(device=device).manual_seed(n * 31 + k + m)
+        self.w = [torch.randn(rows, k, device=device, dtype=dtype, generator=g) * k ** -0.5
+                  for _ in range(self.n_copies)]
+        self.x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+        self.nw = 1 + 0.1 * torch.randn(k, device=device, dtype=dtype, generator=g)
+        self.res_in = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+        self.res_out = torch.randn(m, n, device=device, dtype=dtype, generator=g)
+        self.kind = kind
+
+    def cublas(self, i: int) -> torch.Tensor:
+        """The present path's kernels for this GEMM (see the module docstring)."""
+        from engine.model.fused_ops import add_rms_norm, silu_and_mul
+
+        if self.kind == "residual":
+            return F.linear(self.x, self.w[i])
+        h, _ = add_rms_norm(self.x, self.res_in, self.nw, EPS)  # res_in grows: harmless
+        y = F.linear(h, self.w[i])
+        return silu_and_mul(y) if self.kind == "norm_pair" else y
+
+    def fused(self, i: int, cfg, pdl: bool = False) -> torch.Tensor:
+        from engine.model.fused_gemm import fused_linear
+
+        if self.kind == "residual":
+            return fused_linear(self.x, self.w[i], residual=self.res_out, config=cfg, pdl=pdl)
+        return fused_linear(self.x, self.w[i], norm=self.nw, eps=EPS,
+                            pair=self.kind == "norm_pair", config=cfg, pdl=pdl)
+
+    def reference(self) -> torch.Tensor:
+        from engine.model.fused_gemm import fused_linear_torch
+
+        if self.kind == "residual":
+            return fused_linear_torch(self.x, self.w[0], residual=self.res_out)
+        return fused_linear_torch(self.x, self.w[0], norm=self.nw, eps=EPS,
+                                  pair=self.kind == "norm_pair")
+
+
+def _warm_one(job: tuple) -> str | None:
+    """Compile one (kind, m, config, pdl) variant into Triton's disk cache (worker process)."""
+    kind, m, config, pdl = job
+    try:
+        from engine.model.gemm_table import GemmConfig
+
+        ops = Operands(kind, 64, 64, m, "cuda", torch.bfloat16, 0)
+        ops.fused(0, GemmConfig(*config), pdl)
+        torch.cuda.synchronize()
+    except Exception as e:  # the timing loop reports it again and skips the config
+        return f"{job}: {type(e).__name__}: {str(e)[:100]}"
+    return None
+
+
+def warm(jobs: list[tuple], workers: int) -> None:
+    if workers <= 0 or not jobs:
+        return
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        errors = [e for e in pool.map(_warm_one, jobs, chunksize=1) if e]
+    print(f"compiled {len(jobs)} kernel variants in {time.perf_counter() - t0:.0f} s "
+          f"({workers} processes, {len(errors)} failed)", flush=True)
+
+
+def measure(model: str, op: str, kind: str, n: int, k: int, m: int, configs: list[tuple], *,
+            dry: bool, pdl: bool, min_bytes: int) -> tuple[dict, dict | None]:
+    """One shape: cuBLAS + ops, every configuration, the best one with PDL; (row, entry)."""
+    from engine.model.gemm_table import GemmConfig
+
+    device, dtype = ("cpu", torch.float32) if dry else ("cuda", torch.bfloat16)
+    timer = time_wall if dry else time_graph
+    ops = Operands(kind, n, k, m, device, dtype, min_bytes)
+    reps = 2 if dry else max(ops.n_copies, 16)
+    ref = ops.reference().float()
+    t_cublas = timer(ops.cublas, ops.n_copies, reps)
+    times = {}
+    for c in configs:
+        cfg = GemmConfig(*c)
+        try:
+            got = ops.fused(0, cfg).float()
+            err = float((got - ref).norm() / ref.norm())
+            if err > 2e-2:
+                raise AssertionError(f"wrong result (rel err {err:.3g})")
+            times[c] = timer(lambda i, cfg=cfg: ops.fused(i, cfg), ops.n_copies, reps)
+        except Exception as e:  # a config that does not fit is skipped
+            print(f"  skip {model}.{op} M={m} {c}: {type(e).__name__}: {str(e)[:100]}",
+                  flush=True)
+    best = min(times, key=times.get) if times else None
+    t_pdl = None
+    if best is not None and pdl and not dry:
+        cfg = GemmConfig(*best)
+        try:
+            t_pdl = timer(lambda i: ops.fused(i, cfg, True), ops.n_copies, reps)
+        except Exception as e:
+            print(f"  PDL failed {model}.{op} M={m}: {type(e).__name__}: {str(e)[:100]}",
+                  flush=True)
+    row = dict(model=model, op=op, kind=kind, n=n, k=k, m=m, weight_bytes=ops.w_bytes,
+               cublas_us=t_cublas * 1e6, triton_us=times[best] * 1e6 if best else None,
+               pdl_us=t_pdl * 1e6 if t_pdl else None, config=best,
+               all_us={str(c): t * 1e6 for c, t in times.items()})
+    if best is None:
+        return row, None
+    fused_us = min(times[best], t_pdl or float("inf"))
+    entry = dict(winner="triton" if fused_us < t_cublas else "cublas", config=list(best),
+                 triton_us=round(times[best] * 1e6, 2),
+                 pdl_us=round(t_pdl * 1e6, 2) if t_pdl else None,
+                 cublas_us=round(t_cublas * 1e6, 2))
+    return row, entry
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
+    from engine.model.gemm_table import m_bucket, shape_key
+
+    dry = args.device == "cpu" or not torch.cuda.is_available()
+    ms = [int(m) for m in args.ms.split(",")]
+    configs = QUICK if args.quick else CONFIGS
+    models = args.models.split(",")
+    if dry:  # the code path on a CPU: torch twins, one tiny shape, two configurations
+        print("fused-sweep: no GPU (or --device cpu): dry run, torch twins, nothing measured")
+        MODELS["dry"] = (64, 96, 128)
+        models, ms, configs = ["dry"], [1, 16], configs[:2]
+    min_bytes = 0 if dry else 128 << 20
+    device_name = "cpu" if dry else torch.cuda.get_device_name(0)
+    if not dry:
+        kinds = {kind for model in models for _, kind, _, _ in gemms(model)}
+        block_ms = sorted({16 if m <= 16 else 32 if m <= 32 else 64 for m in ms})
+        warm([(kind, bm, c, False) for kind in sorted(kinds) for bm in block_ms
+              for c in configs], args.workers)
+    t_start = time.perf_counter()
+    rows, entries, skipped = [], {}, []
+    for model in models:
+        for op, kind, n, k in gemms(model):
+            for m in ms:
+                if time.perf_counter() - t_start > args.budget_s:
+                    skipped.append(f"{model}.{op} m{m}")
+                    continue
+                row, entry = measure(model, op, kind, n, k, m, configs, dry=dry,
+                                     pdl=not args.no_pdl, min_bytes=min_bytes)
+                rows.append(row)
+                if entry is not None and m_bucket(m) == m:
+                    entries[shape_key(kind, n, k, m)] = entry
+                print(_line(row), flush=True)
+        if not dry:
+            torch.cuda.empty_cache()
+    table = {"device": device_name, "note": "python -m bench fused-sweep; "
+             "winner: the fused kernel (with or without PDL) vs cuBLAS + separate ops",
+             "meta": report.meta(), "entries": entries}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fused_table.json").write_text(json.dumps(table, indent=1))
+    report.write_json(out / "fused_sweep.json", {"meta": report.meta(), "rows": rows,
+                                                 "skipped": skipped, "dry": dry})
+    md = markdown(rows, skipped)
+    (out / "fused_sweep.md").write_text(md + "\n")
+    print(md)
+    wins = sum(e["winner"] == "triton" for e in entries.values())
+    return {"dry": dry, "shapes": len(rows), "triton_wins": wins, "skipped": skipped}
+
+
+HEADERS = ["model", "GEMM", "N x K", "M", "cuBLAS+ops (us)", "fused best (us)",
+           "fused + PDL (us)", "config (BN,BK,warps,stages)", "faster", "% of 4.22 TB/s"]
+
+
+def _cells(r: dict) -> list:
+    best = min(t for t in (r["triton_us"], r["pdl_us"]) if t is not None) \
+        if r["triton_us"] else None
+    faster = "fused" if best is not None and best < r["cublas_us"] else "cuBLAS"
+    t_win = min(r["cublas_us"], best or float("inf"))
+    bw = r["weight_bytes"] / (t_win * 1e-6) / COPY_BW
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    return [r["model"], r["op"], f"{r['n']} x {r['k']}", r["m"], fmt(r["cublas_us"]),
+            fmt(r["triton_us"]), fmt(r["pdl_us"]), str(tuple(r["config"] or ())), faster,
+            f"{bw:.0%}"]
+
+
+def _line(r: dict) -> str:
+    return "| " + " | ".join(str(c) for c in _cells(r)) + " |"
+
+
+def markdown(rows: list[dict], skipped: list[str]) -> str:
+    text = report.markdown_table(HEADERS, [_cells(r) for r in rows], "lllrrrrllr")
+    if skipped:
+        text += f"\n\nnot measured (time budget): {', '.join(skipped)}"
+    return text

@@ -1,0 +1,95 @@
+"""Per-shape choice for the decode GEMMs of the fused layer (issue 22): cuBLAS with the separate
+norm/SiLU/add kernels, or the fused Triton kernel, and that kernel's tile configuration.
+
+Owns the table `python -m bench fused-sweep` measured on a GPU (committed next to this file as
+`gemm_table.json`; `GAPLESS_FUSED_TABLE=<path>` reads another one, for the sweep's own
+before/after run), the bucket of M a shape falls in, and the fallback where the table has no
+entry. Pure host-side Python, read at capture time; never imports bench/ or triton.
+
+Key: "<kind>:<N>x<K>:m<bucket>", kind one of KINDS (which prologue/epilogue the kernel runs),
+N the output columns (the intermediate size for "norm_pair"), K the reduction, bucket the
+smallest swept M >= the batch. Fallback: no entry (another GPU, an unswept shape, or M above
+the largest bucket, e.g. prefill) -> cuBLAS in mode "auto", `heuristic_config` in mode "six".
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+KINDS = ("norm", "norm_pair", "residual")
+M_BUCKETS = (1, 16, 32)
+TABLE_PATH = Path(__file__).with_name("gemm_table.json")
+NUM_SMS_GUESS = 132  # the H200's; only the fallback uses it
+
+
+class GemmConfig(NamedTuple):
+    """The fused kernel's launch configuration (BLOCK_M follows the batch)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def m_bucket(m: int) -> int | None:
+    """The smallest swept M that covers a batch of m rows; None above the largest."""
+    return next((b for b in M_BUCKETS if m <= b), None)
+
+
+def shape_key(kind: str, n: int, k: int, bucket: int) -> str:
+    return f"{kind}:{n}x{k}:m{bucket}"
+
+
+def heuristic_config(n: int, k: int) -> GemmConfig:
+    """No measurement: the widest N tile that still gives every SM a program, a long K tile."""
+    block_n = 64
+    while block_n > 16 and -(-n // block_n) < NUM_SMS_GUESS:
+        block_n //= 2
+    return GemmConfig(block_n, 256 if block_n == 16 else 128, 4, 3)
+
+
+@functools.cache
+def device_name(index: int) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(index)
+
+
+@functools.cache
+def load_table(path: str) -> dict:
+    """{"device": name, "entries": {key: {"winner": "triton"|"cublas", "config": [4 ints],
+    "triton_us": .., "cublas_us": ..}}}; an absent file is an empty table."""
+    p = Path(path)
+    if not p.is_file():
+        return {"device": None, "entries": {}}
+    return json.loads(p.read_text())
+
+
+def table_path() -> str:
+    return os.environ.get("GAPLESS_FUSED_TABLE") or str(TABLE_PATH)
+
+
+def lookup(kind: str, n: int, k: int, m: int, device_name: str | None) -> dict | None:
+    """The table's entry for this shape on this GPU, or None."""
+    bucket = m_bucket(m)
+    table = load_table(table_path())
+    if bucket is None or device_name is None or table.get("device") != device_name:
+        return None
+    return table["entries"].get(shape_key(kind, n, k, bucket))
+
+
+def choose(mode: str, kind: str, n: int, k: int, m: int,
+           device_name: str | None) -> GemmConfig | None:
+    """None: cuBLAS and the separate ops; else the fused kernel with this configuration.
+    mode "six": always the fused kernel; "auto": whichever the table measured faster."""
+    assert kind in KINDS, kind
+    entry = lookup(kind, n, k, m, device_name)
+    if mode == "six":
+        return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k)
+    if mode == "auto" and entry and entry["winner"] == "triton":
+        return GemmConfig(*entry["config"])
+    return None
