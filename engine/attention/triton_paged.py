@@ -1,50 +1,57 @@
 """Triton paged attention: one launch serves a flat batch of prefill chunks and decodes.
 
 Owns `paged_attention` for CUDA, the same op and signature as `engine.attention.reference` (the
-torch reference it is tested against), and the two kernels behind it:
+torch reference it is tested against), and the one kernel behind it, grid (T, KVH, num_splits).
 
-- `_paged_attention_kernel`: grid (T, KVH, num_splits). Program (t, kvh, s) is a *leader*
-  when token t starts a query block: t is a multiple of BLOCK_Q, or its request differs
-  from token t-1's. A leader takes the tokens t.. up to the next multiple of BLOCK_Q that
-  belong to its request, times the G = H // KVH query heads sharing kv head `kvh` (GQA
-  packing), as the rows of one tile of BLOCK_M >= 16 rows (the tl.dot minimum). Other
-  programs return at once. It walks its request's context in BLOCK_N-key tiles fetched
-  through the block table, with an online softmax in fp32. With split-K (num_splits > 1)
-  split s takes the s-th share of the key tiles and writes an unnormalised partial result.
-- `_reduce_splits_kernel`: merges the split partials (log-sum-exp weights) into `out`.
+Program (t, kvh, s) is a *leader* when token t starts a query block: t is a multiple of
+BLOCK_Q, or its request differs from token t-1's. A leader takes the tokens t.. up to the next
+multiple of BLOCK_Q that belong to its request, times the G = H // KVH query heads sharing kv
+head `kvh` (GQA packing: K/V are read once for the whole group), as the rows of one tile of
+BLOCK_M >= 16 rows (the tl.dot minimum). Other programs return at once. It walks its
+request's context in BLOCK_N-key tiles fetched through the block table, with an online
+softmax in fp32.
+
+Split-K without a second kernel: split s takes its share of the key tiles, at least
+`min_tiles` of them, so a short context uses fewer splits than the grid has (the rest exit at
+once). With one split in use the program writes `out` directly. Otherwise each split writes an
+unnormalised partial, then bumps a per-(query block, kv head) counter; the split that arrives
+last merges the partials (log-sum-exp weights) into `out` and resets the counter to 0 for the
+next launch. Counters live in one zeroed buffer per (device, stream): two launches that share
+a buffer must never run at the same time, which stream order guarantees.
+
+Programmatic dependent launch (`pdl=True`, sm_90+): the program waits for the previous kernel
+(`gdc_wait`) before it reads anything, since q, the cache and even the step's metadata may be
+that kernel's output, then lets the next kernel launch (`gdc_launch_dependents`). What overlaps
+is the launch and the previous kernel's tail.
 
 CUDA-graph safety: the grid and every Python decision depend only on shapes, dtypes and
 the device, never on tensor values; there is no host sync and no `.item()`. Padding
 tokens (token_req == -1) get zeros and read nothing from the cache.
 
-This module must never write the K/V cache, allocate per-value buffers, or branch in Python
-on tensor contents.
+This module must never write the K/V cache or branch in Python on tensor contents.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from engine.attention.reference import checked_output
+from engine.attention.triton_config import (
+    LaunchConfig,
+    choose_config,
+    pdl_available,
+    pdl_requested,
+)
 
 LOG2E = 1.4426950408889634
-
-# Below this many (token, kv head) programs per SM, long decodes split their keys. Measured
-# on the H200 (docs/benchmarks.md, `python -m bench attention`): at batch 32 x 8 kv heads (256
-# programs, ~2 per SM) one split with 128-key tiles was fastest at contexts 1280 and 8448
-# (84% and 97% of the KV-bytes floor, against 69% and lower with 4 splits of 64 keys).
-_PROGRAMS_PER_SM_TARGET = 1
-_MAX_SPLITS = 16
 
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    T, max_blocks,
+    q_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr, sem_ptr,
+    T, max_blocks, num_splits, min_tiles,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ks, stride_kh, stride_kd,
     stride_vb, stride_vs, stride_vh, stride_vd,
@@ -54,12 +61,15 @@ def _paged_attention_kernel(
     window,
     H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     t0 = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
     req0 = tl.load(req_ptr + t0)
     req_prev = tl.load(req_ptr + t0 - 1, mask=t0 > 0, other=-2)
@@ -89,9 +99,13 @@ def _paged_attention_kernel(
         lo = tl.maximum(lo, 0)
     tile_lo = lo // BLOCK_N
     tile_hi = tl.cdiv(hi, BLOCK_N)
-    tiles_per_split = tl.cdiv(tl.maximum(tile_hi - tile_lo, 0), NUM_SPLITS)
-    my_lo = tile_lo + split * tiles_per_split
-    my_hi = tl.minimum(my_lo + tiles_per_split, tile_hi)
+    n_tiles = tl.maximum(tile_hi - tile_lo, 0)
+    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), min_tiles)
+    n_active = tl.maximum(tl.cdiv(n_tiles, per_split), 1)  # same in every split of the block
+    if split >= n_active:
+        return  # a short context leaves this split nothing; the combine does not wait for it
+    my_lo = tile_lo + split * per_split
+    my_hi = tl.minimum(my_lo + per_split, tile_hi)
 
     offs_d = tl.arange(0, D)
     q = tl.load(
@@ -142,92 +156,76 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
+    out_ptrs = (out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh
+                + offs_d[None, :] * stride_od)
+    out_mask = (tok_same & (g < G))[:, None]  # a padding block stores its zeros
+    if n_active == 1:
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh
-            + offs_d[None, :] * stride_od,
-            res.to(out_ptr.dtype.element_ty),
-            mask=(tok_same & (g < G))[:, None],  # a padding block stores its zeros
-        )
+        tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        # Partials, contiguous: acc [S, T, H, D], (m, l) [S, T, H, 2]; every split writes its
-        # rows, empty ones included (m = -inf, l = 0), so the reduce reads no garbage.
+        # Partials, contiguous: acc [S, T, H, D], (m, l) [S, T, H, 2].
         row = (split * T + tok) * H + head
         st_mask = tok_ok & (g < G)
         tl.store(part_acc_ptr + row[:, None] * D + offs_d[None, :], acc, mask=st_mask[:, None])
         tl.store(part_ml_ptr + row * 2, m_i, mask=st_mask)
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=st_mask)
+        # Every thread's partial is stored before the one release below publishes them.
+        tl.debug_barrier()
+        sem = sem_ptr + t0 * tl.num_programs(1) + kvh
+        arrived = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_active - 1:  # last split of this block: merge all partials
+            m_all = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_all = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc_all = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+            for s_idx in range(0, n_active):
+                row_s = (s_idx * T + tok) * H + head
+                # .cg: read from L2, where the other splits' stores landed, never from L1.
+                m_s = tl.load(part_ml_ptr + row_s * 2, mask=st_mask, other=float("-inf"),
+                              cache_modifier=".cg")
+                l_s = tl.load(part_ml_ptr + row_s * 2 + 1, mask=st_mask, other=0.0,
+                              cache_modifier=".cg")
+                acc_s = tl.load(part_acc_ptr + row_s[:, None] * D + offs_d[None, :],
+                                mask=st_mask[:, None], other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m_all, m_s)
+                m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+                a_old = tl.exp2(m_all - m_shift)
+                a_s = tl.exp2(m_s - m_shift)
+                l_all = l_all * a_old + l_s * a_s
+                acc_all = acc_all * a_old[:, None] + acc_s * a_s[:, None]
+                m_all = m_new
+            res = acc_all / tl.where(l_all > 0, l_all, 1.0)[:, None]
+            tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(sem, 0)  # ready for the next launch (graph replays included)
 
 
-@triton.jit
-def _reduce_splits_kernel(
-    part_acc_ptr, part_ml_ptr, req_ptr, out_ptr,
-    T,
-    stride_ot, stride_oh, stride_od,
-    H: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
-):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, D)
-    req = tl.load(req_ptr + t + offs_s * 0)  # broadcast as a vector (see the kernel above)
-    s_ok = (offs_s < NUM_SPLITS) & (req >= 0)
-    row = (offs_s * T + t) * H + h
-    m = tl.load(part_ml_ptr + row * 2, mask=s_ok, other=float("-inf"))
-    lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=s_ok, other=0.0)
-    m_max = tl.max(m, axis=0)
-    m_shift = tl.where(m_max == float("-inf"), 0.0, m_max)
-    w = tl.where(s_ok & (lsum > 0), tl.exp2(m - m_shift), 0.0)
-    denom = tl.sum(w * lsum, axis=0)
-    acc = tl.load(
-        part_acc_ptr + row[:, None] * D + offs_d[None, :], mask=s_ok[:, None], other=0.0
-    )
-    res = tl.sum(acc * w[:, None], axis=0) / tl.where(denom > 0, denom, 1.0)
-    tl.store(
-        out_ptr + t * stride_ot + h * stride_oh + offs_d * stride_od,
-        res.to(out_ptr.dtype.element_ty),
-    )
+_SEMAPHORES: dict[tuple[str, int | None, int], torch.Tensor] = {}
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _semaphores(device: torch.device, n: int) -> torch.Tensor:
+    """A zeroed int32 buffer of >= n split counters for launches on the current stream.
 
-
-def default_num_splits(num_tokens: int, kv_heads: int, device: torch.device) -> int:
-    """Split-K factor chosen from shapes only: split when (token, kv head) programs are few.
-
-    Few programs means a decode-sized batch; each then streams a long context alone, so
-    splitting its keys fills the GPU. Splits past a short context exit at once.
+    The kernel leaves every counter at 0, so the buffer is zeroed once, when it is made
+    (outside a graph capture in the engine, whose warm-up runs each shape eagerly first).
     """
-    if device.type != "cuda":
-        return 1
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    programs = max(1, num_tokens * kv_heads)
-    splits = 1
-    while splits < _MAX_SPLITS and programs * splits < _PROGRAMS_PER_SM_TARGET * sms:
-        splits *= 2
-    return splits
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _SEMAPHORES.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(4096, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        _SEMAPHORES[key] = buf
+    return buf
 
 
-def _tile_shape(
-    group: int, head_dim: int, block_n: int | None, elem_size: int = 2
-) -> tuple[int, int, int]:
-    """(G_PAD, BLOCK_Q, BLOCK_N): rows padded to the 16-row tl.dot minimum, key tile size.
+def _tile_shape(group: int, block_n: int) -> tuple[int, int]:
+    """(G_PAD, BLOCK_Q): rows padded to the 16-row tl.dot minimum.
 
     BLOCK_N and the cache block size are both powers of two, so the key tile is always a
     multiple or a divisor of a cache block.
     """
-    g_pad = triton.next_power_of_2(group)
-    block_q = max(1, 16 // g_pad)
-    if block_n is None:
-        # 128-key tiles measured best for 16-bit D=128; keep K+V stages within shared memory.
-        row_bytes = head_dim * elem_size
-        block_n = 128 if row_bytes <= 256 else 64 if row_bytes <= 512 else 32
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
-    return g_pad, block_q, block_n
+    g_pad = triton.next_power_of_2(group)
+    return g_pad, max(1, 16 // g_pad)
 
 
 def paged_attention(
@@ -242,15 +240,18 @@ def paged_attention(
     out: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
+    min_tiles: int | None = None,
     block_n: int | None = None,
-    num_stages: int = 3,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of a flat batch (see `engine.attention.reference.paged_attention`).
 
-    The keyword-only tuning the engine leaves at its defaults (the benchmark and the tests
-    compare configurations): split-K factor (None: `default_num_splits`), key tile size
-    (None: by the bytes of a K/V row, see `_tile_shape`) and software-pipeline depth (3
-    lets Triton prefetch the block-table entries as well as the K/V tiles).
+    The keyword-only tuning the engine leaves at None (the benchmark and the tests compare
+    configurations) overrides one field of `triton_config.choose_config`'s launch for these
+    shapes. `pdl`: None follows GAPLESS_ATTENTION_PDL; True asks for programmatic dependent
+    launch, which is used only where `pdl_available` (else the plain launch runs).
     """
     out = checked_output(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
@@ -268,20 +269,24 @@ def paged_attention(
     group = h // kvh
     if t == 0:
         return out
-    if num_splits is None:
-        num_splits = default_num_splits(t, kvh, q.device)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-
-    g_pad, block_q, block_n = _tile_shape(group, d, block_n, k_cache.element_size())
-    if num_splits > 1:
-        part_acc = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=q.device)
-        part_ml = torch.empty((num_splits, t, h, 2), dtype=torch.float32, device=q.device)
+    cfg = resolve_config(
+        tokens=t, kv_heads=kvh, group=group, head_dim=d, elem_size=k_cache.element_size(),
+        device=q.device, num_splits=num_splits, min_tiles=min_tiles, block_n=block_n,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    g_pad, block_q = _tile_shape(group, cfg.block_n)
+    if cfg.num_splits > 1:
+        part_acc = torch.empty((cfg.num_splits, t, h, d), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((cfg.num_splits, t, h, 2), dtype=torch.float32, device=q.device)
+        sem = _semaphores(q.device, t * kvh)
     else:
-        part_acc = part_ml = out  # unused by the kernel when NUM_SPLITS == 1
-    _paged_attention_kernel[(t, kvh, num_splits)](
-        q, k_cache, v_cache, block_tables, token_req, token_pos, out, part_acc, part_ml,
-        t, block_tables.shape[1],
+        part_acc = part_ml = out  # never touched: one split writes out directly
+        sem = token_req
+    use_pdl = (pdl_requested() if pdl is None else pdl) and pdl_available(q.device)
+    launch = {"launch_pdl": True} if use_pdl else {}
+    _paged_attention_kernel[(t, kvh, cfg.num_splits)](
+        q, k_cache, v_cache, block_tables, token_req, token_pos, out, part_acc, part_ml, sem,
+        t, block_tables.shape[1], cfg.num_splits, cfg.min_tiles,
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.stride(3),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.stride(3),
@@ -290,16 +295,31 @@ def paged_attention(
         scale * LOG2E,
         sliding_window if sliding_window is not None else 0,
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, HAS_WINDOW=sliding_window is not None,
-        IEEE_DOT=q.dtype == torch.float32,
-        num_warps=4 if block_n <= 64 else 8, num_stages=num_stages,
+        BLOCK_N=cfg.block_n, HAS_WINDOW=sliding_window is not None,
+        IEEE_DOT=q.dtype == torch.float32, USE_PDL=use_pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )
-    if num_splits > 1:
-        _reduce_splits_kernel[(t, h)](
-            part_acc, part_ml, token_req, out,
-            t,
-            out.stride(0), out.stride(1), out.stride(2),
-            H=h, D=d, NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
-            num_warps=4 if d >= 128 else 2,
-        )
     return out
+
+
+def resolve_config(
+    *, tokens: int, kv_heads: int, group: int, head_dim: int, elem_size: int,
+    device: torch.device, num_splits: int | None = None, min_tiles: int | None = None,
+    block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+) -> LaunchConfig:
+    """The default launch for these shapes with the given fields overridden (and checked)."""
+    # Programs that may lead a query block: every token of a decode batch (one per request).
+    cfg = choose_config(
+        programs=tokens * kv_heads, head_dim=head_dim, elem_size=elem_size, device=device
+    )
+    cfg = cfg._replace(**{
+        k: v for k, v in (("num_splits", num_splits), ("min_tiles", min_tiles),
+                          ("block_n", block_n), ("num_warps", num_warps),
+                          ("num_stages", num_stages)) if v is not None
+    })
+    if cfg.num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {cfg.num_splits}")
+    if cfg.min_tiles < 1:
+        raise ValueError(f"min_tiles must be >= 1, got {cfg.min_tiles}")
+    _tile_shape(group, cfg.block_n)  # validates block_n
+    return cfg

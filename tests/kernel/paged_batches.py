@@ -146,6 +146,8 @@ def run_triton(
     sliding_window: int | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    min_tiles: int | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     from engine.attention.triton_paged import paged_attention
 
@@ -153,6 +155,7 @@ def run_triton(
     res = paged_attention(
         b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
         sliding_window=sliding_window, out=out, num_splits=num_splits, block_n=block_n,
+        min_tiles=min_tiles, pdl=pdl,
     )
     assert res is out
     return out

@@ -107,7 +107,8 @@ def test_interp_triton_matches_reference(case: tuple) -> None:
         dtype=dtype, padding=3, seed=heads + head_dim + splits,
     )
     ref = run_ref(b, window)
-    out = run_triton(b, window, splits)
+    # 16-key tiles, one tile per split at least: the short contexts really split.
+    out = run_triton(b, window, splits, block_n=16, min_tiles=1)
     assert rel_err(out, ref) < TOL[dtype]
     assert_padding_zero(b, out)
 
@@ -120,7 +121,8 @@ def test_interp_interleaved_tokens_and_long_context() -> None:
         block_size=16, dtype=torch.float32, padding=1, shuffle_tokens=True, seed=11,
     )
     for splits in (1, 3):
-        assert rel_err(run_triton(b, None, splits), run_ref(b)) < TOL[torch.float32]
+        out = run_triton(b, None, splits, block_n=32, min_tiles=1)
+        assert rel_err(out, run_ref(b)) < TOL[torch.float32]
 
 
 @interp_only
@@ -131,7 +133,7 @@ def test_interp_key_tile_smaller_or_larger_than_cache_block(block_size: int, blo
         padding=2, seed=block_n,
     )
     for window in (None, 12):
-        out = run_triton(b, window, num_splits=2, block_n=block_n)
+        out = run_triton(b, window, num_splits=2, block_n=block_n, min_tiles=1)
         assert rel_err(out, run_ref(b, window)) < TOL[torch.float32]
 
 
@@ -159,8 +161,60 @@ def test_interp_all_padding() -> None:
     b = make_batch([(1, 3)], heads=4, kv_heads=2, head_dim=16, block_size=16, dtype=torch.float32)
     b.token_req.fill_(-1)
     for splits in (1, 2):
-        out = run_triton(b, None, splits)
+        out = run_triton(b, None, splits, block_n=16, min_tiles=1)
         assert torch.equal(out, torch.zeros_like(out))
+
+
+@interp_only
+@pytest.mark.parametrize("splits,min_tiles", [(8, 1), (4, 2), (2, 3), (16, 1)])
+def test_interp_splits_beyond_the_context_and_counters_reset(splits: int, min_tiles: int) -> None:
+    """More splits than a context has tiles (or than min_tiles allows): the unused ones exit,
+    the split that arrives last still merges, and every counter is back at 0 afterwards, so a
+    second launch (a graph replay) gives the same result."""
+    from engine.attention import triton_paged
+
+    b = make_batch(
+        [(1, 70), (1, 3), (2, 40), (1, 129)], heads=8, kv_heads=2, head_dim=16,
+        block_size=16, dtype=torch.float32, padding=1, seed=splits,
+    )
+    ref = run_ref(b)
+    first = run_triton(b, None, splits, block_n=16, min_tiles=min_tiles)
+    assert rel_err(first, ref) < TOL[torch.float32]
+    assert_padding_zero(b, first)
+    for buf in triton_paged._SEMAPHORES.values():
+        assert int(buf.abs().sum()) == 0, "a split counter was left non-zero"
+    second = run_triton(b, None, splits, block_n=16, min_tiles=min_tiles)
+    assert torch.equal(first, second)
+
+
+def test_default_config_splits_only_small_batches_and_checks_overrides() -> None:
+    """Shapes alone pick the launch: a decode batch that fills the GPU runs one split, a
+    small one splits; a split takes at least MIN_KEYS_PER_SPLIT keys; bad overrides fail."""
+    from engine.attention.triton_config import MIN_KEYS_PER_SPLIT, default_num_splits
+    from engine.attention.triton_paged import resolve_config
+
+    assert default_num_splits(32 * 8, 132) == 1
+    assert default_num_splits(16 * 3, 132) == 4
+    assert default_num_splits(1 * 8, 132) == 16
+    cfg = resolve_config(tokens=4, kv_heads=2, group=4, head_dim=128, elem_size=2,
+                         device=torch.device("cpu"))
+    assert cfg.min_tiles * cfg.block_n >= MIN_KEYS_PER_SPLIT
+    for bad, match in (({"num_splits": 0}, "num_splits"), ({"min_tiles": 0}, "min_tiles"),
+                       ({"block_n": 48}, "power of two")):
+        with pytest.raises(ValueError, match=match):
+            resolve_config(tokens=4, kv_heads=2, group=4, head_dim=128, elem_size=2,
+                           device=torch.device("cpu"), **bad)
+
+
+def test_pdl_is_never_used_without_a_gpu_that_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.attention.triton_config import PDL_ENV, pdl_available, pdl_requested
+
+    assert not pdl_available(torch.device("cpu"))
+    monkeypatch.setenv(PDL_ENV, "1")
+    assert pdl_requested()
+    monkeypatch.setenv(PDL_ENV, "yes please")
+    with pytest.raises(ValueError, match=PDL_ENV):
+        pdl_requested()
 
 
 # ------------------------------------------------- compile for the GPU, on a machine without
@@ -176,13 +230,13 @@ def _ptxas_available() -> bool:
 
 
 SM90_CASES = [
-    # dtype, group, head_dim, block_size, num_splits, has_window, block_n
-    ("bf16", 4, 128, 16, 1, False, 64),
-    ("bf16", 4, 128, 16, 4, True, 64),
-    ("fp16", 4, 128, 32, 2, False, 128),
-    ("bf16", 1, 64, 16, 1, True, 64),
-    ("bf16", 32, 256, 16, 8, False, 32),
-    ("fp32", 3, 64, 16, 1, False, 64),
+    # dtype, group, head_dim, block_size, pdl, has_window, block_n
+    ("bf16", 4, 128, 16, False, False, 64),
+    ("bf16", 4, 128, 16, True, True, 64),
+    ("fp16", 4, 128, 32, False, False, 128),
+    ("bf16", 1, 64, 16, False, True, 64),
+    ("bf16", 32, 256, 16, True, False, 32),
+    ("fp32", 3, 64, 16, False, False, 64),
 ]
 
 
@@ -204,18 +258,18 @@ def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
     from engine.attention.triton_paged import _paged_attention_kernel as kernel
     from engine.attention.triton_paged import _tile_shape
 
-    dt, group, head_dim, block_size, splits, window, block_n = case
-    g_pad, block_q, block_n = _tile_shape(group, head_dim, block_n)
+    dt, group, head_dim, block_size, pdl, window, block_n = case
+    g_pad, block_q = _tile_shape(group, block_n)
     const = dict(
         H=8 * group, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=head_dim,
-        BLOCK_SIZE=block_size, BLOCK_N=block_n, NUM_SPLITS=splits, HAS_WINDOW=window,
-        IEEE_DOT=dt == "fp32",
+        BLOCK_SIZE=block_size, BLOCK_N=block_n, HAS_WINDOW=window,
+        IEEE_DOT=dt == "fp32", USE_PDL=pdl,
         stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
     )
     ptrs = {
         "q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "out_ptr": f"*{dt}",
         "bt_ptr": "*i32", "req_ptr": "*i32", "pos_ptr": "*i32",
-        "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32",
+        "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "sem_ptr": "*i32",
     }
     types = {**ptrs, "scale_log2": "fp32"}
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in kernel.arg_names}
@@ -227,7 +281,10 @@ def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
         options={"num_warps": 4 if block_n <= 64 else 8, "num_stages": 3},
     )
     assert compiled.metadata.shared <= 227 * 1024, "exceeds an H100/H200 block's shared memory"
-    assert "cp.async" in compiled.asm["ptx"], "K/V tile loads are no longer software-pipelined"
+    ptx = compiled.asm["ptx"]
+    assert "cp.async" in ptx, "K/V tile loads are no longer software-pipelined"
+    assert ("griddepcontrol.wait" in ptx) == pdl
+    assert "atom.global" in ptx or "atom.acq_rel" in ptx, "the split counter is not atomic"
 
 
 # ------------------------------------------------------------------------------- (c) CUDA
@@ -248,7 +305,7 @@ def test_cuda_mixed_batch_matches_reference(dtype: torch.dtype, num_splits: int 
         device="cuda", padding=5, seed=21,
     )
     ref = run_ref(b)
-    out = run_triton(b, None, num_splits)
+    out = run_triton(b, None, num_splits, min_tiles=1 if num_splits else None)
     assert rel_err(out, ref) < TOL[dtype]
     assert_padding_zero(b, out)
 
@@ -264,8 +321,10 @@ def test_cuda_decode_batch32_long_contexts(dtype: torch.dtype) -> None:
         device="cuda", seed=6,
     )
     ref = run_ref(b)
-    for splits in (None, 1, 2, 8):
-        assert rel_err(run_triton(b, None, splits), ref) < TOL[dtype], f"num_splits={splits}"
+    for splits, min_tiles, pdl in ((None, None, False), (1, None, True), (2, 1, False),
+                                   (8, 1, True), (16, None, False)):
+        out = run_triton(b, None, splits, min_tiles=min_tiles, pdl=pdl)
+        assert rel_err(out, ref) < TOL[dtype], f"num_splits={splits} min_tiles={min_tiles}"
 
 
 @pytest.mark.cuda
@@ -280,17 +339,22 @@ def test_cuda_shapes_and_window(head_dim: int, block_size: int, sliding_window: 
     )
     ref = run_ref(b, sliding_window)
     for splits in (None, 4):
-        out = run_triton(b, sliding_window, splits)
+        out = run_triton(b, sliding_window, splits, min_tiles=1 if splits else None)
         assert rel_err(out, ref) < TOL[torch.bfloat16]
         assert_padding_zero(b, out)
 
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize("n_tokens", [32, 300])  # decode-sized (split-K) and mixed
-def test_cuda_graph_replay_after_in_place_input_changes(n_tokens: int) -> None:
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("n_tokens,num_splits", [(32, None), (32, 4), (300, None)])
+def test_cuda_graph_replay_after_in_place_input_changes(
+    n_tokens: int, num_splits: int | None, pdl: bool
+) -> None:
     """Capture once, then change token_pos, token_req, block_tables and q in place: replay
-    must follow the new values (nothing value-dependent was baked in at capture)."""
+    must follow the new values (nothing value-dependent was baked in at capture), split-K
+    counters included; with PDL each of two back-to-back launches waits for the other."""
+    from engine.attention import triton_paged
     from engine.attention.triton_paged import paged_attention
 
     heads, kv_heads, d, bs, reqs, max_blocks = 32, 8, 128, 16, 32, 545  # up to 8720 keys
@@ -325,9 +389,16 @@ def test_cuda_graph_replay_after_in_place_input_changes(n_tokens: int) -> None:
         token_req.copy_(torch.where(pad, -1, req).int())
         token_pos.copy_(torch.where(pad, 0, pos).int())
 
+    out2 = torch.empty_like(q)
+
     def attention() -> None:
+        kw = dict(num_splits=num_splits, min_tiles=1 if num_splits else None, pdl=pdl)
         paged_attention(
-            q, k_cache, v_cache, block_tables, token_req, token_pos, d**-0.5, out=out
+            q, k_cache, v_cache, block_tables, token_req, token_pos, d**-0.5, out=out, **kw
+        )
+        # The second launch reads what the first wrote: a PDL launch must wait for it.
+        paged_attention(
+            out, k_cache, v_cache, block_tables, token_req, token_pos, d**-0.5, out=out2, **kw
         )
 
     fill(0)
@@ -343,12 +414,19 @@ def test_cuda_graph_replay_after_in_place_input_changes(n_tokens: int) -> None:
     for seed in (1, 2, 3):
         fill(seed)
         out.fill_(float("nan"))
+        out2.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         ref = ref_attention(
             q, k_cache, v_cache, block_tables, token_req, token_pos, d**-0.5
         )
         assert rel_err(out, ref) < TOL[dtype], f"replay with inputs #{seed}"
+        ref2 = ref_attention(
+            out, k_cache, v_cache, block_tables, token_req, token_pos, d**-0.5
+        )
+        assert rel_err(out2, ref2) < TOL[dtype], f"second launch, inputs #{seed}"
         pad = token_req == -1
         assert torch.equal(out[pad], torch.zeros_like(out[pad]))
+    for buf in triton_paged._SEMAPHORES.values():
+        assert int(buf.abs().sum()) == 0, "a split counter was left non-zero"
 

@@ -1,0 +1,108 @@
+"""Launch configuration of the Triton paged attention kernel, chosen from shapes only.
+
+Owns `LaunchConfig` (split-K factor, the fewest key tiles a split takes, key tile size, warps,
+pipeline depth), `choose_config` (the default per shape), `pdl_available` and the
+`GAPLESS_ATTENTION_PDL` switch for programmatic dependent launch.
+
+Every decision reads shapes, dtypes and the device, never tensor values, so a CUDA graph
+captured with one configuration stays right whatever the contexts are at replay. The context
+length is a value, so it is the kernel that adapts to it: a split takes at least `min_tiles`
+key tiles, and the splits a short context leaves empty exit at once (and then no split
+combine runs either). Never imports the kernel module (the benchmark imports this one to
+list candidates on any machine).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+
+# Split while (query block, kv head) programs fill fewer than this many per SM. At batch 32 x 8
+# kv heads (256 programs on 132 SMs) one split is fastest (docs/benchmarks.md, "Paged
+# attention kernel"); SmolLM2's 16 x 3 = 48 programs want more.
+PROGRAMS_PER_SM_TARGET = 1
+MAX_SPLITS = 16
+# A split streams at least this many keys: below it the split's fixed cost (q load, partial
+# store, the combine) outweighs the bandwidth it adds.
+MIN_KEYS_PER_SPLIT = 256
+
+PDL_ENV = "GAPLESS_ATTENTION_PDL"
+
+
+class LaunchConfig(NamedTuple):
+    num_splits: int  # grid size along the keys; splits a short context leaves empty exit
+    min_tiles: int  # fewest key tiles one split takes (caps the splits at short contexts)
+    block_n: int  # keys per tile, power of two >= 16
+    num_warps: int
+    num_stages: int
+
+    def label(self) -> str:
+        return (f"s{self.num_splits}/m{self.min_tiles}/n{self.block_n}/"
+                f"w{self.num_warps}/st{self.num_stages}")
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (132 on an H200); 1 elsewhere."""
+    if device.type != "cuda":
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def default_block_n(head_dim: int, elem_size: int = 2) -> int:
+    """128-key tiles measured best for 16-bit D=128; keep K+V stages within shared memory."""
+    row_bytes = head_dim * elem_size
+    return 128 if row_bytes <= 256 else 64 if row_bytes <= 512 else 32
+
+
+def default_num_splits(programs: int, sms: int) -> int:
+    """Smallest power of two that gives every SM PROGRAMS_PER_SM_TARGET programs."""
+    splits = 1
+    while splits < MAX_SPLITS and max(1, programs) * splits < PROGRAMS_PER_SM_TARGET * sms:
+        splits *= 2
+    return splits
+
+
+def choose_config(
+    *, programs: int, head_dim: int, elem_size: int, device: torch.device
+) -> LaunchConfig:
+    """The default launch for `programs` (query block, kv head) pairs on `device`."""
+    block_n = default_block_n(head_dim, elem_size)
+    splits = default_num_splits(programs, sm_count(device)) if device.type == "cuda" else 1
+    return LaunchConfig(
+        num_splits=splits,
+        min_tiles=max(1, MIN_KEYS_PER_SPLIT // block_n),
+        block_n=block_n,
+        num_warps=4 if block_n <= 64 else 8,
+        num_stages=3,
+    )
+
+
+def pdl_requested() -> bool:
+    """`GAPLESS_ATTENTION_PDL=1` asks for programmatic dependent launch (off by default)."""
+    value = os.environ.get(PDL_ENV, "0").strip().lower()
+    if value not in ("0", "1", "true", "false", ""):
+        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
+    return value in ("1", "true")
+
+
+def pdl_available(device: torch.device) -> bool:
+    """PDL needs a real (not interpreted) Triton with grid-dependency control and sm_90+."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    try:
+        import triton.language as tl
+
+        if not hasattr(tl.extra.cuda, "gdc_wait"):
+            return False
+    except Exception:
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] >= 9
