@@ -40,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="decode steps before profiling")
     parser.add_argument("--impls", default="transformers,gapless",
                         help="comma-separated model_impl values")
+    parser.add_argument("--fused-layer", default="plain",
+                        help="config key fused_layer of the gapless rows: plain | epilogues | "
+                             "six | auto (issue 22)")
+    parser.add_argument("--fused-pdl", action="store_true",
+                        help="config key fused_pdl: the fused kernels with programmatic "
+                             "dependent launch")
 
 
 def run_impl(hf_model: torch.nn.Module, impl: str, batch: int,
@@ -52,6 +58,7 @@ def run_impl(hf_model: torch.nn.Module, impl: str, batch: int,
         max_model_len=args.context + args.warmup + args.steps + 32, block_size=16,
         async_batching=False, num_slots=2, cuda_graphs=args.device == "cuda",
         telemetry=False, model_impl=impl, graph_buckets=[batch],  # decode only
+        fused_layer=args.fused_layer, fused_pdl=args.fused_pdl,
     )
     eng = Engine(cfg, model=hf_model, tokenizer=None, start=False)
     params = SamplingParams(max_tokens=args.warmup + args.steps + 16, temperature=0.0,
