@@ -237,8 +237,9 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     if not dry:
         kinds = {kind for model in models for _, kind, _, _ in gemms(model)}
         block_ms = sorted({16 if m <= 16 else 32 if m <= 32 else 64 for m in ms})
-        warm([(kind, bm, c, False) for kind in sorted(kinds) for bm in block_ms
-              for c in configs], args.workers)
+        pdls = [False] if args.no_pdl else [False, True]
+        warm([(kind, bm, c, pdl) for kind in sorted(kinds) for bm in block_ms
+              for c in configs for pdl in pdls], args.workers)
     t_start = time.perf_counter()
     rows, entries, skipped = [], {}, []
     for model in models:
