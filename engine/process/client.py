@@ -18,7 +18,6 @@ import itertools
 import logging
 import secrets
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -28,6 +27,7 @@ from typing import Any
 from engine.config import EngineConfig, SamplingParams
 from engine.core.request import RequestOutput
 from engine.process import endpoint
+from engine.process import timeouts as limits
 from engine.process.endpoint import default_socket_path  # noqa: F401 (API)
 from engine.process.session import Session
 from engine.process.spawn import EngineProcess, exit_reason, last_words  # noqa: F401
@@ -43,15 +43,6 @@ from engine.process.wire import Command
 from telemetry.bus import TelemetryBus
 
 log = logging.getLogger("gapless.client")
-
-START_TIMEOUT_S = 300.0
-CALL_TIMEOUT_S = 60.0
-SHUTDOWN_TIMEOUT_S = 30.0
-NOT_RESPONDING_AFTER_S = 2.0
-STALL_AFTER_S = 10.0
-GIVE_UP_AFTER_S = 30.0
-KILL_GRACE_S = 1.0  # how long shutdown() waits for a hung engine before SIGKILL
-CONNECT_TIMEOUT_S = 10.0
 
 _live: weakref.WeakSet[EngineClient] = weakref.WeakSet()
 
@@ -69,55 +60,48 @@ class EngineClient:
     """The engine in a child process. See docs/engine-client-api.md for the contract.
 
     ``config_path`` None means EngineConfig defaults; ``overrides`` are EngineConfig keys.
-    The config (and ``listen``) is validated here (ValueError) before any process starts.
+    The config, ``listen`` and the time limits (timeouts.py) are validated here (ValueError)
+    before any process starts.
     """
 
     def __init__(self, config_path: str | Path | None = "config.yaml", *,
                  listen: str | Path | None = None,
-                 start_timeout_s: float = START_TIMEOUT_S,
-                 call_timeout_s: float = CALL_TIMEOUT_S,
-                 not_responding_after_s: float = NOT_RESPONDING_AFTER_S,
-                 stall_after_s: float = STALL_AFTER_S,
-                 give_up_after_s: float = GIVE_UP_AFTER_S, **overrides: Any) -> None:
+                 start_timeout_s: float = limits.START_TIMEOUT_S,
+                 call_timeout_s: float = limits.CALL_TIMEOUT_S,
+                 not_responding_after_s: float = limits.NOT_RESPONDING_AFTER_S,
+                 stall_after_s: float = limits.STALL_AFTER_S,
+                 give_up_after_s: float = limits.GIVE_UP_AFTER_S, **overrides: Any) -> None:
         if config_path is None:
             self.config: EngineConfig | None = EngineConfig.from_dict({}, **overrides)
         else:
             self.config = EngineConfig.from_yaml(config_path, **overrides)
         self.listen_path = None if listen is None else endpoint.check_listen_path(listen)
-        self._setup(call_timeout_s, not_responding_after_s, stall_after_s, give_up_after_s)
-        self.start_timeout_s = start_timeout_s
+        self._setup(limits.Timeouts(call_timeout_s, not_responding_after_s, stall_after_s,
+                             give_up_after_s), start_timeout_s)
         self._start()
         _live.add(self)
 
     @classmethod
-    def attach(cls, path: str | Path, *, call_timeout_s: float = CALL_TIMEOUT_S,
-               not_responding_after_s: float = NOT_RESPONDING_AFTER_S,
-               stall_after_s: float = STALL_AFTER_S, give_up_after_s: float = GIVE_UP_AFTER_S,
-               connect_timeout_s: float = CONNECT_TIMEOUT_S) -> EngineClient:
+    def attach(cls, path: str | Path, *, call_timeout_s: float = limits.CALL_TIMEOUT_S,
+               not_responding_after_s: float = limits.NOT_RESPONDING_AFTER_S,
+               stall_after_s: float = limits.STALL_AFTER_S,
+               give_up_after_s: float = limits.GIVE_UP_AFTER_S,
+               connect_timeout_s: float = limits.CONNECT_TIMEOUT_S) -> EngineClient:
         """A client of the engine another EngineClient started with ``listen=path``. Same
         API; it sees its own requests' deltas and all telemetry; shutdown() detaches.
         ValueError when nothing listens there; EngineStartError when the engine refuses."""
         self = cls.__new__(cls)
         self.config = None
         self.listen_path = Path(path).expanduser().absolute()
-        self._setup(call_timeout_s, not_responding_after_s, stall_after_s, give_up_after_s)
-        self.start_timeout_s = connect_timeout_s
+        self._setup(limits.Timeouts(call_timeout_s, not_responding_after_s, stall_after_s,
+                             give_up_after_s), connect_timeout_s)
         self._start()
         _live.add(self)
         return self
 
-    def _setup(self, call_timeout_s: float, not_responding_after_s: float,
-               stall_after_s: float, give_up_after_s: float) -> None:
-        for name, value in (("call_timeout_s", call_timeout_s),
-                            ("not_responding_after_s", not_responding_after_s),
-                            ("stall_after_s", stall_after_s),
-                            ("give_up_after_s", give_up_after_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
-        self.call_timeout_s = float(call_timeout_s)
-        self.not_responding_after_s = float(not_responding_after_s)
-        self.stall_after_s = float(stall_after_s)
-        self.give_up_after_s = float(give_up_after_s)
+    def _setup(self, timeouts: limits.Timeouts, start_timeout_s: float) -> None:
+        self.timeouts = timeouts
+        self.start_timeout_s = start_timeout_s
         self._bus = TelemetryBus()
         # Ids this client picks are its own: a random tag keeps two clients of one engine
         # (and the engine's own "req-N") apart.
@@ -137,8 +121,7 @@ class EngineClient:
     def _start(self) -> None:
         self.generation += 1
         self._bus = TelemetryBus()
-        liveness = dict(not_responding_after_s=self.not_responding_after_s,
-                        stall_after_s=self.stall_after_s)
+        liveness = self.timeouts.liveness()
         try:
             if self.attached:
                 assert self.listen_path is not None
@@ -206,7 +189,7 @@ class EngineClient:
                 # Requests of the old process (all ended by now) stay readable.
                 self._session.streams.adopt(old.streams)
 
-    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+    def shutdown(self, timeout: float = limits.SHUTDOWN_TIMEOUT_S) -> None:
         """Owner: stop the engine process (idempotent); in-flight requests end "abort",
         attached clients are told. A hung engine is killed after about a second. Attached:
         detach; the engine serves on and aborts this client's requests still open."""
@@ -223,7 +206,7 @@ class EngineClient:
         if self.attached:
             s.detach(min(timeout, 5.0))
         else:
-            s.shutdown(timeout, KILL_GRACE_S)
+            s.shutdown(timeout, limits.KILL_GRACE_S)
         self._dead_reason = s.dead
 
     def __enter__(self) -> EngineClient:
@@ -234,7 +217,7 @@ class EngineClient:
 
     def _call(self, command: Command, timeout: float | None = None, **kwargs: Any) -> Any:
         return self._live_session().call(
-            command, self.call_timeout_s if timeout is None else timeout, **kwargs)
+            command, self.timeouts.call_timeout_s if timeout is None else timeout, **kwargs)
 
     # ----------------------------------------------------------------------- requests
     def submit(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
@@ -255,7 +238,7 @@ class EngineClient:
             s.streams.forget(stream)
             raise
         try:
-            answer = s.finish_call(call, Command.SUBMIT, self.call_timeout_s)
+            answer = s.finish_call(call, Command.SUBMIT, self.timeouts.call_timeout_s)
             if isinstance(answer, dict) and not stream.prompt_token_ids:
                 stream.prompt_token_ids = list(answer.get("prompt_token_ids") or [])
         except TimeoutError as e:  # sent, unconfirmed: the abort follows it in order
@@ -276,45 +259,37 @@ class EngineClient:
             stream.end_here("error", s.dead)
         return rid
 
-    def _stream_of(self, rid: str) -> tuple[Session, RequestStream]:
+    def _waiting(self, rid: str, timeout: float | None,
+                 what: str) -> tuple[RequestStream, Callable[[float], None]]:
+        """The request's stream, and the check its wait runs (timeouts.Timeouts.wait_check)."""
         s = self._session
         stream = s.streams.get(rid) if s is not None else None
         if s is None or stream is None:
             raise ValueError(f"unknown request id {rid!r} (not submitted through this client, "
                              f"or ended long ago: it keeps the last {KEEP_FINISHED})")
-        return s, stream
-
-    def _check(self, s: Session, timeout: float | None, what: str) -> Callable[[float], None]:
-        """A wait's check: TimeoutError after ``timeout``, EngineNotResponding once the
-        engine has been silent for give_up_after_s."""
-        def check(t0: float) -> None:
-            if timeout is not None and time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"{what} within {timeout:g} s")
-            if s.dead is None:
-                s.check(self.give_up_after_s)
-        return check
+        return stream, self.timeouts.wait_check(s, timeout, f"request {rid} {what}")
 
     def stream(self, rid: str, timeout: float | None = None) -> Iterator[str]:
         """Text deltas until the request ends (for any reason, engine death included).
         ``timeout`` bounds the wait for each delta (TimeoutError); without it, the wait ends
         with EngineNotResponding once the engine has been silent for give_up_after_s."""
-        s, stream = self._stream_of(rid)
-        return stream.iter_deltas(self._check(s, timeout, f"request {rid} sent nothing"))
+        stream, check = self._waiting(rid, timeout, "sent nothing")
+        return stream.iter_deltas(check)
 
     def stream_counted(self, rid: str, timeout: float | None = None
                        ) -> Iterator[tuple[str, int]]:
         """As stream(), each delta with the request's output token count so far (this
         delta's tokens included): what a usage figure on every chunk needs."""
-        s, stream = self._stream_of(rid)
-        return stream.iter_counted(self._check(s, timeout, f"request {rid} sent nothing"))
+        stream, check = self._waiting(rid, timeout, "sent nothing")
+        return stream.iter_counted(check)
 
     def result(self, rid: str, timeout: float | None = None) -> RequestOutput:
         """The request's output once it has ended; finish_reason "error" (and error set,
         text and token_ids as far as they arrived) when the engine died first.
         TimeoutError when ``timeout`` passes first; EngineNotResponding when the engine has
         been silent for give_up_after_s (the request may still finish later)."""
-        s, stream = self._stream_of(rid)
-        return stream.wait(self._check(s, timeout, f"request {rid} did not finish"))
+        stream, check = self._waiting(rid, timeout, "did not finish")
+        return stream.wait(check)
 
     def generate(self, prompt: str | list[int], params: SamplingParams | dict | None = None,
                  timeout: float | None = None) -> RequestOutput:
@@ -411,7 +386,7 @@ class EngineClient:
         finished = False
         try:
             assert pending.items is not None
-            check = self._check(s, None, "the benchmark")
+            check = self.timeouts.wait_check(s, None, "the benchmark")
             while (item := next_item(pending.items, check)) is not None:
                 yield item
             finished = True

@@ -10,8 +10,8 @@ clients on a Unix socket (endpoint.py); each client gets its own requests' delta
 client gets the telemetry and the heartbeat. The wire format is wire.py's.
 
 Threads: the step loop (the Engine's own), one reader per client running its commands, one
-sender per client (links.py), the pump (telemetry, NVML, heartbeat), the acceptor, and a
-watchdog. The step loop's only client work is putting a message into a queue.
+sender per client (links.py), the pump (pump.py: telemetry, NVML, heartbeat), the acceptor,
+and a watchdog. The step loop's only client work is putting a message into a queue.
 
 The child never imports streamlit or anything under ui/ (multiprocessing's spawn would
 re-run the parent's __main__ here, which under `streamlit run` is streamlit's launcher:
@@ -25,7 +25,6 @@ the child exits, and a Streamlit script thread that created the client ends at e
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import enum
 import faulthandler
 import logging
@@ -44,28 +43,12 @@ from typing import Any
 
 from engine.process import endpoint
 from engine.process.commands import CommandsMixin
-from engine.process.links import MAX_BACKLOG, ClientLink
-from engine.process.wire import (
-    HEARTBEAT_PERIOD_S,
-    NO_REPLY,
-    Closing,
-    Command,
-    Failed,
-    Heartbeat,
-    Nvml,
-    Ready,
-    Reply,
-    Telemetry,
-    describe,
-    encode,
-    encode_events,
-    encode_steps,
-    pickle_frame,
-)
+from engine.process.links import ClientLink
+from engine.process.pump import Pump
+from engine.process.wire import NO_REPLY, Closing, Command, Failed, Ready, Reply, describe, encode
 
 log = logging.getLogger("gapless.server")
 
-TELEMETRY_PERIOD_S = 0.05
 WATCHDOG_PERIOD_S = 0.5
 ACCEPT_POLL_S = 0.5
 
@@ -76,20 +59,6 @@ class After(enum.Enum):
     GO_ON = enum.auto()
     STOP = enum.auto()  # the owner shut the engine down
     LEAVE = enum.auto()  # an attached client detached
-
-
-class LoopWatch:
-    """How long the step loop has made no progress although requests were unfinished."""
-
-    def __init__(self) -> None:
-        self.step = -1
-        self.progress_ns = 0
-
-    def observe(self, step: int, unfinished: int, now_ns: int) -> float:
-        if step != self.step or unfinished == 0:
-            self.step, self.progress_ns = step, now_ns
-            return 0.0
-        return (now_ns - self.progress_ns) / 1e9
 
 
 class EngineServer(CommandsMixin):
@@ -107,7 +76,7 @@ class EngineServer(CommandsMixin):
         self.links: list[ClientLink] = []
         self.links_lock = threading.Lock()
         self.stopping = threading.Event()
-        self._pump = threading.Thread(target=self._pump_loop, name="gapless-pump", daemon=True)
+        self.pump = Pump(engine, nvml, self.connected, self.stopping)
         self._names = iter(range(1, 1 << 62))
 
     # ------------------------------------------------------------------------ clients
@@ -128,7 +97,7 @@ class EngineServer(CommandsMixin):
     def serve(self, owner: ClientLink) -> int:
         """Runs the owner's commands on this thread until it shuts the engine down (0) or
         its pipe closes (3): the exit code of the process."""
-        self._pump.start()
+        self.pump.start()
         if self.listener is not None:
             threading.Thread(target=self._accept_loop, name="gapless-accept", daemon=True).start()
         while True:
@@ -190,6 +159,10 @@ class EngineServer(CommandsMixin):
             self.engine.abort(rid)
         link.close(2.0)
         log.info("%s detached (%d open requests aborted)", link.name, len(open_ids))
+
+    def connected(self) -> list[ClientLink]:
+        with self.links_lock:
+            return list(self.links)
 
     def attached(self) -> list[ClientLink]:
         with self.links_lock:
@@ -270,46 +243,6 @@ class EngineServer(CommandsMixin):
             "clients": len(self.links),
             "owner": link.owner,
         }
-
-    # -------------------------------------------------------------------------- pump
-    def _pump_loop(self) -> None:
-        """Telemetry every TELEMETRY_PERIOD_S, NVML readings, and the heartbeat, each
-        pickled once for all clients. Runs beside the step loop, never on it. A failure
-        is logged and the pump goes on: its silence would read as a hung engine."""
-        reader = self.engine.bus.reader()
-        watch = LoopWatch()
-        state: dict[str, Any] = {"last_reading": None, "next_beat": 0.0}
-        while not self.stopping.is_set():
-            time.sleep(TELEMETRY_PERIOD_S)
-            try:
-                self._pump_once(reader, watch, state)
-            except Exception:
-                log.exception("the telemetry pump failed; going on")
-                time.sleep(HEARTBEAT_PERIOD_S)
-
-    def _pump_once(self, reader: Any, watch: LoopWatch, state: dict[str, Any]) -> None:
-        with self.links_lock:
-            links = list(self.links)
-        steps, events = reader.steps(), reader.events()
-        if steps or events:
-            frame = pickle_frame(encode(Telemetry(encode_steps(steps), encode_events(events))))
-            for link in links:
-                if link.backlog() <= MAX_BACKLOG:
-                    link.put_frame(frame)
-        reading = self.nvml.latest()
-        if reading is not None and reading is not state["last_reading"]:
-            state["last_reading"] = reading
-            frame = pickle_frame(encode(Nvml(dataclasses.asdict(reading))))
-            for link in links:
-                link.put_frame(frame)
-        if time.monotonic() >= state["next_beat"]:
-            state["next_beat"] = time.monotonic() + HEARTBEAT_PERIOD_S
-            step, unfinished = self.engine.loop.step_no, self.engine.stats()["unfinished"]
-            beat = Heartbeat(step, unfinished,
-                             watch.observe(step, unfinished, time.perf_counter_ns()))
-            frame = pickle_frame(encode(beat))
-            for link in links:
-                link.put_frame(frame)
 
     # ---------------------------------------------------------------------- stopping
     def shutdown(self) -> None:

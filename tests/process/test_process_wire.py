@@ -18,7 +18,8 @@ import pytest
 
 from engine.process import endpoint
 from engine.process.client import EngineClient
-from engine.process.server import EngineServer, LoopWatch
+from engine.process.pump import LoopWatch
+from engine.process.server import EngineServer
 from engine.process.session import Session
 from engine.process.status import EngineDead, EngineNotResponding
 from engine.process.wire import NO_REPLY, Call, Command

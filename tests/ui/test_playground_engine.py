@@ -107,7 +107,7 @@ def test_a_stopped_engine_is_noticed_mid_reply_and_the_reply_resumes(client) -> 
     hung = [t for t, s in states if s == "not_responding"]
     assert stopped_at and hung, states
     # Noticed while the reply waited, well before the client gives up on the engine (30 s).
-    assert hung[0] - stopped_at[0] < client.give_up_after_s, (stopped_at, hung)
+    assert hung[0] - stopped_at[0] < client.timeouts.give_up_after_s, (stopped_at, hung)
     out = client.result(reply.request_id, timeout=30)
     assert out.finish_reason == "length" and len(out.token_ids) == params["max_tokens"]
     assert reply.text == out.text  # every delta arrived, none lost over the pause
