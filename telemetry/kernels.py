@@ -102,6 +102,10 @@ class KernelSample:
     # GPU idle inside the window while the loop thread was in the sampler's own bracket
     # launches: time the sampler added to its steps, not the engine's (left out of busy)
     bracket_idle_ns: int = 0
+    # Sampled steps left out because the profiler dropped some of their kernels, and the
+    # kernel launches it kept no record of (engine/step/kernel_trace_read.py)
+    skipped_steps: int = 0
+    lost_launches: int = 0
 
     @property
     def busy(self) -> float:
@@ -197,4 +201,5 @@ def sample_from_dict(d: dict) -> KernelSample:
     lo, hi = d["window"]
     return KernelSample(steps, (int(lo), int(hi)), int(d["kernel_ns"]),
                         str(d.get("aligned", "")), int(d.get("cost_ns", 0)),
-                        int(d.get("bracket_idle_ns", 0)))
+                        int(d.get("bracket_idle_ns", 0)), int(d.get("skipped_steps", 0)),
+                        int(d.get("lost_launches", 0)))

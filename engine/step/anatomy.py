@@ -74,7 +74,7 @@ class AnatomyRecorder:
     launch and `step_done` once each step's results are read. ``cuda`` says whether the
     engine's streams are CUDA streams (else host-emulated: work runs on their threads)."""
 
-    __slots__ = ("_lock", "_pending", "_active", "_prof", "active", "cuda")
+    __slots__ = ("_lock", "_pending", "_active", "_prof", "active", "cuda", "warmup")
 
     def __init__(self, cuda: bool = False) -> None:
         self.cuda = cuda
@@ -83,6 +83,9 @@ class AnatomyRecorder:
         self._active: _Request | None = None
         self._prof: Any = None
         self.active = False  # the one attribute the hot path reads
+        # Steps run under the profiler before the recorded ones; the pipeline raises it to
+        # the kernel sampler's, which learns how many steps' kernels a session start loses.
+        self.warmup = WARMUP_STEPS
 
     def request(self, n_steps: int, trace_dir: str) -> _Request:
         if isinstance(n_steps, bool) or not isinstance(n_steps, int) or not (
@@ -113,7 +116,7 @@ class AnatomyRecorder:
                     # The step during which the profiler starts is not recorded: its first
                     # launches pay CUPTI's start-up (on the H200 a graph step's kernels were
                     # lost from the trace), as the kernel sampler's warm-up step.
-                    self._active.first_step = step + WARMUP_STEPS
+                    self._active.first_step = step + self.warmup
                     self._active.t0 = time.perf_counter()
                     self._start()
                 req = self._active
@@ -139,6 +142,9 @@ class AnatomyRecorder:
         from torch.profiler import ProfilerActivity, profile
 
         if self.cuda:
+            from engine.step.kernel_trace import prime_profiler
+
+            prime_profiler()  # the process's first session loses its first steps' kernels
             prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         else:
             # Host-emulated streams run the work on their own threads, which a profiler

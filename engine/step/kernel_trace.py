@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from engine.step.kernel_trace_read import (
+    LostKernels,
     NoRuntimeEvents,
     _same,
     object_events,
@@ -75,8 +76,10 @@ MAX_READY = 64
 # long for it while a conversion runs, instead of up to a step's worth of time.
 CONVERT_SWITCH_S: float | None = 0.0005
 # Recorded but not counted: the first step after the profiler starts pays CUPTI's start-up
-# on its launches (a gap a CPU-bound step would show as idle GPU).
+# on its launches (a gap a CPU-bound step would show as idle GPU). More are run when a sample
+# finds the profiler dropped kernels of its counted steps (see `KernelSampler._work`).
 WARMUP_STEPS = 1
+MAX_WARMUP_STEPS = 32
 
 
 class KernelSampler:
@@ -96,10 +99,13 @@ class KernelSampler:
         self.marks: dict[int, tuple[int, int, int, int]] = {}
         self.spans: dict[int, tuple[int, int, int, int]] = {}  # the brackets' whole time
         self.with_cpu = False  # fallback: CPU activities and step ranges
+        self.warmup = WARMUP_STEPS  # steps recorded before the counted ones, not counted
         self._side: Any = None  # the side stream of the bracket kernels
         self.cost_ns = 0
         self.ready: deque[KernelSample] = deque(maxlen=MAX_READY)  # for the next record
         self.samples_made = 0
+        self.lost_samples = 0  # samples whose every counted step lost kernels
+        self.open_warmup = WARMUP_STEPS
         self.failures = 0
         self.last_error: str | None = None
         self._jobs: queue.SimpleQueue[tuple[Any, int, int, dict, int, dict] | None] | None = (
@@ -135,13 +141,15 @@ class KernelSampler:
                 if self._side is None:
                     # The bracket kernels' own stream: they order nothing of the step's.
                     self._side = torch.cuda.Stream()
+                prime_profiler()
                 _start(self.with_cpu)
             except Exception as e:  # another profiler holds CUPTI: try next period
                 self._failed(e)
                 return False
             self.open, self.first, self.marks, self.spans = True, step, {}, {}
+            self.open_warmup = self.warmup
             self.cost_ns = time.perf_counter_ns() - t0
-        return step - self.first <= self.steps + WARMUP_STEPS
+        return step - self.first <= self.steps + self.open_warmup
 
     @contextmanager
     def marked(self, step: int) -> Iterator[None]:
@@ -171,7 +179,7 @@ class KernelSampler:
 
     def step_done(self, step: int) -> None:
         """After a step's results were read: stop once the last marked step is done."""
-        if self.open and step - self.first >= self.steps + WARMUP_STEPS:
+        if self.open and step - self.first >= self.steps + self.open_warmup:
             self._stop(keep=True)
 
     def abort(self) -> None:
@@ -196,8 +204,8 @@ class KernelSampler:
             return
         cost = self.cost_ns + time.perf_counter_ns() - t0
         if keep and self.keep_results:
-            self._submit((result, self.first + WARMUP_STEPS, self.steps, dict(self.marks), cost,
-                          dict(self.spans)))
+            self._submit((result, self.first + self.open_warmup, self.steps, dict(self.marks),
+                          cost, dict(self.spans)))
 
     def _failed(self, e: BaseException) -> None:
         self.failures += 1
@@ -230,6 +238,11 @@ class KernelSampler:
                 self.with_cpu = True
                 self._failed(e)
                 continue
+            except LostKernels as e:  # the profiler dropped every counted step's kernels
+                self.lost_samples += 1
+                self.warmup = min(2 * self.warmup + self.steps, MAX_WARMUP_STEPS)
+                self._failed(e)
+                continue
             except Exception as e:  # a bad trace loses one sample, never the loop
                 self._failed(e)
                 _dump(job, e)
@@ -239,6 +252,12 @@ class KernelSampler:
                 self.convert_s.append(time.perf_counter() - t0)
                 self._converted += 1
             if sample is not None:
+                if sample.skipped_steps:
+                    # Kineto/CUPTI drop the first kernel records of a session, more of them
+                    # as the process runs more sessions (pytorch issue 192021): warm up
+                    # longer so that the counted steps come after the loss.
+                    self.warmup = min(self.warmup + sample.skipped_steps + 1,
+                                      MAX_WARMUP_STEPS)
                 self.samples_made += 1
                 self.ready.append(sample)
 
@@ -263,6 +282,25 @@ def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException) -> N
                        "events": trace_events(result)}, f)
     except Exception as e:  # diagnostics must never take the worker down
         log.warning("kernel sampler: dump failed: %s", e)
+
+
+_PRIMED = False
+
+
+def prime_profiler() -> None:
+    """Once per process, before the first session of ours: a throwaway CUDA-activity session
+    on this thread. The first session in a process pays CUPTI's start-up, and on the H200
+    (2026-12-04, torch 2.11) the first recorded steps of a process's first profiler session
+    came back without kernels; Kineto's client is also set up on this thread."""
+    global _PRIMED
+    if _PRIMED or torch.autograd._profiler_enabled():
+        return
+    _PRIMED = True
+    _start(False)
+    try:
+        torch.cuda._sleep(0)
+    finally:
+        torch.autograd._disable_profiler()
 
 
 def _start(with_cpu: bool) -> None:

@@ -15,7 +15,14 @@ import tempfile
 from typing import Any
 
 from telemetry.anatomy import STEP_MARKER, group_by_step
-from telemetry.kernels import KernelRecord, KernelSample, SampledStep, family_of, make_sample
+from telemetry.kernels import (
+    MARKER_PATTERN,
+    KernelRecord,
+    KernelSample,
+    SampledStep,
+    family_of,
+    make_sample,
+)
 
 
 class NoRuntimeEvents(RuntimeError):
@@ -50,6 +57,24 @@ def _ns(ev: dict[str, Any], at: float = 0.0) -> float:
 
 
 MARK_KERNEL = "spin_kernel"  # torch.cuda._sleep(0): our bracket launches, on a side stream
+# Runtime calls that launch kernels: each must have device records, else some were lost.
+_LAUNCH = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
+_GRAPH_LAUNCH = re.compile(r"GraphLaunch")
+
+
+class LostKernels(ValueError):
+    """The trace kept runtime calls but no kernel record of a sampled step: the profiler
+    dropped them (Kineto/CUPTI lose the kernel records at the start of a session, more of
+    them the more sessions the process has run; pytorch issue 192021)."""
+
+
+def lost_launches(events: list[dict[str, Any]], until_us: float | None = None) -> int:
+    """Kernel-launch calls (up to ``until_us`` on the trace clock) with no device record:
+    kernels the profiler ran but did not keep."""
+    have = {_corr(e) for e in events if e.get("ph") == "X" and e.get("cat") in _DEVICE}
+    return sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in _RUNTIME
+               and _LAUNCH.search(str(e.get("name", ""))) and _corr(e) not in have
+               and (until_us is None or float(e["ts"]) <= until_us))
 
 
 def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, int, int]],
@@ -71,14 +96,18 @@ def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, in
                   + [((c + d) / 2, n, 1) for n in steps for c, d in [marks[n][2:]]])
     if not calls or len(calls) > len(ours):
         kernels = sum(1 for e in events if e.get("cat") == "kernel")
-        raise ValueError(f"kernel sampler: {len(calls)} bracket launches in the trace for "
-                         f"{len(ours)} brackets ({len(runtime)} runtime events, {kernels} "
-                         "kernels)")
+        kind = LostKernels if not calls else ValueError
+        raise kind(f"kernel sampler: {len(calls)} bracket launches in the trace for "
+                   f"{len(ours)} brackets ({len(runtime)} runtime events, {kernels} kernels, "
+                   f"{lost_launches(events)} kernel launches without a record"
+                   + ("; the profiler dropped the kernel records: pytorch issue 192021)"
+                      if not calls else ")"))
     # Launches made just after the profiler started may be missing: match from the end.
     matched = list(zip(ours[len(ours) - len(calls):], calls, strict=True))
     offsets = [_ns(call, 0.5) - t for (t, _, _), call in matched]
     found = {(n, k): call for (_, n, k), call in matched}
     step_of: dict[Any, int] = {}
+    launches: dict[int, list[dict[str, Any]]] = {}  # step -> its kernel-launch calls
     for n in steps:
         lo_ev, hi_ev = found.get((n, 0)), found.get((n, 1))
         if lo_ev is None or hi_ev is None:
@@ -88,12 +117,30 @@ def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, in
             t = _ns(e)
             if lo < t < hi and e.get("tid") == tid and _corr(e) not in mark_corr | {None}:
                 step_of[_corr(e)] = n
+                if _LAUNCH.search(str(e.get("name", ""))):
+                    launches.setdefault(n, []).append(e)
     out: dict[int, list[dict[str, Any]]] = {n: [] for n in steps}
+    by_corr: dict[Any, list[dict[str, Any]]] = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in _DEVICE:
+            by_corr.setdefault(_corr(e), []).append(e)
             n = step_of.get(_corr(e))
             if n is not None and not _HOST_COPY.search(str(e.get("name", ""))):
                 out[n].append(e)
+    # A step some of whose kernels the profiler dropped would read as less work than it
+    # did: it becomes a step without kernels (the grouping then counts only later steps).
+    # Dropped records are the first ones of a session, so a graph launch that lost any
+    # lost its first kernel, which is our start marker (where graphs carry markers).
+    markers = any(MARKER_PATTERN.search(str(e.get("name", ""))) for e in events
+                  if e.get("cat") == "kernel")
+    for n, calls_n in launches.items():
+        for call in calls_n:
+            got = by_corr.get(_corr(call), [])
+            if not got or (markers and _GRAPH_LAUNCH.search(str(call.get("name", "")))
+                           and not any(MARKER_PATTERN.search(str(k.get("name", "")))
+                                       for k in got)):
+                out[n] = []
+                break
     return out, statistics.median(offsets)
 
 
@@ -130,6 +177,9 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
     for n in range(first, first + steps + 1):
         evs = per_step.get(n)
         if not evs:
+            # A counted step without kernels (its brackets or kernels lost): the window
+            # must hold only whole steps, so it restarts after it.
+            sampled = []
             continue
         ks = sorted((KernelRecord(str(e["name"]), family_of(str(e["name"])),
                                   round(_ns(e) - off), round(_ns(e, 1.0) - off))
@@ -145,8 +195,27 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
     brackets = [] if has_ranges else [
         iv for n in range(first, first + steps + 1) if n in whole
         for iv in ((whole[n][0], whole[n][1]), (whole[n][2], whole[n][3]))]
-    return make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns,
-                       brackets)
+    lost = 0 if has_ranges else lost_launches(events, max(_bracket_calls_end(events)))
+    sample = make_sample(sampled, next_start, "ranges" if has_ranges else "brackets", cost_ns,
+                         brackets)
+    if sample is None and lost:
+        raise LostKernels(f"kernel sampler: no whole step among {steps + 1} sampled steps; "
+                          f"{lost} kernel launches have no record in the trace (the profiler "
+                          "dropped them: pytorch issue 192021)")
+    if sample is not None:
+        sample.skipped_steps = steps - len(sample.steps)
+        sample.lost_launches = lost
+    return sample
+
+
+def _bracket_calls_end(events: list[dict[str, Any]]) -> list[float]:
+    """Trace times (us) of the bracket launch calls' ends: launches after the last one may
+    still have been running when the profiler stopped, so they are not counted as lost."""
+    mark_corr = {_corr(e) for e in events if e.get("cat") == "kernel"
+                 and MARK_KERNEL in str(e.get("name", ""))}
+    ends = [float(e["ts"]) + float(e.get("dur", 0)) for e in events
+            if e.get("cat") in _RUNTIME and _corr(e) in mark_corr]
+    return ends or [float("inf")]
 
 
 def object_events(result: Any) -> list[dict[str, Any]]:

@@ -162,6 +162,7 @@ class Pipeline:
                         return self._launch(slot, sched, meta, record, compute_fn)
                 return self._launch(slot, sched, meta, record, compute_fn)
         if self.anatomy.active:  # a step-anatomy recording (engine.step.anatomy) is on
+            self.anatomy.warmup = max(self.anatomy.warmup, ks.warmup)
             name = self.anatomy.begin_step(record.step)
             if name is not None and self.streams.is_cuda:
                 # Kernels find their step through the launch calls made inside this range.

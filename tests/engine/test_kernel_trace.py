@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.step.kernel_trace import KernelSampler, NoRuntimeEvents, to_sample
+from engine.step.kernel_trace_read import LostKernels
 
 OFF_US = 1_000_000.0  # the trace clock runs 1 s ahead of ours (in us)
 SPIN = "void at::cuda::(anonymous namespace)::spin_kernel(long)"
@@ -73,6 +74,34 @@ def test_bracket_launches_missed_at_the_profiler_start_lose_only_that_step():
     sample = to_sample(events, first=7, steps=2, marks=marks)
     assert sample is not None and [s.step for s in sample.steps] == [8]
     assert sample.steps[0].kernels[1].start_ns == 123_000
+
+
+def test_a_graph_step_that_lost_its_first_kernels_is_left_out_not_counted_short():
+    """Kineto/CUPTI drop the first kernel records of a session (pytorch issue 192021): a
+    graph step whose marker (its first kernel) is gone lost some of its work, and counting
+    the rest would read the GPU as idler than it was. The window starts at the next step."""
+    events, marks = trace([7, 8, 9])
+    events = [e for e in events if not (e["cat"] == "kernel" and "bitwise_not" in e["name"]
+                                        and e["args"]["correlation"] == 7)]
+    sample = to_sample(events, first=7, steps=2, marks=marks)
+    assert sample is not None and [s.step for s in sample.steps] == [8]
+    assert sample.skipped_steps == 1 and sample.window == (120_000, 220_000)
+    assert sample.busy == pytest.approx(42 / 98)  # one whole period, its bracket left out
+
+
+def test_an_eager_launch_without_its_kernel_leaves_its_step_out_and_is_counted():
+    events, marks = trace([7, 8, 9])
+    events.append(rt("cudaLaunchKernel", 6.0, corr=5000))  # in step 7, its kernel lost
+    sample = to_sample(events, first=7, steps=2, marks=marks)
+    assert sample is not None and [s.step for s in sample.steps] == [8]
+    assert sample.lost_launches == 1 and sample.skipped_steps == 1
+
+
+def test_a_trace_that_lost_every_kernel_says_so():
+    events, marks = trace([7, 8, 9])
+    events = [e for e in events if e["cat"] != "kernel"]
+    with pytest.raises(LostKernels, match="192021"):
+        to_sample(events, first=7, steps=2, marks=marks)
 
 
 def test_a_trace_without_runtime_events_asks_for_the_fallback():

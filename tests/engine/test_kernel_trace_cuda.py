@@ -79,6 +79,10 @@ def test_sampled_kernel_busy_matches_the_profiler(tmp_path, mode):
     finally:
         model_eng.shutdown()
     ref, ours = res["reference"]["busy"], res["ours_busy"]
-    print(f"{mode}: torch.profiler {ref}, ours {ours} ({res['samples']} samples)")
-    assert ref is not None and ours is not None, res
+    print(f"{mode}: torch.profiler {ref}, ours {ours} ({res['samples']} samples, skipped "
+          f"steps {res['skipped_steps']}, lost launches {res['lost_launches']}, warm-up "
+          f"{res['sampler_warmup']})")
+    assert ref is not None, f"no reference figure: {res['reference'].get('why')}; {res}"
+    assert ours is not None, (f"no sample ({res['lost_samples']} lost every counted step; "
+                              f"last error: {res['sampler_error']}); {res}")
     assert abs(ours - ref) <= 0.02, res
