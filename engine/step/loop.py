@@ -4,7 +4,8 @@
     async: schedule N+1, prepare N+1, launch N+1, wait N, post N
 
 Owns the order of one step's CPU phases and what happens to the tokens that come back
-(append, detokenize, stop checks, finish, discard a finished request's one-step-late token).
+(append, detokenize, stop checks, finish, discard a finished request's one-step-late token;
+the text and the stop rule are text.py's).
 Live settings change here, at a step boundary, after draining the pipeline. Runs in one
 thread (the engine's loop thread, or the caller's in manual stepping).
 
@@ -24,7 +25,6 @@ from typing import Any
 import torch
 
 from engine.core.batch import BufferLayout, assemble
-from engine.core.detokenizer import Decode, IncrementalDetokenizer, decoder_for
 from engine.core.request import Request
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.step.graphs import GraphCache
@@ -39,6 +39,7 @@ from engine.step.protocols import (  # noqa: F401  (re-exported: the loop's cont
 from engine.step.runner import ModelRunner
 from engine.step.sentinel import Sentinel
 from engine.step.streams import StreamSet
+from engine.step.text import RequestText, stop_reason
 from telemetry.bus import TelemetryBus
 from telemetry.records import RequestEvent, Span, StepRecord
 
@@ -76,14 +77,12 @@ class StepLoop:
         self.graphs_unavailable = graphs_unavailable
         self.bus = bus
         self.sink = sink
-        self.tokenizer = tokenizer
-        self._decoder: tuple[Any, Decode] | None = None  # (tokenizer, its decoder_for)
+        self.text = RequestText(tokenizer)
         self.eos_ids = eos_ids
         self.max_model_len = scheduler.max_model_len
         self.block_size = scheduler.block_size
         self.scratch = runner.scratch
         self.pipeline = Pipeline(streams, layout, settings.num_slots, timing=bus is not None)
-        self.detok: dict[str, IncrementalDetokenizer] = {}
         self.inflight: InflightStep | None = None
         self.step_no = 0
         self.discarded_tokens = 0
@@ -91,6 +90,14 @@ class StepLoop:
         self.delivered_ns = 0  # when the tokens being delivered arrived (one read per step)
         if settings.cuda_graphs:
             self._enable_graphs()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.text.tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, tokenizer: Any) -> None:  # tests swap in a faulty one
+        self.text.tokenizer = tokenizer
 
     # ------------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
@@ -342,45 +349,22 @@ class StepLoop:
     def _emit(self, req: Request, token: int) -> str | None:
         """Detokenize and hand on the new token's text; returns why the request ends now, or
         None. May raise: whatever it raises belongs to this request only."""
-        p = req.params
-        delta, stop_hit = "", False
-        if p.detokenize:
-            detok = self.detok.get(req.request_id)
-            if detok is None:
-                detok = self.detok[req.request_id] = IncrementalDetokenizer(
-                    self.tokenizer, p.stop, self._decode()
-                )
-            delta, stop_hit = detok.push(token)
+        delta, stop_hit = self.text.push(req, token) if req.params.detokenize else ("", False)
         if delta:
             self.sink.on_delta(req, delta)
         if stop_hit:
             return "stop"
-        if (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids:
-            return "stop"
-        if len(req.output_token_ids) >= p.max_tokens:
-            return "length"
-        if req.prompt_len + len(req.output_token_ids) >= self.max_model_len:
-            return "length"
-        return None
-
-    def _decode(self) -> Decode:
-        """The tokenizer's decoder, made once per tokenizer and shared by every request."""
-        if self._decoder is None or self._decoder[0] is not self.tokenizer:
-            self._decoder = (self.tokenizer, decoder_for(self.tokenizer))
-        return self._decoder[1]
+        return stop_reason(req, token, self.eos_ids, self.max_model_len)
 
     def finish(self, req: Request, reason: str) -> None:
         if req.is_finished:
             return
-        detok = self.detok.pop(req.request_id, None)
-        if detok is not None:
-            rest = detok.flush()
-            req.text = detok.text
-            if rest and reason != "error":
-                try:
-                    self.sink.on_delta(req, rest)
-                except RequestFault as e:
-                    req.error, reason = describe(e), "error"
+        rest = self.text.close(req)
+        if rest and reason != "error":
+            try:
+                self.sink.on_delta(req, rest)
+            except RequestFault as e:
+                req.error, reason = describe(e), "error"
         self.scheduler.finish(req, reason)
         req.finished_ns = now()
         if self.sentinel is not None:
