@@ -39,7 +39,10 @@ from telemetry.anatomy import (
 )
 
 MAX_STEPS = 256
-WARMUP_STEPS = 1  # run under the profiler before the recorded steps, not recorded
+# Run under the profiler before the recorded steps, not recorded: a session's first kernel
+# records can be lost (H200 2026-12-04: the first recorded graph step had none, with no
+# warm-up step at d680094 and with one at 37c6b63; pytorch issue 192021).
+WARMUP_STEPS = 2
 
 
 @dataclass(slots=True)

@@ -129,18 +129,19 @@ def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, in
                 out[n].append(e)
     # A step some of whose kernels the profiler dropped would read as less work than it
     # did: it becomes a step without kernels (the grouping then counts only later steps).
-    # Dropped records are the first ones of a session, so a graph launch that lost any
-    # lost its first kernel, which is our start marker (where graphs carry markers).
+    # Dropped records are the first ones of a session, so a step that lost any lost its
+    # first launch's: an eager kernel, or a graph's first kernel, which is our start marker
+    # (where graphs carry markers). Only the first launch is judged: a later one without a
+    # record is not this loss.
     markers = any(MARKER_PATTERN.search(str(e.get("name", ""))) for e in events
                   if e.get("cat") == "kernel")
     for n, calls_n in launches.items():
-        for call in calls_n:
-            got = by_corr.get(_corr(call), [])
-            if not got or (markers and _GRAPH_LAUNCH.search(str(call.get("name", "")))
-                           and not any(MARKER_PATTERN.search(str(k.get("name", "")))
-                                       for k in got)):
-                out[n] = []
-                break
+        call = min(calls_n, key=lambda e: float(e["ts"]))
+        got = by_corr.get(_corr(call), [])
+        if not got or (markers and _GRAPH_LAUNCH.search(str(call.get("name", "")))
+                       and not any(MARKER_PATTERN.search(str(k.get("name", "")))
+                                   for k in got)):
+            out[n] = []
     return out, statistics.median(offsets)
 
 

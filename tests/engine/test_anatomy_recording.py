@@ -99,8 +99,14 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
     assert rec.device == "cuda" and len(rec.steps) == 6
     with_marker = {m.step: m for m in group_by_step(
         rec.events, device_cats=("kernel", "gpu_memcpy", "gpu_memset"), keep_marker=True)}
+    from engine.step.kernel_trace_read import lost_launches
+
     for s in rec.steps:
-        assert len(s.kernels) > 5, f"step {s.step}: kernels not found by correlation"
+        assert len(s.kernels) > 5, (
+            f"step {s.step}: kernels not found by correlation (kernels per recorded step "
+            f"{[(x.step, len(x.kernels)) for x in rec.steps]}; the trace holds "
+            f"{lost_launches(rec.events)} kernel launches without a record: the profiler "
+            "dropped them, pytorch issue 192021)")
         r = ours[s.step]
         assert (r.graph_bucket is not None) is graphs
         (comp,) = [x for x in r.spans if x.lane == "compute"]

@@ -89,12 +89,18 @@ def test_a_graph_step_that_lost_its_first_kernels_is_left_out_not_counted_short(
     assert sample.busy == pytest.approx(42 / 98)  # one whole period, its bracket left out
 
 
-def test_an_eager_launch_without_its_kernel_leaves_its_step_out_and_is_counted():
+def test_a_step_whose_first_launch_lost_its_kernel_is_left_out_and_counted():
     events, marks = trace([7, 8, 9])
-    events.append(rt("cudaLaunchKernel", 6.0, corr=5000))  # in step 7, its kernel lost
+    events.append(rt("cudaLaunchKernel", 3.0, corr=5000))  # step 7's first, its kernel lost
     sample = to_sample(events, first=7, steps=2, marks=marks)
     assert sample is not None and [s.step for s in sample.steps] == [8]
     assert sample.lost_launches == 1 and sample.skipped_steps == 1
+    # A launch without a record after the step's first kept one is not the session-start
+    # loss: the step stays (the count still says the trace lacks one).
+    events, marks = trace([7, 8, 9])
+    events.append(rt("cudaLaunchKernel", 7.0, corr=5000))
+    sample = to_sample(events, first=7, steps=2, marks=marks)
+    assert [s.step for s in sample.steps] == [7, 8] and sample.lost_launches == 1
 
 
 def test_a_trace_that_lost_every_kernel_says_so():
