@@ -7,6 +7,7 @@ localhost included). The kinds (issue 21's "bounds before work"):
 
 - body: a completion whose body is 10 bytes over the 4 MiB --max-body-bytes -> 413;
 - declared: a head declaring Content-Length 10 GB, then a few body bytes -> 413 before the body;
+- chunked: 5 MiB sent chunked (no length declared: read up to the limit) -> 413;
 - chars: a 1 MiB prompt (under the body limit) of more characters than max_model_len allows
   -> 400 before tokenizing;
 - nested: 100,000 nested brackets -> 400 before the JSON parser runs.
@@ -46,9 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=20, help="requests of each kind")
 
 
-def _head(length: int) -> bytes:
+def _head(length: int | None) -> bytes:
+    framing = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
     return (f"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
-            f"\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n").encode()
+            f"\r\n{framing}\r\nConnection: close\r\n\r\n").encode()
+
+
+def _chunked(body: bytes, size: int = 65536) -> bytes:
+    parts = [b"%x\r\n%s\r\n" % (len(body[i:i + size]), body[i:i + size])
+             for i in range(0, len(body), size)]
+    return b"".join(parts) + b"0\r\n\r\n"
 
 
 def requests_by_kind(model: str) -> dict[str, bytes]:
@@ -61,6 +69,7 @@ def requests_by_kind(model: str) -> dict[str, bytes]:
     nested = b"[" * 100_000 + b"]" * 100_000
     return {"body": _head(len(body)) + body,
             "declared": _head(10_000_000_000) + b'{"prompt":',
+            "chunked": _head(None) + _chunked(completion("x" * (5 * 2**20))),
             "chars": _head(len(chars)) + chars,
             "nested": _head(len(nested)) + nested}
 
