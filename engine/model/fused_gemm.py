@@ -13,9 +13,14 @@ transformers' two separate projections do; the product is computed in fp32 and r
 interpreter tests are exact up to summation order; bf16 equality with generate is for the CUDA
 test to establish). No split-K: one pass over K per program, so no reduce kernel.
 
-Selected by `engine.model.llama.FUSED_EPILOGUES` (off by default; the torch twin is the oracle).
-Not yet done (see docs/benchmarks.md, issue 22): RMSNorm prologue, residual-add epilogues on o
-and down, rotary + KV write in the QKV epilogue, programmatic dependent launch.
+`fused_linear` is the generic kernel of the six-kernel layer: an RMSNorm prologue, the GEMM, a
+SiLU*up or residual-add epilogue; each program owns BLOCK_N output columns for all K (no split-K,
+so no reduce kernel). Its tile configuration per shape comes from engine/model/gemm_table.py
+(measured by `python -m bench fused-sweep`); with `pdl` it is launched with programmatic
+dependent launch, its first weight tile loaded before it waits on the previous kernel.
+
+Selected by the config keys `fused_layer` / `fused_pdl` (engine.model.llama.FusedPath; the
+torch twins are the oracle and the CPU path). Not done: rotary + KV write in the QKV epilogue.
 """
 
 from __future__ import annotations
@@ -108,6 +113,18 @@ def gate_up_silu_triton(
 
 if triton is not None:
 
+    @triton.jit
+    def _a_tile(h_rows, nw_ptr, kk, m_mask, rstd, K, NORM: tl.constexpr):
+        """Rows x kk of h, RMS-normalised (NORM) and rounded like add_rms_norm: the normed row
+        to the dtype, then * weight, rounded again."""
+        k_mask = kk < K
+        a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if NORM:
+            nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            y = (a.to(tl.float32) * rstd[:, None]).to(a.dtype)
+            a = (y.to(tl.float32) * nw[None, :]).to(y.dtype)
+        return a
+
     @triton.jit(do_not_specialize=["M"])
     def _fused_linear_kernel(
         h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, eps,
@@ -129,6 +146,14 @@ if triton is not None:
         m_mask = rm < M
         n_mask = rn < N
         h_rows = h_ptr + rm[:, None].to(tl.int64) * stride_h
+        w_cols = w_ptr + rn[None, :].to(tl.int64) * stride_w
+        # The first weight tile does not depend on the previous kernel: loaded before the wait,
+        # it overlaps that kernel's tail under PDL (the K loop below starts at the second tile).
+        wmask = (rk < K)[:, None] & n_mask[None, :]
+        wg = tl.load(w_cols + rk[:, None], mask=wmask, other=0.0)
+        wu = wg
+        if PAIR:
+            wu = tl.load(w_cols + N * stride_w + rk[:, None], mask=wmask, other=0.0)
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -141,23 +166,19 @@ if triton is not None:
                             other=0.0).to(tl.float32)
                 ss += tl.sum(a * a, axis=1)
             rstd = tl.rsqrt(ss / K + eps)
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a = _a_tile(h_rows, nw_ptr, rk, m_mask, rstd, K, NORM)
+        acc_g = tl.dot(a, wg, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        if PAIR:
+            acc_u = tl.dot(a, wu, acc_u)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + rk
-            k_mask = kk < K
-            a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            if NORM:  # rounded like add_rms_norm: normed row to the dtype, then * weight
-                nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-                y = (a.to(tl.float32) * rstd[:, None]).to(h_ptr.dtype.element_ty)
-                a = (y.to(tl.float32) * nw[None, :]).to(h_ptr.dtype.element_ty)
-            wmask = k_mask[:, None] & n_mask[None, :]
-            wg = tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_w + kk[:, None],
-                         mask=wmask, other=0.0)
+            a = _a_tile(h_rows, nw_ptr, kk, m_mask, rstd, K, NORM)
+            wmask = (kk < K)[:, None] & n_mask[None, :]
+            wg = tl.load(w_cols + kk[:, None], mask=wmask, other=0.0)
             acc_g = tl.dot(a, wg, acc_g)
             if PAIR:
-                wu = tl.load(w_ptr + (rn[None, :] + N).to(tl.int64) * stride_w + kk[:, None],
-                             mask=wmask, other=0.0)
+                wu = tl.load(w_cols + N * stride_w + kk[:, None], mask=wmask, other=0.0)
                 acc_u = tl.dot(a, wu, acc_u)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()

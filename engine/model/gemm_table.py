@@ -61,8 +61,8 @@ def device_name(index: int) -> str:
 
 @functools.cache
 def load_table(path: str) -> dict:
-    """{"device": name, "entries": {key: {"winner": "triton"|"cublas", "config": [4 ints],
-    "triton_us": .., "cublas_us": ..}}}; an absent file is an empty table."""
+    """{"device": name, "entries": {key: {"config": [4 ints], "triton_us": .., "pdl_us": ..,
+    "cublas_us": .., "winner": ..}}} (times in us); an absent file is an empty table."""
     p = Path(path)
     if not p.is_file():
         return {"device": None, "entries": {}}
@@ -82,14 +82,16 @@ def lookup(kind: str, n: int, k: int, m: int, device_name: str | None) -> dict |
     return table["entries"].get(shape_key(kind, n, k, bucket))
 
 
-def choose(mode: str, kind: str, n: int, k: int, m: int,
-           device_name: str | None) -> GemmConfig | None:
+def choose(mode: str, kind: str, n: int, k: int, m: int, device_name: str | None,
+           pdl: bool = False) -> GemmConfig | None:
     """None: cuBLAS and the separate ops; else the fused kernel with this configuration.
-    mode "six": always the fused kernel; "auto": whichever the table measured faster."""
+    mode "six": always the fused kernel; "auto": the fused kernel where the table measured it
+    faster than cuBLAS + ops (its PDL time when `pdl`)."""
     assert kind in KINDS, kind
     entry = lookup(kind, n, k, m, device_name)
     if mode == "six":
         return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k)
-    if mode == "auto" and entry and entry["winner"] == "triton":
-        return GemmConfig(*entry["config"])
-    return None
+    if mode != "auto" or not entry:
+        return None
+    fused_us = (entry.get("pdl_us") if pdl else None) or entry["triton_us"]
+    return GemmConfig(*entry["config"]) if fused_us < entry["cublas_us"] else None

@@ -15,7 +15,10 @@ CUDA-graph capture work unchanged. Per layer, on CUDA:
     silu_and_mul                             1 Triton kernel
     down GEMM                                1 cuBLAS
 
-then the final norm and the LM head for the sampled rows only. Weights are built (fused) from
+then the final norm and the LM head for the sampled rows only. That is config key
+`fused_layer: plain`; `FusedPath` documents the others (issue 22: the GEMMs with the norm in
+their prologue and SiLU*up or the residual add in their epilogue, six kernels a layer, chosen
+per GEMM shape in "auto"). Weights are built (fused) from
 a loaded transformers model by `engine.model.weights.build_fused_model`.
 
 Tensor parallelism: `engine.parallel.shard.shard_fused_model` cuts the weights into one rank's
@@ -29,7 +32,6 @@ a second copy of the checkpoint's weights.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,15 +66,7 @@ class FusedPath:
     def pick(self, kind: str, n: int, k: int, x: torch.Tensor) -> GemmConfig | None:
         """The fused kernel's configuration for this GEMM, or None for cuBLAS + separate ops."""
         name = gemm_table.device_name(x.device.index or 0) if x.is_cuda else None
-        return gemm_table.choose(self.layer, kind, n, k, x.shape[0], name)
-
-
-def _env_path() -> FusedPath:
-    """The default when no config sets it: GAPLESS_FUSED_LAYER / GAPLESS_FUSED_EPILOGUES=1
-    (the switches before the config keys existed), else plain."""
-    if os.environ.get("GAPLESS_FUSED_LAYER") == "1":
-        return FusedPath("six")
-    return FusedPath("epilogues" if os.environ.get("GAPLESS_FUSED_EPILOGUES") == "1" else "plain")
+        return gemm_table.choose(self.layer, kind, n, k, x.shape[0], name, self.pdl)
 
 
 @dataclass(slots=True)
@@ -121,7 +115,7 @@ class FusedDecoderLayer(nn.Module):
         self.sliding_window = sliding_window
         self.scaling = scaling
         self.tp: Any = None  # engine.parallel.comm.TPComm on a tensor-parallel rank
-        self.path = _env_path()
+        self.path = FusedPath()  # set by FusedLlamaForCausalLM.set_fused_path
 
     def forward(
         self,
