@@ -1,147 +1,302 @@
 """Benchmark of the Triton paged attention kernel against the KV-bandwidth floor.
 
-Owns the numbers behind any claim about `engine.attention.triton_paged`: decode at batch 32 with
-contexts 1280 and 8448 (Llama-3.1-8B attention shape: H=32, KVH=8, D=128, bf16, block 16),
-over a sweep of split-K factors and key tile sizes, and a 2048-token prefill chunk (fresh,
-and at the end of an 8448-token context). Times are medians of triton.testing.do_bench
-(eager launches) and of do_bench_cudagraph (one CUDA-graph replay, as the engine runs it).
-GB/s uses the better of the two and counts the K/V bytes the op must read at least once,
-against the 4.22 TB/s a device-to-device copy reaches on the H200.
+Owns the numbers behind any claim about `engine.attention.triton_paged`: decode steps of the
+shapes in SHAPES (Llama-3.1-8B, Llama-3.2-1B and SmolLM2-135M attention at their batch and
+context), each timed at the kernel's default launch (`triton_config.choose_config`), over a
+sweep of candidate launches (split-K factor, fewest tiles per split, key tile, warps, pipeline
+depth), with programmatic dependent launch off and on, and, given `--before FILE` (an older
+`triton_paged.py`, e.g. from `git show`), that module's default in the same process.
 
-    python -m bench attention            # on a CUDA machine
-    python -m bench attention --quick    # fewer configurations
+Timing is what the engine sees: one CUDA graph replays `copies` back-to-back launches, each on
+its own copy of the K/V cache (copies chosen so they together exceed the L2 cache, as a
+model's layers do), and a launch costs the median replay time / copies, gaps included.
+GB/s counts the K/V bytes one launch must read at least once, against the 4.22 TB/s a
+device-to-device copy reaches on the H200.
 
-It never changes the kernel's defaults; on a machine without CUDA it says so and exits 0.
+    python -m bench attention                        # on a CUDA machine, all shapes
+    python -m bench attention --shapes 8b-b32-1280 --quick --before /tmp/old_triton_paged.py
+    python -m bench attention --dry --quick          # CPU: the same flow, Triton interpreter
+
+It never changes the kernel's defaults; without CUDA (and without --dry) it says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
+import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-DESCRIPTION = ("Triton paged attention (decode split-K sweep, prefill) against the KV-bandwidth "
-               "floor (CUDA)")
+from bench.harness import report
+
+DESCRIPTION = ("Triton paged attention: per-shape launch sweep (split-K, tiles, warps, stages, "
+               "PDL) and prefill against the KV-bandwidth floor (CUDA)")
 COPY_TBPS = 4.22  # H200 device-to-device copy, bytes read + written, measured (docs/design.md 6)
-H, KVH, D, BLOCK = 32, 8, 128, 16
+COLD_BYTES = 256e6  # K/V copies per graph add up to this (H200 L2: 50 MB), at most MAX_COPIES
+MAX_COPIES = 128
+BLOCK = 16
 DTYPE = torch.bfloat16
 
 
-def make_inputs(
-    ctxs: list[int], n_queries: list[int], seed: int = 0
-) -> tuple[tuple[torch.Tensor, ...], int]:
-    """Inputs of one step (request r: the last n_queries[r] positions of a ctxs[r] context),
-    blocks shuffled over the cache. Returns (args, kv bytes read once)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    blocks_per = [-(-c // BLOCK) for c in ctxs]
-    n_blocks = sum(blocks_per)
-    k_cache = torch.randn((n_blocks, BLOCK, KVH, D), device="cuda", dtype=DTYPE, generator=g)
-    v_cache = torch.randn_like(k_cache)
-    perm = torch.randperm(n_blocks, device="cuda", generator=g).int()
-    table = torch.zeros((len(ctxs), max(blocks_per)), dtype=torch.int32, device="cuda")
-    start = 0
-    for r, nb in enumerate(blocks_per):
-        table[r, :nb] = perm[start : start + nb]
-        start += nb
-    req = torch.cat([torch.full((n,), r) for r, n in enumerate(n_queries)])
-    pos = torch.cat([torch.arange(c - n, c) for c, n in zip(ctxs, n_queries, strict=True)])
-    q = torch.randn((req.numel(), H, D), device="cuda", dtype=DTYPE, generator=g)
-    args = (q, k_cache, v_cache, table, req.int().cuda(), pos.int().cuda())
-    kv_bytes = sum(ctxs) * KVH * D * 2 * k_cache.element_size()
+class Shape(NamedTuple):
+    heads: int
+    kv_heads: int
+    head_dim: int
+    batch: int
+    context: int
+
+
+SHAPES = {
+    "8b-b32-1280": Shape(32, 8, 128, 32, 1280),
+    "8b-b32-8448": Shape(32, 8, 128, 32, 8448),
+    "8b-b32-264": Shape(32, 8, 128, 32, 264),
+    "smollm2-b16-264": Shape(9, 3, 64, 16, 264),
+    "1b-b32-264": Shape(32, 8, 64, 32, 264),
+    "1b-b1-264": Shape(32, 8, 64, 1, 264),
+}
+# (block_n, num_warps, num_stages) compiled per head_dim; splits and min_tiles are run-time.
+TILES = {
+    128: [(128, 8, 3), (64, 4, 3), (128, 8, 2), (128, 4, 3), (64, 4, 4), (64, 8, 3), (32, 4, 3)],
+    64: [(128, 8, 3), (128, 4, 3), (64, 4, 3), (256, 8, 3), (256, 8, 2), (64, 4, 4), (32, 4, 3)],
+}
+SPLITS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2), (16, 1), (16, 2)]
+
+
+def make_inputs(shape: Shape, copies: int, device: str, seed: int = 0) -> tuple[list, int]:
+    """Per copy (q, k_cache, v_cache, table, req, pos): every request decodes its last
+    position, blocks shuffled over one cache shared by the copies. Returns (args, bytes)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    nb = -(-shape.context // BLOCK)
+    n_blocks = nb * shape.batch
+    dtype = DTYPE if device == "cuda" else torch.float32
+    cache = (copies * n_blocks, BLOCK, shape.kv_heads, shape.head_dim)
+    k_cache = torch.randn(cache, device=device, dtype=dtype, generator=g)
+    v_cache = torch.randn(cache, device=device, dtype=dtype, generator=g)
+    q = torch.randn((shape.batch, shape.heads, shape.head_dim), device=device, dtype=dtype,
+                    generator=g)
+    req = torch.arange(shape.batch, dtype=torch.int32, device=device)
+    pos = torch.full((shape.batch,), shape.context - 1, dtype=torch.int32, device=device)
+    args = []
+    for c in range(copies):
+        perm = torch.randperm(n_blocks, device=device, generator=g).int() + c * n_blocks
+        args.append((q, k_cache, v_cache, perm.view(shape.batch, nb), req, pos))
+    kv_bytes = shape.batch * shape.context * shape.kv_heads * shape.head_dim * 2 * 2
     return args, kv_bytes
 
 
-def time_ms(fn: Callable[[], object]) -> tuple[float, float]:
-    """(eager median ms, CUDA-graph replay median ms)."""
-    import triton.testing
-
-    fn()  # compile outside any capture
+def graph_us(launch: Callable[[int], object], copies: int) -> float:
+    """Median microseconds per launch over replays of one graph of `copies` launches."""
+    launch(copies - 1)  # compile and warm up outside the capture
     torch.cuda.synchronize()
-    eager = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-    try:
-        graph = triton.testing.do_bench_cudagraph(fn, rep=200, return_mode="median")
-    except Exception as exc:  # report, do not hide, a capture failure
-        print(f"    cuda graph timing failed: {exc!r}")
-        graph = float("nan")
-    return eager, graph
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in range(copies):
+            launch(c)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / copies)
+    return sorted(times)[len(times) // 2]
 
 
-def bench_decode(ctx: int, quick: bool) -> None:
+def wall_us(launch: Callable[[int], object], copies: int) -> float:
+    """--dry: wall-clock microseconds per launch on the CPU (checks the flow, not speed)."""
+    t0 = time.perf_counter()
+    for c in range(copies):
+        launch(c)
+    return (time.perf_counter() - t0) * 1e6 / copies
+
+
+def load_module(path: str):
+    spec = importlib.util.spec_from_file_location("attention_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sweep_shape(name: str, shape: Shape, opts: argparse.Namespace, deadline: float) -> dict:
     from engine.attention.reference import paged_attention as ref_attention
-    from engine.attention.triton_paged import default_num_splits
-    from engine.attention.triton_paged import paged_attention as triton_attention
+    from engine.attention.triton_config import LaunchConfig
 
-    args, kv_bytes = make_inputs([ctx] * 32, [1] * 32)
-    out = torch.empty_like(args[0])
-    auto = default_num_splits(32, KVH, args[0].device)
-    ref = ref_attention(*args, D**-0.5)
-    print(f"\ndecode, batch 32, context {ctx}: {kv_bytes / 1e6:.1f} MB of K/V "
-          f"(floor {kv_bytes / (COPY_TBPS * 1e12) * 1e6:.1f} us at {COPY_TBPS} TB/s); "
-          f"default num_splits={auto}")
-    print(f"  {'num_splits':>10} {'block_n':>7} {'stages':>6} {'eager us':>9} {'graph us':>9} "
-          f"{'GB/s':>7} {'% floor':>7} {'rel err':>8}")
-    # Split-K sweep at the default tile, then tile sizes and pipeline depth at the default
-    # split count: (num_splits, block_n, num_stages).
-    configs = [(s, 64, 3) for s in sorted({1, 2, 3, 4, 6, 8, 16, auto})]
-    configs += [(auto, 32, 3), (auto, 128, 3), (auto, 64, 2)]
-    if quick:
-        configs = [(1, 64, 3), (auto, 64, 3)]
-    for splits, block_n, stages in configs:
-        def fn(splits: int = splits, block_n: int = block_n, stages: int = stages) -> object:
-            return triton_attention(
-                *args, D**-0.5, out=out, num_splits=splits, block_n=block_n, num_stages=stages
-            )
-        eager, graph = time_ms(fn)
-        fn()
-        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        best = min(eager, graph)
-        gbps = kv_bytes / (best * 1e-3) / 1e9
-        mark = " <- default" if (splits, block_n, stages) == (auto, 64, 3) else ""
-        print(f"  {splits:>10} {block_n:>7} {stages:>6} {eager * 1e3:>9.1f} {graph * 1e3:>9.1f} "
-              f"{gbps:>7.0f} {100 * gbps / (COPY_TBPS * 1e3):>6.1f}% {err:>8.1e}{mark}")
-    ref_eager = triton_bench_once(lambda: ref_attention(*args, D**-0.5))
-    print(f"  torch reference (eager, loops over requests): {ref_eager * 1e3:.0f} us")
+    dry = opts.dry
+    device = "cpu" if dry else "cuda"
+    if dry:
+        shape = shape._replace(context=max(17, shape.context // 64))
+    probe_bytes = shape.batch * shape.context * shape.kv_heads * shape.head_dim * 4
+    copies = 2 if dry else min(MAX_COPIES, max(1, math.ceil(COLD_BYTES / probe_bytes)))
+    args, kv_bytes = make_inputs(shape, copies, device)
+    scale = shape.head_dim**-0.5
+    out = torch.empty_like(args[0][0])
+    ref = ref_attention(*args[-1], scale).float()
+    timer = wall_us if dry else graph_us
+    rows: list[dict] = []
+
+    def measure(label: str, fn: Callable[..., object], **kw: object) -> dict | None:
+        if time.monotonic() > deadline and rows:
+            return None
+        try:
+            us = timer(lambda c: fn(*args[c], scale, out=out, **kw), copies)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+        except Exception as exc:  # a launch that does not fit: say so, go on
+            print(f"    {label}: failed: {type(exc).__name__}: {str(exc)[:160]}")
+            return None
+        row = {"label": label, "us": us, "gbps": kv_bytes / (us * 1e-6) / 1e9, "rel_err": err}
+        row["pct"] = 100 * row["gbps"] / (COPY_TBPS * 1e3)
+        rows.append(row)
+        return row
+
+    from engine.attention import triton_paged
+    from engine.attention.triton_config import pdl_available
+
+    group = shape.heads // shape.kv_heads
+    default = triton_paged.resolve_config(
+        tokens=shape.batch, kv_heads=shape.kv_heads, group=group, head_dim=shape.head_dim,
+        elem_size=2, device=torch.device(device),
+    )
+    kernel = triton_paged.paged_attention
+    measure(f"default {default.label()}", kernel, pdl=False)
+    if pdl_available(torch.device(device)):
+        measure(f"default {default.label()} +pdl", kernel, pdl=True)
+    if opts.before:
+        before = load_module(opts.before)
+        measure("before: default", before.paged_attention)
+        measure("before: num_splits=1", before.paged_attention, num_splits=1)
+    tiles = TILES[shape.head_dim][: 3 if opts.quick else None]
+    splits = SPLITS[:3] if opts.quick else SPLITS
+    for block_n, warps, stages in tiles:
+        for s, m in splits:
+            cfg = LaunchConfig(s, m, block_n, warps, stages)
+            if cfg == default or (s == 1 and m > 1):
+                continue
+            measure(cfg.label(), kernel, pdl=False, **cfg._asdict())
+    best = min((r for r in rows if "before" not in r["label"]), key=lambda r: r["us"])
+    if pdl_available(torch.device(device)) and not best["label"].endswith("+pdl"):
+        cfg = next((c for c in all_configs(shape) if c.label() in best["label"]), None)
+        if cfg is not None:
+            measure(f"{cfg.label()} +pdl", kernel, pdl=True, **cfg._asdict())
+    return finish(name, shape, copies, kv_bytes, rows, default)
 
 
-def triton_bench_once(fn: Callable[[], object]) -> float:
-    import triton.testing
+def all_configs(shape: Shape) -> list:
+    from engine.attention.triton_config import LaunchConfig
 
-    return triton.testing.do_bench(fn, warmup=3, rep=50, return_mode="median")
+    return [LaunchConfig(s, m, *t) for t in TILES[shape.head_dim] for s, m in SPLITS]
 
 
-def bench_prefill(ctx: int, n: int) -> None:
+def finish(name: str, shape: Shape, copies: int, kv_bytes: int, rows: list[dict],
+           default) -> dict:
+    by_time = sorted(rows, key=lambda r: r["us"])
+    shown = by_time[:10] + [r for r in by_time[10:] if "default" in r["label"]
+                            or "before" in r["label"]]
+    table = report.markdown_table(
+        ["launch", "us / launch", "GB/s", "% of 4.22 TB/s", "rel err"],
+        [(r["label"], f"{r['us']:.2f}", f"{r['gbps']:.0f}", f"{r['pct']:.1f}",
+          f"{r['rel_err']:.1e}") for r in shown],
+    )
+    head = (f"### {name}: H={shape.heads} KVH={shape.kv_heads} D={shape.head_dim}, batch "
+            f"{shape.batch}, context {shape.context}; {kv_bytes / 1e6:.1f} MB of K/V per launch, "
+            f"floor {kv_bytes / (COPY_TBPS * 1e6):.1f} us; {copies} cache copies per graph; "
+            f"{len(rows)} launches timed, fastest first")
+    print(head + "\n\n" + table + "\n", flush=True)
+    pick = lambda key: next((r for r in by_time if key(r["label"])), None)  # noqa: E731
+    return {
+        "shape": shape._asdict(), "copies": copies, "kv_bytes": kv_bytes,
+        "default_config": default._asdict(), "rows": by_time,
+        "default": pick(lambda s: s.startswith("default") and "+pdl" not in s),
+        "default_pdl": pick(lambda s: s.startswith("default") and s.endswith("+pdl")),
+        "best": pick(lambda s: not s.startswith("before")),
+        "before": pick(lambda s: s == "before: default"),
+        "markdown": head + "\n\n" + table,
+    }
+
+
+def bench_prefill(ctx: int, n: int) -> str:
     from engine.attention.triton_paged import paged_attention
 
-    args, kv_bytes = make_inputs([ctx], [n])
-    out = torch.empty_like(args[0])
-    eager, graph = time_ms(lambda: paged_attention(*args, D**-0.5, out=out))
-    best = min(eager, graph)
-    causal_keys = sum(range(ctx - n + 1, ctx + 1))  # keys seen, summed over the chunk
-    tflops = 4 * H * D * causal_keys / (best * 1e-3) / 1e12
-    gbps = kv_bytes / (best * 1e-3) / 1e9
-    print(f"  chunk of {n} at positions {ctx - n}..{ctx - 1}: eager {eager * 1e3:.0f} us, "
-          f"graph {graph * 1e3:.0f} us, {tflops:.0f} TFLOP/s (causal), "
-          f"{gbps:.0f} GB/s of K/V read once")
-
+    shape = Shape(32, 8, 128, 1, ctx)
+    (args,), kv_bytes = make_inputs(shape, 1, "cuda")
+    req = torch.zeros(n, dtype=torch.int32, device="cuda")
+    pos = torch.arange(ctx - n, ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn((n, 32, 128), device="cuda", dtype=DTYPE)
+    out = torch.empty_like(q)
+    us = graph_us(lambda c: paged_attention(q, *args[1:4], req, pos, 128**-0.5, out=out), 1)
+    causal_keys = sum(range(ctx - n + 1, ctx + 1))
+    tflops = 4 * 32 * 128 * causal_keys / (us * 1e-6) / 1e12
+    return f"chunk of {n} at positions {ctx - n}..{ctx - 1}: {us:.0f} us, {tflops:.0f} TFLOP/s"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="sweep fewer configurations")
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help=f"comma-separated, of: {', '.join(SHAPES)}")
+    parser.add_argument("--quick", action="store_true", help="3 tiles x 3 splits per shape")
+    parser.add_argument("--before", default="",
+                        help="an older triton_paged.py whose default launch is timed alongside")
+    parser.add_argument("--budget-s", type=float, default=150.0,
+                        help="stop sweeping (keep defaults and results) after this many seconds")
+    parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--dry", action="store_true",
+                        help="no GPU: tiny contexts on the CPU, Triton interpreter, fp32")
 
 
 def run(opts: argparse.Namespace, out: Path) -> dict:
-    if not torch.cuda.is_available():
-        print("attention needs CUDA (no GPU here); nothing measured.")
+    if not opts.dry and not torch.cuda.is_available():
+        print("attention needs CUDA (no GPU here; --dry runs the flow on the CPU); nothing "
+              "measured.")
         return {"measured": False}
-    import triton
+    names = [n.strip() for n in opts.shapes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        raise SystemExit(f"--shapes: unknown {unknown}; known: {', '.join(SHAPES)}")
+    if opts.dry:
+        # The Triton interpreter reads the variable when the kernel module is imported.
+        if "engine.attention.triton_paged" in sys.modules and not os.environ.get(
+                "TRITON_INTERPRET"):
+            raise SystemExit("--dry needs TRITON_INTERPRET=1 before the kernel is imported")
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        import triton
 
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-          f"triton {triton.__version__}; H={H} KVH={KVH} D={D} {DTYPE} block {BLOCK}")
-    for ctx in (1280, 8448):
-        bench_decode(ctx, opts.quick)
-    print(f"\nprefill, one request, H={H} KVH={KVH} D={D}:")
-    bench_prefill(2048, 2048)
-    bench_prefill(8448, 2048)
-    return {"measured": True, "tables": "stdout.txt"}
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"triton {triton.__version__}, bf16, block {BLOCK}")
+    start = time.monotonic()
+    results = {}
+    for i, name in enumerate(names):
+        # Each shape gets an equal share of what is left of the budget.
+        share = (opts.budget_s - (time.monotonic() - start)) / (len(names) - i)
+        results[name] = sweep_shape(name, SHAPES[name], opts, time.monotonic() + share)
+    summary = report.markdown_table(
+        ["shape", "default launch", "us", "% of 4.22 TB/s", "default +PDL us", "best launch",
+         "best us", "best %", "before us"],
+        [(n, r["default"]["label"].removeprefix("default ") if r["default"] else "-",
+          fmt(r["default"], "us"), fmt(r["default"], "pct"),
+          fmt(r["default_pdl"], "us"), r["best"]["label"] if r["best"] else "-",
+          fmt(r["best"], "us"), fmt(r["best"], "pct"), fmt(r["before"], "us"))
+         for n, r in results.items()],
+    )
+    sections = ["## Chosen default vs best, per shape\n\n" + summary]
+    sections += [r.pop("markdown") for r in results.values()]
+    if not opts.dry and not opts.no_prefill:
+        sections.append("## Prefill, one request, H=32 KVH=8 D=128 (default launch)\n\n- "
+                        + "\n- ".join(bench_prefill(c, 2048) for c in (2048, 8448)))
+    report.emit(out, "attention", "Triton paged attention: launch sweep", sections, results)
+    return {"measured": not opts.dry, "shapes": {
+        n: {k: r[k] and {f: r[k][f] for f in ("label", "us", "pct")}
+            for k in ("default", "default_pdl", "best", "before")}
+        for n, r in results.items()}}
+
+
+def fmt(row: dict | None, key: str) -> str:
+    return "-" if row is None else f"{row[key]:.1f}" if key == "pct" else f"{row[key]:.2f}"
