@@ -10,7 +10,8 @@ kernel sampler's own way of starting and stopping the profiler (CUDA activities 
 
 - ``--sessions`` sessions back to back, each launching ``--launches`` one-element kernels
   and replaying a captured graph (a marker kernel then ``--body`` kernels) twice, synced;
-  then ``--idle-sessions`` more with ``--idle-s`` of GPU idle before each.
+  then ``--idle-sessions`` more with ``--idle-s`` of GPU idle before each, 10 more back to
+  back, and 10 whose kernels another thread launches.
 - Per session: the launches kept (a kernel record for the call's correlation id), whether
   the lost ones are the first ones (a head loss: warm-up steps absorb it) or scattered, and
   the graph replays' kernels kept against the graph's size (a replay that lost its first
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,16 +48,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--body", type=int, default=32)
 
 
-def one_session(x: torch.Tensor, g: Any, launches: int, body: int) -> dict[str, Any]:
+def one_session(x: torch.Tensor, g: Any, launches: int, body: int,
+                other_thread: bool = False) -> dict[str, Any]:
+    """One session; with ``other_thread`` the kernels are launched by another thread than
+    the one that starts and stops the profiler (as the truth suite's reference window does
+    while the engine's loop thread launches)."""
     from engine.step.kernel_trace import _start
     from engine.step.kernel_trace_read import object_events
 
+    def work() -> None:
+        for _ in range(launches):
+            x.add_(1)
+        g.replay()
+        g.replay()
+        torch.cuda.synchronize()
+
     _start(False)
-    for _ in range(launches):
-        x.add_(1)
-    g.replay()
-    g.replay()
-    torch.cuda.synchronize()
+    if other_thread:
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    else:
+        work()
     events = object_events(torch.autograd._disable_profiler())
     have: dict[Any, int] = {}
     for e in events:
@@ -123,14 +137,18 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         time.sleep(args.idle_s)
         idle.append(one_session(x, g, args.launches, args.body))
     after = [one_session(x, g, args.launches, args.body) for _ in range(10)]
+    threaded = [one_session(x, g, args.launches, args.body, other_thread=True)
+                for _ in range(10)]
     summary: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "first_session": first, "first_session_s": first_s,
         "back_to_back": phase_summary(busy), "after_idle": phase_summary(idle),
         "back_to_back_after_idle": phase_summary(after),
+        "launched_by_another_thread": phase_summary(threaded),
         "args": {k: getattr(args, k) for k in ("sessions", "idle_sessions", "idle_s",
                                                 "launches", "body")}}
-    for k in ("back_to_back", "after_idle", "back_to_back_after_idle"):
+    for k in ("back_to_back", "after_idle", "back_to_back_after_idle",
+              "launched_by_another_thread"):
         print(f"{k}: {summary[k]}")
     report.write_json(out / "truth_sessions.json", summary)
     rows = [[k, v["sessions"], v["lost_mean"], v["sessions_with_loss"], v["scattered_total"],
