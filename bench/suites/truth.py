@@ -158,6 +158,14 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                for p in prompts]
     wait_decoding(eng, batch)
     first_decode = eng.loop.step_no
+    # One profiler at a time: the reference starts once no sample of ours is open (set
+    # above to period 0, a sample in flight ends with its steps).
+    deadline = time.monotonic() + 5
+    while sampler.open and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if sampler.open:
+        raise RuntimeError("truth: a kernel sample stayed open for 5 s; the reference window "
+                           "would run two profiler sessions at once")
     # A discarded profiler window first: the first session after a mode switch pays CUPTI's
     # start-up (H200, 2026-12-04: 8B sync + graphs read 32.6% in a first window, 86.1% and
     # 85.4% in the next two, where the sampler read 86.2% and 85.4%).
