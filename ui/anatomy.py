@@ -95,6 +95,11 @@ def step_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                "between kernels (us)": round(s["gap_us"], 1)}
         if "times_floor" in s:
             row["x byte floor"] = round(s["times_floor"], 2)
+        # Both floors from the engine's start-up curve (engine/step/step_floor.py), on a GPU
+        for key, label in (("x_peak_floor", "x peak-copy floor"),
+                           ("x_size_aware_floor", "x size-aware floor")):
+            if s.get(key) is not None:
+                row[label] = round(s[key], 2)
         rows.append(row)
     return rows
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from engine.step.step_floor import engine_step_floors
 from telemetry.anatomy import (
     STEP_MARKER,
     GapCalibration,
@@ -59,6 +60,9 @@ class AnatomyRecording:
     # In-step gaps per step key, for estimating kernel busy from step busy (None when the
     # recorded steps' records were not on the bus: telemetry off).
     calibration: GapCalibration | None = None
+    # Each recorded step's byte floor at peak copy and size-aware (engine/step/step_floor.py,
+    # from the engine's start-up curve); empty on a CPU
+    floors: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -224,14 +228,24 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
     key_of = {r.step: step_key(r.graph_bucket, r.num_tokens) for r in records
               if r.step in wanted}
     cal = gap_calibration(steps, key_of)
+    floors = engine_step_floors(engine, [r for r in records if r.step in wanted])
     return AnatomyRecording(n_steps, trace_path, events, steps, req.first_step, device,
-                            time.perf_counter() - req.t0, cal if cal.steps else None)
+                            time.perf_counter() - req.t0, cal if cal.steps else None, floors)
 
 
 def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
                     peak_bw: float | None = None) -> dict[str, Any]:
     """Plain data (picklable, JSON-able) for a client across the process boundary: see
     telemetry.anatomy.summary_dict."""
-    return summary_dict(rec.steps, device=rec.device, first_step=rec.first_step,
-                        trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw,
-                        calibration=rec.calibration)
+    out = summary_dict(rec.steps, device=rec.device, first_step=rec.first_step,
+                       trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw,
+                       calibration=rec.calibration)
+    for row in out["steps"]:  # both floors of each step, where the engine has a curve
+        f = rec.floors.get(row["step"])
+        if f is None:
+            continue
+        row.update(f)
+        for key, floor_us in (("x_peak_floor", f["peak_floor_us"]),
+                              ("x_size_aware_floor", f["size_aware_floor_us"])):
+            row[key] = row["span_us"] / floor_us if floor_us else None
+    return out

@@ -1,0 +1,59 @@
+"""A recorded step's byte floor on this engine, both ways (issue 20's honest floor).
+
+Owns the reads one step makes and their two floors: all the bytes at the peak-copy bandwidth,
+and each read at its size's achievable bandwidth from the curve the engine measured at start
+(``Engine.floor_curve``, engine/step/floor_probe.py; telemetry/floor.py does the sums). A
+step reads every weight tensor once (the input embedding table only where it is also the LM
+head: otherwise a step reads a few of its rows) and, per layer, K and V over the batch's
+contexts (one paged-attention read each; the contexts come from ``StepRecord.chunks``), as
+bench/suites/truth_anatomy.py counts them. The step anatomy's summary reads it
+(engine/step/anatomy.py). It never measures, and returns nothing without a curve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from telemetry.floor import BandwidthCurve, size_aware_seconds
+
+
+def weight_reads(model: torch.nn.Module) -> list[int]:
+    """Bytes of each weight tensor one step reads."""
+    emb = model.get_input_embeddings().weight
+    head = getattr(model, "lm_head", None)
+    tied = head is not None and getattr(head, "weight", None) is emb
+    return [p.numel() * p.element_size() for p in model.parameters() if p is not emb or tied]
+
+
+def step_floor(weights: Sequence[int], kv_bytes_per_token: int, layers: int,
+               contexts: Iterable[int], curve: BandwidthCurve) -> dict[str, float | None]:
+    """Bytes of one step and its floors (us): ``peak_floor_us`` at the curve's peak copy
+    bandwidth (None without one), ``size_aware_floor_us`` each read at its size's."""
+    kv_layer = kv_bytes_per_token // (2 * layers)  # K (or V) of one layer, one token
+    ctx = sum(contexts)
+    reads = [*weights, *[kv_layer * ctx] * (2 * layers)] if ctx else list(weights)
+    total = sum(reads)
+    sa = size_aware_seconds(reads, curve)
+    peak = curve.peak_copy_bw
+    return {"floor_bytes": total, "peak_floor_us": total / peak * 1e6 if peak else None,
+            "size_aware_floor_us": sa * 1e6 if sa is not None else None}
+
+
+def engine_step_floors(engine: Any, records: Iterable[Any]) -> dict[int, dict[str, Any]]:
+    """Each record's step floor on ``engine`` (its model, KV geometry and start-up curve),
+    by step; empty without a curve (a CPU) or a model."""
+    curve = getattr(engine, "floor_curve", None)
+    model = getattr(engine, "model", None)
+    kv = getattr(engine, "kv_bytes_per_token", None)
+    if curve is None or model is None or not kv:
+        return {}
+    cfg = getattr(model.config, "text_config", None) or model.config
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    if layers <= 0:
+        return {}
+    weights = weight_reads(model)
+    return {r.step: step_floor(weights, int(kv), layers, (c for _, _, c in r.chunks), curve)
+            for r in records if r.chunks}
