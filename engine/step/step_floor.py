@@ -54,6 +54,9 @@ def engine_step_floors(engine: Any, records: Iterable[Any]) -> dict[int, dict[st
     layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
     if layers <= 0:
         return {}
-    weights = weight_reads(model)
+    try:
+        weights = weight_reads(model)
+    except (AttributeError, TypeError):  # a model without an input embedding to tell apart
+        return {}
     return {r.step: step_floor(weights, int(kv), layers, (c for _, _, c in r.chunks), curve)
             for r in records if r.chunks}
