@@ -18,7 +18,7 @@ if [ "${DRY:-0}" = 1 ]; then
   dev=(--device cpu --dtype float32 --steps 2 --warmup 1)
 else
   timeout 100 $PY -m bench fused-sweep --budget-s 60 --out "$OUT/sweep" || true
-  timeout 75 $PY -m pytest -q tests/model/test_fused_gemm.py tests/model/test_fused_cuda.py \
+  timeout 90 $PY -m pytest -q tests/model/test_fused_gemm.py tests/model/test_fused_cuda.py \
     -m cuda --junitxml="$OUT/junit.xml" -p no:cacheprovider -o addopts= || true
   rows=("plain smollm2-135m 16" "auto smollm2-135m 16" "auto+pdl smollm2-135m 16"
         "plain llama-1b 32,1" "auto+pdl llama-1b 32,1" "auto+pdl llama-8b 32")

@@ -114,11 +114,15 @@ def gate_up_silu_triton(
 if triton is not None:
 
     @triton.jit
-    def _a_tile(h_rows, nw_ptr, kk, m_mask, rstd, K, NORM: tl.constexpr):
-        """Rows x kk of h, RMS-normalised (NORM) and rounded like add_rms_norm: the normed row
-        to the dtype, then * weight, rounded again."""
+    def _a_tile(h_rows, a_rows, nw_ptr, kk, m_mask, rstd, K, NORM: tl.constexpr,
+                ADD_IN: tl.constexpr):
+        """Rows x kk of h (+ the pending residual, ADD_IN), RMS-normalised (NORM) and rounded
+        like add_rms_norm: the sum to the dtype, the normed row to the dtype, then * weight."""
         k_mask = kk < K
         a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if ADD_IN:
+            r = tl.load(a_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            a = (a.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
         if NORM:
             nw = tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
             y = (a.to(tl.float32) * rstd[:, None]).to(a.dtype)
@@ -127,17 +131,20 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["M"])
     def _fused_linear_kernel(
-        h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, M, N, K, eps,
-        stride_h, stride_w, stride_r, stride_o,
-        NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr,
+        h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, a_ptr, s_ptr, M, N, K, eps,
+        stride_h, stride_w, stride_r, stride_o, stride_a, stride_s,
+        NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr, ADD_IN: tl.constexpr,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
     ):
         """out = epilogue(prologue(h) @ W^T): RMSNorm prologue (NORM), SiLU(gate)*up of a
-        fused [2N, K] weight (PAIR), residual add (RESIDUAL). One pass over K per program, each
-        program owns BLOCK_N output columns (no split-K, so no reduce kernel). USE_GDC: launched
-        with programmatic dependent launch: wait for the previous kernel before reading h (the
-        weights do not depend on it), let the next kernel launch once the K loop is done."""
+        fused [2N, K] weight (PAIR), residual add (RESIDUAL). ADD_IN (with NORM): the input is
+        h + a (the residual add a cuBLAS GEMM left pending), and the programs of the first N
+        tile write that sum to s (the residual stream, as add_rms_norm does). One pass over K
+        per program, each program owns BLOCK_N output columns (no split-K, so no reduce
+        kernel). USE_GDC: launched with programmatic dependent launch: wait for the previous
+        kernel before reading h (the weights do not depend on it), let the next kernel launch
+        once the K loop is done."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -146,6 +153,7 @@ if triton is not None:
         m_mask = rm < M
         n_mask = rn < N
         h_rows = h_ptr + rm[:, None].to(tl.int64) * stride_h
+        a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_a
         w_cols = w_ptr + rn[None, :].to(tl.int64) * stride_w
         # The first weight tile does not depend on the previous kernel: loaded before the wait,
         # it overlaps that kernel's tail under PDL (the K loop below starts at the second tile).
@@ -162,18 +170,25 @@ if triton is not None:
             rnk = tl.arange(0, NORM_BK)
             for k0 in range(0, K, NORM_BK):
                 kk = k0 + rnk
-                a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :],
-                            other=0.0).to(tl.float32)
+                mask = m_mask[:, None] & (kk < K)[None, :]
+                a = tl.load(h_rows + kk[None, :], mask=mask, other=0.0)
+                if ADD_IN:
+                    r = tl.load(a_rows + kk[None, :], mask=mask, other=0.0)
+                    a = (a.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
+                    if pid_n == 0:
+                        tl.store(s_ptr + rm[:, None].to(tl.int64) * stride_s + kk[None, :], a,
+                                 mask=mask)
+                a = a.to(tl.float32)
                 ss += tl.sum(a * a, axis=1)
             rstd = tl.rsqrt(ss / K + eps)
-        a = _a_tile(h_rows, nw_ptr, rk, m_mask, rstd, K, NORM)
+        a = _a_tile(h_rows, a_rows, nw_ptr, rk, m_mask, rstd, K, NORM, ADD_IN)
         acc_g = tl.dot(a, wg, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if PAIR:
             acc_u = tl.dot(a, wu, acc_u)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + rk
-            a = _a_tile(h_rows, nw_ptr, kk, m_mask, rstd, K, NORM)
+            a = _a_tile(h_rows, a_rows, nw_ptr, kk, m_mask, rstd, K, NORM, ADD_IN)
             wmask = (kk < K)[:, None] & n_mask[None, :]
             wg = tl.load(w_cols + kk[:, None], mask=wmask, other=0.0)
             acc_g = tl.dot(a, wg, acc_g)
@@ -215,7 +230,7 @@ def fused_linear_torch(
 ) -> torch.Tensor:
     """The oracle of `fused_linear`: RMSNorm(h)*norm if norm, the linear, SiLU*up if pair,
     + residual if given."""
-    if norm is not None:
+    if norm is not None:  # rounded like add_rms_norm
         hf = h.float()
         y = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
         h = (y.float() * norm.float()).to(h.dtype)
@@ -234,27 +249,49 @@ def fused_linear(
     if not use_triton(h):
         return fused_linear_torch(h, weight, bias, norm=norm, eps=eps, pair=pair,
                                   residual=residual)
+    return _launch(h, None, weight, bias, norm, eps, pair, residual, config, pdl)[0]
+
+
+def fused_add_norm_linear(
+    h: torch.Tensor, add: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
+    norm: torch.Tensor, eps: float, pair: bool = False, config: GemmConfig | None = None,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fused_linear(h + add, norm=norm, ...), h + add) in one kernel: the residual add a
+    cuBLAS GEMM left pending, done in the prologue, as add_rms_norm does it."""
+    if not use_triton(h):
+        x = add + h
+        return fused_linear_torch(x, weight, bias, norm=norm, eps=eps, pair=pair), x
+    return _launch(h, add, weight, bias, norm, eps, pair, None, config, pdl)
+
+
+def _launch(h, add, weight, bias, norm, eps, pair, residual, config, pdl):
     h = h if h.stride(-1) == 1 else h.contiguous()
     m, k = h.shape
     n = weight.shape[0] // 2 if pair else weight.shape[0]
     out = torch.empty((m, n), dtype=h.dtype, device=h.device)
+    x_sum = torch.empty_like(h) if add is not None else None
     if m == 0:
-        return out
+        return out, x_sum
     cfg = config or heuristic_config(n, k)
     block_m = _blocks(m)[0]
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, cfg.block_n))
     r = residual if residual is not None else out
+    a = add if add is not None else h
+    s = x_sum if x_sum is not None else h
     gdc = pdl and h.is_cuda and pdl_supported(h.device.index or 0)
     extra = {"launch_pdl": True} if gdc else {}
     _fused_linear_kernel[grid](
         h, norm if norm is not None else weight, weight, bias if bias is not None else weight,
-        r, out, m, n, k, eps, h.stride(0), weight.stride(0), r.stride(0), out.stride(0),
+        r, out, a, s, m, n, k, eps, h.stride(0), weight.stride(0), r.stride(0), out.stride(0),
+        a.stride(0), s.stride(0),
         NORM=norm is not None, PAIR=pair, RESIDUAL=residual is not None,
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        ADD_IN=add is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)), USE_GDC=gdc,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
-    return out
+    return out, x_sum
 
 
 def gate_up_silu(

@@ -41,7 +41,7 @@ from torch import nn
 
 from engine.attention.interface import AttnContext
 from engine.model import gemm_table
-from engine.model.fused_gemm import fused_linear, gate_up_silu
+from engine.model.fused_gemm import fused_add_norm_linear, fused_linear, gate_up_silu
 from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from engine.model.gemm_table import GemmConfig
 
@@ -155,11 +155,14 @@ class FusedDecoderLayer(nn.Module):
         """The hidden state is x + residual (residual None: x is whole). Per GEMM, the fused
         kernel (norm prologue, SiLU*up or residual epilogue) or cuBLAS and the separate ops, as
         `self.path.pick` says; a cuBLAS o or down leaves its residual add pending, so that the
-        next add+norm kernel does it, as on the present path."""
+        next norm (add_rms_norm, or the fused kernel's prologue) does it, as on the present
+        path."""
         t, pdl = x.shape[0], self.path.pdl
         cfg = self.path.pick("norm", self.qkv.shape[0], self.qkv.shape[1], x)
-        if cfg is not None:
-            x = x if residual is None else x + residual
+        if cfg is not None and residual is not None:
+            qkv, x = fused_add_norm_linear(x, residual, self.qkv, self.qkv_bias,
+                                           norm=self.input_norm, eps=eps, config=cfg, pdl=pdl)
+        elif cfg is not None:
             qkv = fused_linear(x, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps,
                                config=cfg, pdl=pdl)
         else:
@@ -173,8 +176,11 @@ class FusedDecoderLayer(nn.Module):
         x, residual = self._linear_residual(attn.reshape(t, -1), self.o, self.o_bias, x)
         n_inter = self.gate_up.shape[0] // 2
         cfg = self.path.pick("norm_pair", n_inter, self.gate_up.shape[1], x)
-        if cfg is not None:
-            x = x if residual is None else x + residual
+        if cfg is not None and residual is not None:
+            a, x = fused_add_norm_linear(x, residual, self.gate_up, self.gate_up_bias,
+                                         norm=self.post_norm, eps=eps, pair=True, config=cfg,
+                                         pdl=pdl)
+        elif cfg is not None:
             a = fused_linear(x, self.gate_up, self.gate_up_bias, norm=self.post_norm, eps=eps,
                              pair=True, config=cfg, pdl=pdl)
         else:
