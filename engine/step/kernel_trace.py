@@ -7,8 +7,10 @@ anatomy recording is asked for or running the sampler stays off, and a sample in
 dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 
 Every ``period_s`` (config kernel_sample_period_s, default 10 s; 0 = off) the next
-``steps + 2`` steps are recorded (the first only warms the profiler up and is not counted)
-with CUDA activities only (no CPU-op recording: it would slow an eager step's dispatch and
+``warm-up + steps + 1`` steps are recorded (the warm-up steps, one at first, are not counted:
+the profiler may drop a session's first kernel records, pytorch issue 192021; a sample
+whose counted steps lost kernels leaves those steps out, and the next sample warms up
+longer; a process's first session is a throwaway, `prime_profiler`) with CUDA activities only (no CPU-op recording: it would slow an eager step's dispatch and
 so change the very busy figure it measures). Each sampled
 step's launch is bracketed by two launches of a zero-cycle spin kernel
 (``torch.cuda._sleep(0)``) on a side stream of ours, which orders nothing of the step's: in
@@ -207,10 +209,11 @@ class KernelSampler:
             self._submit((result, self.first + self.open_warmup, self.steps, dict(self.marks),
                           cost, dict(self.spans)))
 
-    def _failed(self, e: BaseException) -> None:
+    def _failed(self, e: BaseException, retry_s: float | None = None) -> None:
         self.failures += 1
         self.last_error = f"{type(e).__name__}: {e}"
-        self.next_at = time.perf_counter() + max(self.period_s, 1.0)
+        self.next_at = time.perf_counter() + (max(self.period_s, 1.0) if retry_s is None
+                                              else retry_s)
         if self.failures <= 3:
             log.warning("kernel sampler: %s", self.last_error)
 
@@ -241,7 +244,7 @@ class KernelSampler:
             except LostKernels as e:  # the profiler dropped every counted step's kernels
                 self.lost_samples += 1
                 self.warmup = min(2 * self.warmup + self.steps, MAX_WARMUP_STEPS)
-                self._failed(e)
+                self._failed(e, retry_s=self.period_s)  # longer warm-up, same period
                 continue
             except Exception as e:  # a bad trace loses one sample, never the loop
                 self._failed(e)
