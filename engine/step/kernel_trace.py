@@ -6,26 +6,27 @@ so the on-demand step anatomy (engine/step/anatomy.py) and this sampler take tur
 anatomy recording is asked for or running the sampler stays off, and a sample in progress is
 dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 
-Every ``period_s`` (config kernel_sample_period_s, default 10 s; 0 = off) the next
-``warm-up + steps + 1`` steps are recorded (the warm-up steps, one at first, are not counted:
-the profiler may drop a session's first kernel records, pytorch issue 192021; a sample
-whose counted steps lost kernels leaves those steps out, and the next sample warms up
-longer; a process's first session is a throwaway, `prime_profiler`) with CUDA activities only (no CPU-op recording: it would slow an eager step's dispatch and
-so change the very busy figure it measures). Each sampled
-step's launch is bracketed by two launches of a zero-cycle spin kernel
-(``torch.cuda._sleep(0)``) on a side stream of ours, which orders nothing of the step's: in
-the trace, the spin kernels' correlation ids name their launch calls on the CPU timeline, so
-the launch calls made between a step's two brackets on the same thread, and through their
-correlation ids the kernels, belong to that step. (Bracketing by ``cudaEventQuery`` calls
-and matching them by time, tried first, found only 1 to 4 of 10 brackets on the H200.) The
-profiler is stopped once the last of them has had its results read (no sync: those kernels
-are done). The extra step only gives the window's end (its first kernel). Stopping costs the
-loop thread the profiler's disable call; the trace is read and grouped by step on a worker
-thread (engine/step/kernel_trace_read.py; one sample at a time: no sample starts while the
-last converts), and the finished `telemetry.kernels.KernelSample` rides out on the next step
-record the loop publishes (``StepRecord.kernel_samples``). Should a trace carry no runtime
-events (a Kineto build without them), the sampler falls back to CPU activities with
-``gapless.step <n>`` ranges, as the anatomy records.
+Every ``period_s`` (config kernel_sample_period_s, default 10 s; 0 = off) the next ``warm-up
++ steps + 1`` steps are recorded (the warm-up steps, one at first, are not counted: the
+profiler may drop a session's first kernel records, pytorch issue 192021; a sample whose
+counted steps lost kernels leaves those steps out, and the next sample warms up longer; a
+process's first session is a throwaway, `prime_profiler`) with CUDA activities only (no
+CPU-op recording: it would slow an eager step's dispatch and so change the very busy figure
+it measures). Each sampled step's launch is bracketed by two launches of a zero-cycle spin
+kernel (``torch.cuda._sleep(0)``) on a side stream of ours, which orders nothing of the
+step's: in the trace, the spin kernels' correlation ids name their launch calls on the CPU
+timeline, so the launch calls made between a step's two brackets on the same thread, and
+through their correlation ids the kernels, belong to that step. (Bracketing by
+``cudaEventQuery`` calls and matching them by time, tried first, found only 1 to 4 of 10
+brackets on the H200.) The profiler is stopped once the last of them has had its results
+read (no sync: those kernels are done). The extra step only gives the window's end (its
+first kernel). Stopping costs the loop thread the profiler's disable call; the trace is read
+and grouped by step on a worker thread (engine/step/kernel_trace_read.py; one sample at a
+time: no sample starts while the last converts), and the finished
+`telemetry.kernels.KernelSample` rides out on the next step record the loop publishes
+(``StepRecord.kernel_samples``). Should a trace carry no runtime events (a Kineto build
+without them), the sampler falls back to CPU activities with ``gapless.step <n>`` ranges, as
+the anatomy records.
 
 Clock: kernel times come in the profiler's clock. Each bracket launch notes
 time.perf_counter_ns just before and after it; the median difference of midpoints puts the
