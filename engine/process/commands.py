@@ -1,6 +1,7 @@
 """What the engine process does for a command: the Engine, load generator and benchmark calls.
 
-Owns the command side of EngineServer (server.py holds the connections): submitting with
+Owns the command side of EngineServer (server.py holds the connections and asks a Commands
+for what to run: ``table``, ``start_benchmark``, ``stop_drivers``): submitting with
 callbacks that route a request's deltas and end to the client that submitted it, aborts,
 live settings, the load generator and the benchmark, and refusing what would disturb a
 running benchmark. Callbacks run on the step loop's thread and only put a message into a
@@ -44,14 +45,18 @@ class _TokenCursor:
         return new
 
 
-class CommandsMixin:
-    def __init__(self, engine: Any) -> None:
+class Commands:
+    """What each command does. ``process_info`` is the server's (it knows the connections
+    and the NVML sampler); the rest needs only the engine."""
+
+    def __init__(self, engine: Any,
+                 process_info: Callable[[ClientLink], dict[str, Any]]) -> None:
         self.engine = engine
         self.lock = threading.RLock()  # serialises state changes across clients
         self.load: Any = None  # engine.drivers.loadgen.LoadGenerator while one exists
         self.bench: threading.Thread | None = None
         self.bench_cancel = threading.Event()
-        self.commands: dict[Command, Callable[..., Any]] = {
+        self.table: dict[Command, Callable[..., Any]] = {
             Command.SUBMIT: self.submit,
             Command.ABORT: self.abort,
             Command.CONFIGURE: self.configure,
@@ -60,7 +65,7 @@ class CommandsMixin:
             Command.START_LOAD: self.start_load,
             Command.STOP_LOAD: self.stop_load,
             Command.LOAD_STATS: lambda link: self.load_stats(),
-            Command.PROCESS_INFO: self.process_info,
+            Command.PROCESS_INFO: process_info,
             Command.RECORD_ANATOMY: self.record_anatomy,
             Command.CANCEL_BENCHMARK: lambda link: self.bench_cancel.set(),
         }
@@ -72,9 +77,6 @@ class CommandsMixin:
         from engine.step.anatomy import anatomy_summary, record_anatomy
 
         return anatomy_summary(record_anatomy(self.engine, n_steps, timeout_s))
-
-    def process_info(self, link: ClientLink) -> dict[str, Any]:
-        raise NotImplementedError
 
     def with_benchmark(self, settings: dict[str, Any]) -> dict[str, Any]:
         """The engine's settings as clients get them: plus whether a benchmark runs, and the

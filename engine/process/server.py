@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.process import endpoint
-from engine.process.commands import CommandsMixin
+from engine.process.commands import Commands
 from engine.process.links import ClientLink
 from engine.process.pump import Pump
 from engine.process.wire import NO_REPLY, Closing, Command, Failed, Ready, Reply, describe, encode
@@ -61,14 +61,15 @@ class After(enum.Enum):
     LEAVE = enum.auto()  # an attached client detached
 
 
-class EngineServer(CommandsMixin):
+class EngineServer:
     """Serves the owner's pipe and any attached clients. Commands of one client run in the
     order sent, on that client's reader thread; commands that change the engine's state
-    (configure, load generator, benchmark) are serialised across clients by ``lock``."""
+    (configure, load generator, benchmark) are serialised across clients by ``commands.lock``."""
 
     def __init__(self, engine: Any, nvml: Any, listener: socket.socket | None = None,
                  listen_path: Path | None = None, owner_pid: int | None = None) -> None:
-        super().__init__(engine)
+        self.engine = engine
+        self.commands = Commands(engine, self.process_info)
         self.owner_pid = os.getppid() if owner_pid is None else owner_pid
         self.nvml = nvml
         self.listener = listener
@@ -198,7 +199,7 @@ class EngineServer(CommandsMixin):
                 "ValueError", "the owner cannot detach; shut the engine down instead"))
             return After.GO_ON if link.owner else After.LEAVE
         if command is Command.RUN_BENCHMARK:
-            self.start_benchmark(link, call_id, **kwargs)
+            self.commands.start_benchmark(link, call_id, **kwargs)
             return After.GO_ON
         if command is Command.RECORD_ANATOMY:  # waits for N steps: off the reader thread,
             threading.Thread(  # so the client's other commands go on meanwhile
@@ -211,7 +212,7 @@ class EngineServer(CommandsMixin):
     def run_command(self, link: ClientLink, call_id: int, command: Command,
                     kwargs: dict[str, Any]) -> None:
         """Run one command and answer the client with its value or its error."""
-        fn = self.commands.get(command)
+        fn = self.commands.table.get(command)
         try:
             if fn is None:
                 raise ValueError(f"{command} is not a command a running engine takes")
@@ -249,7 +250,7 @@ class EngineServer(CommandsMixin):
         """The owner ends the engine: requests end "abort", attached clients are told."""
         self.stopping.set()
         self._close_listener()
-        self.stop_drivers()
+        self.commands.stop_drivers()
         self.engine.shutdown()
         self.nvml.close()
         for link in self.attached():

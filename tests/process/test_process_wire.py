@@ -88,7 +88,7 @@ def test_calls_answer_and_bad_commands_say_what_is_known(served):
     with pytest.raises(ValueError, match="start is not a command a running engine takes"):
         session.call(Command.START, 5.0)
     with pytest.raises(ValueError, match="request_id must be a string, got"):
-        server.commands[Command.ABORT](None, request_id=["x"])
+        server.commands.table[Command.ABORT](None, request_id=["x"])
     session.notify(Command.ABORT, request_id="r1")  # a notification: no Reply comes back
     assert session.call(Command.STATS, 5.0)["unfinished"] == 0  # answered in order, after it
     assert engine.aborted == ["r1"]
