@@ -27,6 +27,6 @@ fi
 for row in "${rows[@]}"; do
   set -- $row
   mode=${1%+pdl}; pdl=(); [ "$mode" != "$1" ] && pdl=(--fused-pdl)
-  timeout 35 $PY -m bench anatomy --preset "$2" --batches "$3" --impls gapless \
+  timeout 40 $PY -m bench anatomy --preset "$2" --batches "$3" --impls gapless \
     --fused-layer "$mode" "${pdl[@]}" "${dev[@]}" --out "$OUT/anatomy-$1-$2" || true
 done

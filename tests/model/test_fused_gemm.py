@@ -283,3 +283,35 @@ def test_cuda_fused_linear_tile_configs_and_pdl() -> None:
                               residual, 1e-2, cfg, pdl=i % 2 == 0)
         if i % 3 == 0:  # a few: each is one more compile
             _check_add_norm(torch.bfloat16, "cuda", 16, 576, 960, False, 1e-2, cfg, i % 2 == 0)
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="host-side only")
+def test_gemm_table_choice(tmp_path, monkeypatch) -> None:
+    """`auto` takes the fused kernel only where the table measured it faster on this GPU (its
+    PDL time with PDL on); cuBLAS on another GPU, an unmeasured shape or M above the buckets;
+    `six` always the fused kernel, with the heuristic where unmeasured."""
+    import json
+
+    from engine.model import gemm_table as gt
+
+    entries = {"norm:960x576:m16": dict(config=[16, 256, 4, 3], triton_us=3.0, pdl_us=2.0,
+                                         cublas_us=5.0),
+               "residual:576x576:m16": dict(config=[32, 128, 4, 4], triton_us=4.0,
+                                            pdl_us=2.5, cublas_us=3.0)}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"device": "GPU X", "entries": entries}))
+    monkeypatch.setenv("GAPLESS_FUSED_TABLE", str(path))
+    gt.load_table.cache_clear()
+    try:
+        assert gt.choose("auto", "norm", 960, 576, 9, "GPU X") == gt.GemmConfig(16, 256, 4, 3)
+        assert gt.choose("auto", "residual", 576, 576, 16, "GPU X") is None
+        assert gt.choose("auto", "residual", 576, 576, 16, "GPU X", pdl=True) == (32, 128, 4, 4)
+        assert gt.choose("auto", "norm", 960, 576, 16, "GPU Y") is None
+        assert gt.choose("auto", "norm", 960, 576, 33, "GPU X") is None
+        assert gt.choose("auto", "norm_pair", 1536, 576, 16, "GPU X") is None
+        assert gt.choose("plain", "norm", 960, 576, 16, "GPU X") is None
+        assert gt.choose("six", "norm", 960, 576, 1, None) == gt.heuristic_config(960, 576)
+        assert gt.choose("six", "residual", 576, 576, 16, "GPU X") == (32, 128, 4, 4)
+        assert gt.heuristic_config(576, 576).block_n == 16  # 36 programs, not 9
+    finally:
+        gt.load_table.cache_clear()
