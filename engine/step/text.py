@@ -33,7 +33,7 @@ class RequestText:
         detok = self._open.get(req.request_id)
         if detok is None:
             detok = self._open[req.request_id] = IncrementalDetokenizer(
-                self.tokenizer, req.params.stop, self._decode())
+                self.tokenizer, req.params.stop, self.decoder())
         return detok.push(token)
 
     def close(self, req: Request) -> str:
@@ -46,7 +46,7 @@ class RequestText:
         req.text = detok.text
         return rest
 
-    def _decode(self) -> Decode:
+    def decoder(self) -> Decode:
         """The tokenizer's decoder, made once per tokenizer and shared by every request."""
         if self._decoder is None or self._decoder[0] is not self.tokenizer:
             self._decoder = (self.tokenizer, decoder_for(self.tokenizer))

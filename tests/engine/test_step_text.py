@@ -63,7 +63,7 @@ def test_a_stop_string_is_reported_by_push():
 def test_one_decoder_per_tokenizer_and_a_new_one_when_it_changes():
     a, b = make_tokenizer(), make_tokenizer()
     text = RequestText(a)
-    assert text._decode() is text._decode()
-    first = text._decode()
+    assert text.decoder() is text.decoder()
+    first = text.decoder()
     text.tokenizer = b
-    assert text._decode() is not first
+    assert text.decoder() is not first
