@@ -14,7 +14,7 @@ from pathlib import Path
 # First match wins; patterns are matched against the lower-cased kernel name.
 FAMILIES: list[tuple[str, str]] = [
     ("attention", r"paged_attention|reduce_splits|flash|fmha|attn"),
-    ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|cublas|splitk|matmul"),
+    ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|cublas|splitk|matmul|fused_linear|gate_up_silu"),
     ("rotary", r"rope|rotary|cos_kernel|sin_kernel|catarraybatchedcopy|neg_kernel"),
     ("norm", r"rms_norm|rmsnorm|meanops|pow_tensor|rsqrt"),
     ("sampling", r"argmax|argmin|sort|topk|softmax|multinomial|cumsum|radix|exponential"),
