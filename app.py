@@ -34,6 +34,7 @@ from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.kernel_lane import kernel_lane_figure, samples_of
 from ui.lanes import ASYNC_NOTE
 from ui.live_plot import live_plot
+from ui.playground_view import show_conversation
 from ui.status import current_settings, engine_status
 from ui.timeline import recent_window, timeline_figure, window_end_ns
 from ui.waterfall import waterfall_figure
@@ -308,7 +309,10 @@ def main() -> None:
     # Less empty space under the top bar, so the timeline fits a 1280x800 window unscrolled.
     st.html(f"<style>.stMainBlockContainer {{ padding-top: {TOP_PADDING}; }}</style>")
     if page.title != "Recordings":  # recordings need no engine: they open without one
-        status_banner(engine_client())
+        # A dead engine stops here, at its restart message: the Playground's conversation
+        # (a reply the death cut included) stays in view under it.
+        kept = show_conversation if page.title == "Playground" else None
+        status_banner(engine_client(kept_when_dead=kept))
     page.run()
 
 

@@ -13,7 +13,8 @@ A reply streams under a Stop button; Stop (or leaving the page, or any click tha
 aborts the request in the engine and keeps the text so far, marked as cut. While a reply
 waits on an engine that hangs, the page says so within about two seconds (the banner's
 fragment cannot run during a stream); an engine that dies mid-reply leaves the partial reply
-marked as cut. Each reply shows the settings it was made with (ui.playground_replies).
+marked as cut, and in view beside the dead engine's restart message (ui.playground_view).
+Each reply shows the settings it was made with (ui.playground_replies).
 
 It must never call st.* from a thread other than the script's, and never import torch.
 """
@@ -31,13 +32,13 @@ from ui.client import engine_client, engine_errors, show_flashes
 from ui.engine_trouble import show_not_responding
 from ui.playground_replies import Reply, finish, follow, interrupt, settings_line, settle
 from ui.playground_tokens import PromptTokenizer, load_prompt_tokenizer
+from ui.playground_view import HISTORY_KEY, draw_notes, draw_reply, draw_turn, show_conversation
 from ui.status import current_settings, engine_status
 from ui.validation import parse_seed, sampling_error
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
-HISTORY_KEY = "play.history"
 INVALID_KEY = "play.invalid"
 STREAM_REDRAW_S = 0.05  # redraw a streaming reply at most 20 times a second
 INTERRUPTED = "stopped before its end (the page was left or rerun)"
@@ -91,21 +92,6 @@ def sampling_params() -> dict[str, Any]:
     if st.session_state[INVALID_KEY]:
         st.sidebar.error(st.session_state[INVALID_KEY])
     return params
-
-
-def draw_reply(box: Any, text: str, chat: bool) -> None:
-    """A chat reply as markdown (models answer in it); a completion verbatim."""
-    if chat:
-        box.markdown(text)
-    else:
-        box.code(text, language=None, wrap_lines=True)
-
-
-def draw_notes(reply: Reply) -> None:
-    """Under a reply: why it was cut (if it was), the settings it used, its figures."""
-    if reply.cut:
-        st.warning(f"Partial reply, {reply.cut}.", icon=":material/content_cut:")
-    st.caption(f"{reply.settings}" + (f" · {reply.figures}" if reply.figures else ""))
 
 
 def _stop_clicked(client: EngineClient) -> None:
@@ -243,7 +229,8 @@ def prompt_for_engine(prompt: str, history: list[Reply], system: str,
 
 
 def main() -> None:
-    client = engine_client()
+    # A dead engine stops the page at its restart message: the conversation stays under it.
+    client = engine_client(kept_when_dead=show_conversation)
     show_flashes()
     st.title("Playground")  # the engine's mode line is the banner's, above
     model = ""
@@ -273,11 +260,7 @@ def main() -> None:
     for reply in history:
         if alive:  # a stopped reply: the engine's own end, once it has one
             settle(client, reply, timeout_s=SETTLE_S, why=INTERRUPTED)
-        with st.chat_message("user"):
-            st.text(reply.prompt)
-        with st.chat_message("assistant"):
-            draw_reply(st, reply.text, reply.chat)
-            draw_notes(reply)
+        draw_turn(reply)
     prompt = st.chat_input(
         "Type a prompt and press Enter",
         key="play.prompt",

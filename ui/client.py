@@ -90,8 +90,9 @@ def _shared_client() -> EngineClient:
     return make_client()
 
 
-def engine_client() -> EngineClient:
-    """The shared, live engine client; otherwise a message (and restart button) and a stop."""
+def engine_client(*, kept_when_dead: Callable[[], None] | None = None) -> EngineClient:
+    """The shared, live engine client; otherwise a message (and restart button) and a stop.
+    ``kept_when_dead`` draws what the page still shows under a dead engine's message."""
     try:
         client = _shared_client()
     except Exception as exc:  # the boundary: whatever went wrong, the user reads a message
@@ -107,7 +108,7 @@ def engine_client() -> EngineClient:
     watch(client)  # a stand-in heartbeat while the client has no status() of its own
     status = engine_status(client)
     if status.state == "dead":
-        show_dead_engine(client)
+        show_dead_engine(client, kept=kept_when_dead)
     if status.state == "not_responding":
         stop_not_responding(client, status.reason)
     show_restart_outcome()

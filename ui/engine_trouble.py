@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import streamlit as st
@@ -82,9 +83,12 @@ def _await_recovery(client: EngineClient, seen: Any) -> None:
         st.rerun(scope="app")
 
 
-def show_dead_engine(client: EngineClient, not_responding: str | None = None) -> NoReturn:
+def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
+                     kept: Callable[[], None] | None = None) -> NoReturn:
     """Say that the engine died (or, with ``not_responding``, hangs) and why, offer a
-    restart (which kills a hung engine), and stop the page here."""
+    restart (which kills a hung engine), draw what the page keeps in view without an engine
+    (``kept``: the Playground's conversation, a reply cut by the death included), and stop
+    the page here."""
     carry_out_restart(client)
     reason = None
     try:
@@ -100,6 +104,8 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None) ->
               args=("restart", seen))
     show_restart_outcome()
     st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery)(client, seen)
+    if kept is not None:
+        kept()
     st.stop()
 
 

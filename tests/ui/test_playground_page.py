@@ -2,7 +2,8 @@
 greedy by default; each reply shows the settings it was made with; Clear is there after the
 first reply; a spaces-only prompt is refused; the page does not draw a second mode line;
 validation messages follow the value typed; a reply cut by an engine that died keeps its
-text, marked as cut, also after the restart.
+text, marked as cut, beside the restart message while the engine is dead and after the
+restart.
 
 The Stop button and a hang mid-stream need a running script to click into: they are tested
 on a real engine in test_playground_engine.py and in a browser in
@@ -123,6 +124,23 @@ def test_a_reply_cut_by_a_dead_engine_is_kept_and_marked(dying: DyingEngine) -> 
     at.run()
     assert not at.exception
     assert any(c.value == partial for c in at.code)  # still there after the restart
+    assert [w.value for w in at.warning if "Partial reply" in w.value] == cut
+
+
+def test_a_reply_cut_by_a_dead_engine_shows_beside_the_restart_message(
+    dying: DyingEngine,
+) -> None:
+    """Issue 25 (8): while the engine stays dead, the next run of the page stopped at the
+    restart message, and the partial reply came back only after a restart."""
+    at = ask(playground(), "def add")
+    cut = [w.value for w in at.warning if "Partial reply" in w.value]
+    at.run()  # the banner's rerun once it sees the engine dead; nobody restarted it
+    assert not at.exception
+    assert any("The engine is not running" in e.value and "SIGKILL" in e.value
+               for e in at.error), [e.value for e in at.error]
+    assert at.button(key="ui.restart").label == "Restart the engine"
+    partial = "".join(REPLY[: DyingEngine.CUT])
+    assert any(c.value == partial for c in at.code), [c.value for c in at.code]
     assert [w.value for w in at.warning if "Partial reply" in w.value] == cut
 
 
