@@ -61,10 +61,13 @@ SHAPES = {  # in the order they are swept (a budget that runs out cuts the last 
     "1b-b32-264": Shape(32, 8, 64, 32, 264),
     "8b-b32-8448": Shape(32, 8, 128, 32, 8448),
 }
-# (block_n, num_warps, num_stages) compiled per head_dim; splits and min_tiles are run-time.
+# (block_n, num_warps, num_stages, table_ahead), each a compile, per head_dim, likeliest first
+# (a budget that runs out cuts the last); splits and min_tiles are run-time arguments.
 TILES = {
-    128: [(128, 8, 3), (64, 4, 3), (128, 8, 2), (128, 4, 3), (64, 4, 4), (64, 8, 3), (32, 4, 3)],
-    64: [(128, 8, 3), (128, 4, 3), (64, 4, 3), (256, 8, 3), (256, 8, 2), (64, 4, 4), (32, 4, 3)],
+    128: [(128, 8, 3, False), (128, 8, 3, True), (64, 4, 3, True), (64, 4, 4, True),
+          (64, 4, 3, False), (64, 8, 3, True), (32, 4, 4, True)],
+    64: [(128, 8, 3, False), (128, 4, 3, True), (128, 8, 3, True), (64, 4, 3, True),
+         (256, 8, 3, True), (64, 4, 4, True), (128, 4, 3, False)],
 }
 # (num_splits, min_tiles): at 128-key tiles a split takes at least 128, 256 or 512 keys.
 SPLITS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4), (16, 1),
@@ -149,7 +152,7 @@ def sweep_shape(name: str, shape: Shape, opts: argparse.Namespace, deadline: flo
     timer = wall_us if dry else graph_us
     rows: list[dict] = []
 
-    def measure(label: str, fn: Callable[..., object], **kw: object) -> dict | None:
+    def measure(label: str, fn: Callable[..., object], cfg=None, **kw: object) -> dict | None:
         if time.monotonic() > deadline and rows:
             return None
         try:
@@ -158,7 +161,8 @@ def sweep_shape(name: str, shape: Shape, opts: argparse.Namespace, deadline: flo
         except Exception as exc:  # a launch that does not fit: say so, go on
             print(f"    {label}: failed: {type(exc).__name__}: {str(exc)[:160]}")
             return None
-        row = {"label": label, "us": us, "gbps": kv_bytes / (us * 1e-6) / 1e9, "rel_err": err}
+        row = {"label": label, "us": us, "gbps": kv_bytes / (us * 1e-6) / 1e9, "rel_err": err,
+               "config": cfg._asdict() if cfg is not None else None}
         row["pct"] = 100 * row["gbps"] / (COPY_TBPS * 1e3)
         rows.append(row)
         return row
@@ -172,33 +176,26 @@ def sweep_shape(name: str, shape: Shape, opts: argparse.Namespace, deadline: flo
         elem_size=2, device=torch.device(device),
     )
     kernel = triton_paged.paged_attention
-    measure(f"default {default.label()}", kernel, pdl=False)
+    measure(f"default {default.label()}", kernel, default, pdl=False)
     if pdl_available(torch.device(device)):
-        measure(f"default {default.label()} +pdl", kernel, pdl=True)
+        measure(f"default {default.label()} +pdl", kernel, default, pdl=True)
     if opts.before:
         before = load_module(opts.before)
         measure("before: default", before.paged_attention)
         measure("before: num_splits=1", before.paged_attention, num_splits=1)
     tiles = TILES[shape.head_dim][: 3 if opts.quick else None]
     splits = SPLITS[:3] if opts.quick else SPLITS
-    for block_n, warps, stages in tiles:
+    for block_n, warps, stages, ahead in tiles:
         for s, m in splits:
-            cfg = LaunchConfig(s, m, block_n, warps, stages)
+            cfg = LaunchConfig(s, m, block_n, warps, stages, ahead)
             if cfg == default or (s == 1 and m > 1):
                 continue
-            measure(cfg.label(), kernel, pdl=False, **cfg._asdict())
-    best = min((r for r in rows if "before" not in r["label"]), key=lambda r: r["us"])
+            measure(cfg.label(), kernel, cfg, pdl=False, **cfg._asdict())
+    best = min((r for r in rows if r["config"] is not None), key=lambda r: r["us"])
     if pdl_available(torch.device(device)) and not best["label"].endswith("+pdl"):
-        cfg = next((c for c in all_configs(shape) if c.label() in best["label"]), None)
-        if cfg is not None:
-            measure(f"{cfg.label()} +pdl", kernel, pdl=True, **cfg._asdict())
+        cfg = LaunchConfig(**best["config"])
+        measure(f"{cfg.label()} +pdl", kernel, cfg, pdl=True, **cfg._asdict())
     return finish(name, shape, copies, kv_bytes, rows, default)
-
-
-def all_configs(shape: Shape) -> list:
-    from engine.attention.triton_config import LaunchConfig
-
-    return [LaunchConfig(s, m, *t) for t in TILES[shape.head_dim] for s, m in SPLITS]
 
 
 def finish(name: str, shape: Shape, copies: int, kv_bytes: int, rows: list[dict],

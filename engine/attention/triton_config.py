@@ -1,8 +1,8 @@
 """Launch configuration of the Triton paged attention kernel, chosen from shapes only.
 
 Owns `LaunchConfig` (split-K factor, the fewest key tiles a split takes, key tile size, warps,
-pipeline depth), `choose_config` (the default per shape), `pdl_available` and the
-`GAPLESS_ATTENTION_PDL` switch for programmatic dependent launch.
+pipeline depth, block-table prefetch), `choose_config` (the default per shape),
+`pdl_available` and the `GAPLESS_ATTENTION_PDL` switch for programmatic dependent launch.
 
 Every decision reads shapes, dtypes and the device, never tensor values, so a CUDA graph
 captured with one configuration stays right whatever the contexts are at replay. The context
@@ -38,10 +38,13 @@ class LaunchConfig(NamedTuple):
     block_n: int  # keys per tile, power of two >= 16
     num_warps: int
     num_stages: int
+    # Block-table entries one tile ahead (in registers), so K/V tiles are multi-buffered
+    # (num_stages - 1 in flight, more shared memory) rather than one at a time.
+    table_ahead: bool = False
 
     def label(self) -> str:
         return (f"s{self.num_splits}/m{self.min_tiles}/n{self.block_n}/"
-                f"w{self.num_warps}/st{self.num_stages}")
+                f"w{self.num_warps}/st{self.num_stages}" + ("/ahead" if self.table_ahead else ""))
 
 
 @functools.cache

@@ -62,6 +62,7 @@ def _paged_attention_kernel(
     H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     t0 = tl.program_id(0)
@@ -123,10 +124,25 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    if TABLE_AHEAD:
+        key_a = my_lo * BLOCK_N + offs_n
+        blk_next = tl.load(bt_row + (key_a // BLOCK_SIZE) * stride_btb,
+                           mask=(key_a < hi) & (key_a // BLOCK_SIZE < max_blocks), other=0)
+    else:
+        blk_next = tl.zeros([BLOCK_N], dtype=tl.int32)
     for tile in range(my_lo, my_hi):
         key = tile * BLOCK_N + offs_n
         key_ok = (key < hi) & (key >= lo) & (key // BLOCK_SIZE < max_blocks)
-        blk = tl.load(bt_row + (key // BLOCK_SIZE) * stride_btb, mask=key_ok, other=0)
+        if TABLE_AHEAD:
+            # The block numbers of the next tile are loaded one tile ahead, into registers:
+            # then no load of this iteration feeds the K/V addresses, and Triton's pipeliner
+            # keeps num_stages - 1 K/V tiles in flight instead of one.
+            blk = blk_next
+            key_a = key + BLOCK_N
+            blk_next = tl.load(bt_row + (key_a // BLOCK_SIZE) * stride_btb,
+                               mask=(key_a < hi) & (key_a // BLOCK_SIZE < max_blocks), other=0)
+        else:
+            blk = tl.load(bt_row + (key // BLOCK_SIZE) * stride_btb, mask=key_ok, other=0)
         slot = key % BLOCK_SIZE
         k_off = blk.to(tl.int64) * stride_kb + slot * stride_ks + kvh * stride_kh
         v_off = blk.to(tl.int64) * stride_vb + slot * stride_vs + kvh * stride_vh
@@ -247,6 +263,7 @@ def paged_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    table_ahead: bool | None = None,
     pdl: bool | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of a flat batch (see `engine.attention.reference.paged_attention`).
@@ -275,7 +292,7 @@ def paged_attention(
     cfg = resolve_config(
         tokens=t, kv_heads=kvh, group=group, head_dim=d, elem_size=k_cache.element_size(),
         device=q.device, num_splits=num_splits, min_tiles=min_tiles, block_n=block_n,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, table_ahead=table_ahead,
     )
     g_pad, block_q = _tile_shape(group, cfg.block_n)
     if cfg.num_splits > 1:
@@ -299,7 +316,7 @@ def paged_attention(
         sliding_window if sliding_window is not None else 0,
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, HAS_WINDOW=sliding_window is not None,
-        IEEE_DOT=q.dtype == torch.float32, USE_PDL=use_pdl,
+        IEEE_DOT=q.dtype == torch.float32, USE_PDL=use_pdl, TABLE_AHEAD=cfg.table_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )
     return out
@@ -309,6 +326,7 @@ def resolve_config(
     *, tokens: int, kv_heads: int, group: int, head_dim: int, elem_size: int,
     device: torch.device, num_splits: int | None = None, min_tiles: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+    table_ahead: bool | None = None,
 ) -> LaunchConfig:
     """The default launch for these shapes with the given fields overridden (and checked)."""
     # Programs that may lead a query block: every token of a decode batch (one per request).
@@ -318,7 +336,8 @@ def resolve_config(
     cfg = cfg._replace(**{
         k: v for k, v in (("num_splits", num_splits), ("min_tiles", min_tiles),
                           ("block_n", block_n), ("num_warps", num_warps),
-                          ("num_stages", num_stages)) if v is not None
+                          ("num_stages", num_stages), ("table_ahead", table_ahead))
+        if v is not None
     })
     if cfg.num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {cfg.num_splits}")

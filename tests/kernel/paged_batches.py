@@ -148,6 +148,7 @@ def run_triton(
     block_n: int | None = None,
     min_tiles: int | None = None,
     pdl: bool | None = None,
+    table_ahead: bool | None = None,
 ) -> torch.Tensor:
     from engine.attention.triton_paged import paged_attention
 
@@ -155,7 +156,7 @@ def run_triton(
     res = paged_attention(
         b.q, b.k_cache, b.v_cache, b.block_tables, b.token_req, b.token_pos, b.scale,
         sliding_window=sliding_window, out=out, num_splits=num_splits, block_n=block_n,
-        min_tiles=min_tiles, pdl=pdl,
+        min_tiles=min_tiles, pdl=pdl, table_ahead=table_ahead,
     )
     assert res is out
     return out

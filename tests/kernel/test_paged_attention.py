@@ -120,9 +120,9 @@ def test_interp_interleaved_tokens_and_long_context() -> None:
         [(1, 300), (4, 130), (1, 2), (2, 65)], heads=4, kv_heads=2, head_dim=16,
         block_size=16, dtype=torch.float32, padding=1, shuffle_tokens=True, seed=11,
     )
-    for splits in (1, 3):
-        out = run_triton(b, None, splits, block_n=32, min_tiles=1)
-        assert rel_err(out, run_ref(b)) < TOL[torch.float32]
+    for splits, ahead in ((1, False), (3, False), (1, True), (3, True)):
+        out = run_triton(b, None, splits, block_n=32, min_tiles=1, table_ahead=ahead)
+        assert rel_err(out, run_ref(b)) < TOL[torch.float32], f"{splits=} {ahead=}"
 
 
 @interp_only
@@ -132,9 +132,10 @@ def test_interp_key_tile_smaller_or_larger_than_cache_block(block_size: int, blo
         MIXED, heads=4, kv_heads=2, head_dim=16, block_size=block_size, dtype=torch.float32,
         padding=2, seed=block_n,
     )
-    for window in (None, 12):
-        out = run_triton(b, window, num_splits=2, block_n=block_n, min_tiles=1)
-        assert rel_err(out, run_ref(b, window)) < TOL[torch.float32]
+    for window, ahead in ((None, False), (12, False), (None, True), (12, True)):
+        out = run_triton(b, window, num_splits=2, block_n=block_n, min_tiles=1,
+                         table_ahead=ahead)
+        assert rel_err(out, run_ref(b, window)) < TOL[torch.float32], f"{window=} {ahead=}"
 
 
 @interp_only
@@ -230,13 +231,13 @@ def _ptxas_available() -> bool:
 
 
 SM90_CASES = [
-    # dtype, group, head_dim, block_size, pdl, has_window, block_n
-    ("bf16", 4, 128, 16, False, False, 64),
-    ("bf16", 4, 128, 16, True, True, 64),
-    ("fp16", 4, 128, 32, False, False, 128),
-    ("bf16", 1, 64, 16, False, True, 64),
-    ("bf16", 32, 256, 16, True, False, 32),
-    ("fp32", 3, 64, 16, False, False, 64),
+    # dtype, group, head_dim, block_size, pdl, has_window, block_n, table_ahead
+    ("bf16", 4, 128, 16, False, False, 64, False),
+    ("bf16", 4, 128, 16, True, True, 64, True),
+    ("fp16", 4, 128, 32, False, False, 128, True),
+    ("bf16", 1, 64, 16, False, True, 64, False),
+    ("bf16", 32, 256, 16, True, False, 32, False),
+    ("fp32", 3, 64, 16, False, False, 64, True),
 ]
 
 
@@ -258,12 +259,12 @@ def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
     from engine.attention.triton_paged import _paged_attention_kernel as kernel
     from engine.attention.triton_paged import _tile_shape
 
-    dt, group, head_dim, block_size, pdl, window, block_n = case
+    dt, group, head_dim, block_size, pdl, window, block_n, ahead = case
     g_pad, block_q = _tile_shape(group, block_n)
     const = dict(
         H=8 * group, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=head_dim,
         BLOCK_SIZE=block_size, BLOCK_N=block_n, HAS_WINDOW=window,
-        IEEE_DOT=dt == "fp32", USE_PDL=pdl,
+        IEEE_DOT=dt == "fp32", USE_PDL=pdl, TABLE_AHEAD=ahead,
         stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_btb=1,
     )
     ptrs = {
@@ -283,6 +284,9 @@ def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
     assert compiled.metadata.shared <= 227 * 1024, "exceeds an H100/H200 block's shared memory"
     ptx = compiled.asm["ptx"]
     assert "cp.async" in ptx, "K/V tile loads are no longer software-pipelined"
+    if ahead:  # K and V tiles multi-buffered: more than one tile of each in shared memory
+        tile_bytes = block_n * head_dim * {"bf16": 2, "fp16": 2, "fp32": 4}[dt]
+        assert compiled.metadata.shared >= 4 * tile_bytes, "K/V are no longer multi-buffered"
     assert ("griddepcontrol.wait" in ptx) == pdl
     assert "atom.global" in ptx or "atom.acq_rel" in ptx, "the split counter is not atomic"
 
@@ -305,9 +309,11 @@ def test_cuda_mixed_batch_matches_reference(dtype: torch.dtype, num_splits: int 
         device="cuda", padding=5, seed=21,
     )
     ref = run_ref(b)
-    out = run_triton(b, None, num_splits, min_tiles=1 if num_splits else None)
-    assert rel_err(out, ref) < TOL[dtype]
-    assert_padding_zero(b, out)
+    for ahead in (False, True):
+        out = run_triton(b, None, num_splits, min_tiles=1 if num_splits else None,
+                         table_ahead=ahead)
+        assert rel_err(out, ref) < TOL[dtype], f"table_ahead={ahead}"
+        assert_padding_zero(b, out)
 
 
 @pytest.mark.cuda
@@ -321,10 +327,11 @@ def test_cuda_decode_batch32_long_contexts(dtype: torch.dtype) -> None:
         device="cuda", seed=6,
     )
     ref = run_ref(b)
-    for splits, min_tiles, pdl in ((None, None, False), (1, None, True), (2, 1, False),
-                                   (8, 1, True), (16, None, False)):
-        out = run_triton(b, None, splits, min_tiles=min_tiles, pdl=pdl)
-        assert rel_err(out, ref) < TOL[dtype], f"num_splits={splits} min_tiles={min_tiles}"
+    for splits, min_tiles, pdl, ahead in ((None, None, False, False), (1, None, True, True),
+                                          (2, 1, False, True), (8, 1, True, False),
+                                          (16, None, False, True)):
+        out = run_triton(b, None, splits, min_tiles=min_tiles, pdl=pdl, table_ahead=ahead)
+        assert rel_err(out, ref) < TOL[dtype], f"{splits=} {min_tiles=} {pdl=} {ahead=}"
 
 
 @pytest.mark.cuda
