@@ -102,8 +102,11 @@ def pdl_available(device: torch.device) -> bool:
         return False
     try:
         import triton.language as tl
+        from triton.backends.nvidia.compiler import CUDAOptions
 
         if not hasattr(tl.extra.cuda, "gdc_wait"):
+            return False
+        if "launch_pdl" not in CUDAOptions.__dataclass_fields__:  # the launch option
             return False
     except Exception:
         return False

@@ -72,34 +72,27 @@ def _paged_attention_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
 
-    req0 = tl.load(req_ptr + t0)
-    req_prev = tl.load(req_ptr + t0 - 1, mask=t0 > 0, other=-2)
-    if (t0 % BLOCK_Q != 0) & (req_prev == req0):
-        return  # not a leader: the leader of this token's query block computes it
-
     # Rows of the tile: m = qi * G_PAD + g, query token t0 + qi, query head kvh * G + g.
     offs_m = tl.arange(0, BLOCK_M)
     qi = offs_m // G_PAD
     g = offs_m % G_PAD
     tok = t0 + qi
     in_block = (tok < T) & (tok < (t0 // BLOCK_Q + 1) * BLOCK_Q)
+    # The step's metadata in one memory round trip (masks from indices only): then the
+    # block table and q together, then K/V. Rows of another request are masked out below.
+    req0 = tl.load(req_ptr + t0)
+    req_prev = tl.load(req_ptr + t0 - 1, mask=t0 > 0, other=-2)
     tok_req = tl.load(req_ptr + tok, mask=in_block, other=-2)
+    tok_pos = tl.load(pos_ptr + tok, mask=in_block, other=0)
+    if (t0 % BLOCK_Q != 0) & (req_prev == req0):
+        return  # not a leader: the leader of this token's query block computes it
+
     tok_same = in_block & (tok_req == req0)
     # Vector & vector on purpose: the 3.9 interpreter turns bool-vector & bool-scalar into
     # int32 and then rejects it as a mask. tok_req == req0 wherever tok_same holds.
     tok_ok = tok_same & (tok_req >= 0)
     row_ok = tok_ok & (g < G)
     head = kvh * G + g
-    # Positions and q are loaded under in_block only (not tok_ok, which needs tok_req), so
-    # the three loads go out together: one memory round trip less before the first K tile.
-    # Rows of another request are masked out of the scores by row_ok below.
-    tok_pos = tl.load(pos_ptr + tok, mask=in_block, other=0)
-    offs_d = tl.arange(0, D)
-    q = tl.load(
-        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh
-        + offs_d[None, :] * stride_qd,
-        mask=(in_block & (g < G))[:, None], other=0.0,
-    )
 
     # Key range of the whole block; empty for a padding block.
     hi = tl.max(tl.where(tok_ok, tok_pos + 1, 0), axis=0)
@@ -120,16 +113,22 @@ def _paged_attention_kernel(
     req_safe = tl.maximum(req0, 0).to(tl.int64)
     bt_row = bt_ptr + req_safe * stride_btr
     offs_n = tl.arange(0, BLOCK_N)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-    if TABLE_AHEAD:
+    if TABLE_AHEAD:  # issued before q's load, so the two are in flight together
         key_a = my_lo * BLOCK_N + offs_n
         blk_next = tl.load(bt_row + (key_a // BLOCK_SIZE) * stride_btb,
                            mask=(key_a < hi) & (key_a // BLOCK_SIZE < max_blocks), other=0)
     else:
         blk_next = tl.zeros([BLOCK_N], dtype=tl.int32)
+    offs_d = tl.arange(0, D)
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh
+        + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None], other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
     for tile in range(my_lo, my_hi):
         key = tile * BLOCK_N + offs_n
         key_ok = (key < hi) & (key >= lo) & (key // BLOCK_SIZE < max_blocks)
