@@ -27,6 +27,7 @@ from ui.engine_trouble import (
     carry_out_restart,
     show_dead_engine,
     show_restart_outcome,
+    stop_busy,
     stop_not_responding,
 )
 
@@ -138,12 +139,21 @@ def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
         st.error(f"{what}: {exc}")
     except EngineDead:
         show_dead_engine(client)
-    except TimeoutError:
-        from ui.status import HANG
+    except TimeoutError as exc:
+        from ui.status import HANG, engine_status
 
-        HANG.timed_out()
         limit = getattr(client, "call_timeout_s", 2.0)
-        stop_not_responding(client, f"{what}: no answer within {limit:g} s")
+        late = f"{what}: no answer within {limit:g} s"
+        # A call that outlasts its limit is not a hang by itself: a busy engine (a long
+        # step, a loaded machine) answers late while its heartbeat keeps coming. Where the
+        # client has a heartbeat, only its silence (EngineNotResponding, status()) says
+        # "not responding"; without one, a late answer is all there is to go by.
+        heartbeat = callable(getattr(client, "status", None))
+        if (heartbeat and not isinstance(exc, EngineNotResponding)
+                and engine_status(client).state == "alive"):
+            stop_busy(client, late)
+        HANG.timed_out()
+        stop_not_responding(client, late)
 
 
 FLASH_KEY = "ui.flash"

@@ -3,8 +3,9 @@ hung one (with kill-and-restart), then the page stops there.
 
 Shared by ui/client.py (a page's first call, or a call inside engine_errors, fails) and
 ui/banner.py (the banner notices a hang); it sits below both so neither imports the other.
-Owns the two messages, their buttons, the restart's progress and the watch that brings a
-stopped page back once the engine runs again. A button remembers which engine process its
+Owns the two messages, their buttons, the restart's progress, the note for a call answered
+late by a busy engine whose heartbeat still comes (busy, not hung), and the watch that
+brings a stopped page back once the engine runs again. A button remembers which engine process its
 view showed (the client's ``generation``): clicked on a stale view (another tab restarted
 the engine meanwhile, or the hang ended) it does nothing and says so. Every restart and kill
 is logged with the tab that asked. It must never show a traceback (details go to the server
@@ -128,6 +129,27 @@ def show_not_responding(client: EngineClient, reason: str | None, key: str) -> N
         help="SIGKILL the engine process and start a new one with the same live settings.",
     )
     show_restart_outcome()
+
+
+def stop_busy(client: EngineClient, late: str) -> NoReturn:
+    """A call got no answer in time while the engine's heartbeat still comes: it is busy,
+    not hung. Say so (never "not responding", and no kill button), and stop the page; the
+    watch redraws it a second later, when the call is made again."""
+    st.info(
+        f"**The engine is busy** ({late}). It is running (its heartbeat arrives): a long "
+        "step or a loaded machine. This page tries again in a second.",
+        icon=":material/hourglass_top:",
+    )
+    st.fragment(run_every=RECOVERY_PERIOD_S)(_retry_later)(time.monotonic())
+    st.stop()
+
+
+def _retry_later(since: float) -> None:
+    """A busy page's watch: the whole page again once a period has passed (not on the
+    fragment's first run, inside the page's run: that would rerun at once, again and again,
+    while the engine stays busy)."""
+    if time.monotonic() - since >= RECOVERY_PERIOD_S:
+        st.rerun(scope="app")
 
 
 def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
