@@ -96,6 +96,29 @@ def one_session(x: torch.Tensor, g: Any, launches: int, body: int,
                                                                     "gpu_memset"))}
 
 
+def kineto_strings(patterns: tuple[bytes, ...] = (b"TSC", b"Tsc", b"KINETO_"),
+                   limit: int = 120) -> dict[str, list[str]]:
+    """The printable strings around ``patterns`` in torch's libraries: Kineto's config keys
+    and environment variables that mention its TSC timestamps (the callback pytorch issue
+    192021 names), for the next step without a network."""
+    out: dict[str, list[str]] = {}
+    for f in sorted(Path(torch.__file__).parent.glob("lib/libtorch_c*.so")):
+        b, found = f.read_bytes(), set()
+        for pat in patterns:
+            i, hits = b.find(pat), 0
+            while i != -1 and len(found) < limit and hits < 3000:
+                hits += 1
+                lo, hi = i, i
+                while lo > 0 and 32 <= b[lo - 1] < 127 and i - lo < 60:
+                    lo -= 1
+                while hi < len(b) and 32 <= b[hi] < 127 and hi - i < 60:
+                    hi += 1
+                found.add(b[lo:hi].decode("ascii", "replace"))
+                i = b.find(pat, i + 1)
+        out[f.name] = sorted(found)
+    return out
+
+
 def phase_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     lost = [r["lost"] for r in rows]
     return {"sessions": len(rows), "lost_mean": statistics.fmean(lost) if lost else None,
@@ -163,4 +186,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         report.markdown_table(["phase", "sessions", "lost launches (mean)", "sessions with "
                                "loss", "lost not at the head", "graph replays short",
                                "lost, first 10", "lost, last 10"], rows)])
+    t0 = time.perf_counter()  # last: reading torch's libraries is the slow part
+    summary["kineto_strings"] = kineto_strings()
+    print(f"kineto strings ({time.perf_counter() - t0:.1f} s): {summary['kineto_strings']}")
+    report.write_json(out / "truth_sessions.json", summary)
     return summary
