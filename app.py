@@ -64,6 +64,7 @@ FROZEN_KEY = "live.frozen"
 WINDOW_KEY = "live.window_ms"
 LAST_KEY = "live.last_records"
 SHOWN_KEY = "live.shown"  # the paused steps: drawn, and in the trace download
+HIGHLIGHT_KEY = "live.highlight"  # {"request", "steps"}: a request's steps, from Requests
 
 
 @st.cache_resource
@@ -98,19 +99,26 @@ def draw_history(client: EngineClient, settings: dict) -> None:
 
 
 def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> list[StepRecord]:
-    """Draw the timeline of the newest ``window_ms``; returns the steps it shows."""
+    """Draw the timeline of the newest ``window_ms``; returns the steps it shows. Paused on
+    a request from the Requests page, that request's steps are drawn lit, the rest faded."""
     recent = recent_window(records, window_ms) if records else []
     state = "Paused" if paused else "Live"
+    lit = st.session_state.get(HIGHLIGHT_KEY) if paused else None
+    if lit:
+        note = f" · request {lit['request']}'s {len(lit['steps'])} steps lit, the rest faded"
+    else:
+        note = " (zoom and pan freely)" if paused else " (zoom, pan and hover stay while live)"
     fig = timeline_figure(
         recent,
         window_ms=window_ms,
         width_px=TIMELINE_WIDTH_PX,
         height_px=TIMELINE_HEIGHT_PX,
         uirevision="live.timeline",
-        title=f"{state}: {len(recent)} steps in the last {window_ms:g} ms"
-        + (" (zoom and pan freely)" if paused else " (zoom, pan and hover stay while live)"),
+        title=f"{state}: {len(recent)} steps in the last {window_ms:g} ms{note}",
+        highlight_steps=lit["steps"] if lit else None,
     )
-    live_plot(fig, key="live.timeline", height_px=TIMELINE_HEIGHT_PX)
+    # Taller than TIMELINE_HEIGHT_PX only when the legend needs it (more lanes: ranks).
+    live_plot(fig, key="live.timeline", height_px=int(fig.layout.height))
     return recent
 
 
@@ -213,7 +221,9 @@ def controls(client: EngineClient) -> None:
 
 
 def freeze() -> None:
-    """Pause on what was on screen at the moment of the click; resuming forgets it."""
+    """Pause on what was on screen at the moment of the click; resuming forgets it (and a
+    request's highlighted steps: a pause of one's own highlights nothing)."""
+    st.session_state.pop(HIGHLIGHT_KEY, None)
     if st.session_state.get(PAUSE_KEY):
         st.session_state[FROZEN_KEY] = st.session_state.get(LAST_KEY, [])
     else:

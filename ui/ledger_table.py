@@ -16,10 +16,12 @@ from typing import Any
 from telemetry.ledger import LedgerEntry, steps_of
 from telemetry.records import StepRecord
 
-# app.py's Live page: its pause toggle, its frozen snapshot, its window slider and choices.
+# app.py's Live page: its pause toggle, its frozen snapshot, its window slider and choices,
+# and the steps it highlights.
 LIVE_PAUSE_KEY = "live.pause"
 LIVE_FROZEN_KEY = "live.frozen"
 LIVE_WINDOW_KEY = "live.window_ms"
+LIVE_HIGHLIGHT_KEY = "live.highlight"
 LIVE_WINDOWS_MS = (50, 100, 250, 500, 1000, 2000, 5000)
 LIVE_URL_PATH = "live_page"  # the Live page is the callable live_page: its url path
 
@@ -71,15 +73,35 @@ def outcome_counts(reasons: Iterable[str | None]) -> tuple[int, int]:
     return finished, aborted
 
 
-def window_for(entry: LedgerEntry, choices: Sequence[int] = LIVE_WINDOWS_MS) -> int:
-    """The smallest timeline window (ms) that holds the request's steps, else the largest."""
+CONTEXT = 1.5  # the window holds the request's steps and half as much again around them
+
+
+def window_for(entry: LedgerEntry, choices: Sequence[int] = LIVE_WINDOWS_MS,
+               context: float = 1.0) -> int:
+    """The smallest timeline window (ms) that holds the request's steps (times ``context``:
+    room for its neighbours), else the largest."""
     if entry.first_step_ns is None or entry.last_step_ns is None:
         return choices[-1]
-    need_ms = (entry.last_step_ns - entry.first_step_ns) / 1e6
+    need_ms = context * (entry.last_step_ns - entry.first_step_ns) / 1e6
     return next((w for w in choices if w >= need_ms), choices[-1])
 
 
+def steps_around(entry: LedgerEntry, records: Sequence[StepRecord],
+                 window_ms: float) -> list[StepRecord]:
+    """The steps of a ``window_ms`` window centred on the request's steps (publish order
+    kept): its own, and the others' before and after it, which the timeline fades."""
+    lo, hi = entry.first_step_ns, entry.last_step_ns
+    if lo is None or hi is None:
+        return steps_of(entry, records)
+    pad = max(0, int(window_ms * 1e6) - (hi - lo)) // 2
+    return [r for r in records if r.spans and min(s.start_ns for s in r.spans) <= hi + pad
+            and max(s.end_ns for s in r.spans) >= lo - pad]
+
+
 def timeline_state(entry: LedgerEntry, records: Sequence[StepRecord]) -> dict[str, Any]:
-    """The session state that opens the Live page paused on the steps around ``entry``."""
-    return {LIVE_PAUSE_KEY: True, LIVE_FROZEN_KEY: steps_of(entry, records),
-            LIVE_WINDOW_KEY: window_for(entry)}
+    """The session state that opens the Live page paused on the steps around ``entry``,
+    with the request's own steps highlighted among them."""
+    window = window_for(entry, context=CONTEXT)
+    return {LIVE_PAUSE_KEY: True, LIVE_FROZEN_KEY: steps_around(entry, records, window),
+            LIVE_WINDOW_KEY: window,
+            LIVE_HIGHLIGHT_KEY: {"request": entry.request_id, "steps": list(entry.steps)}}

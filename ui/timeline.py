@@ -10,7 +10,7 @@ Time is shown in milliseconds relative to the window end (0 = newest, negative =
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,10 @@ LANE_COLOURS: dict[str, str] = {
 }
 
 DEFAULT_WIDTH_PX = 1200
+# The legend's rows (an entry or a group's title, font 11) and the gap between its groups:
+# a figure is made tall enough for its legend, which would otherwise get a scroll bar.
+LEGEND_ROW_PX = 24  # generous: the dashboard font sets rows of about 19-20 px
+LEGEND_GROUP_GAP_PX = 6
 # Records whose spans all end before the window must follow each other this many times
 # before a backwards scan stops: steps overlap in async mode, so ends are not quite sorted.
 _TAIL_SCAN = 16
@@ -220,6 +224,25 @@ def _hover_texts(bars: LaneBars, facts: np.ndarray, records: Sequence[StepRecord
     return np.array(texts, dtype=str)
 
 
+FADED_OPACITY = 0.18  # spans of other steps, while one request's steps are highlighted
+
+
+def bar_opacity(bars: LaneBars, lit: np.ndarray) -> np.ndarray:
+    """Per bar: 1 where its step (for a merged bar, its first or last step) is lit, else
+    FADED_OPACITY."""
+    on = lit[bars.owner] | lit[bars.owner_last] if len(bars) else np.zeros(0, dtype=bool)
+    return np.where(on, 1.0, FADED_OPACITY)
+
+
+def legend_height_px(bars: dict[str, LaneBars]) -> int:
+    """The height the legend takes: plotly lists only lanes that have a bar, under a title
+    per group (CPU, device, a rank's lanes)."""
+    drawn = [lane for lane, b in bars.items() if len(b)]
+    groups = {lane_group(lane) for lane in drawn}
+    return (len(drawn) + len(groups)) * LEGEND_ROW_PX + max(len(groups) - 1, 0) * (
+        LEGEND_GROUP_GAP_PX)
+
+
 def timeline_figure(
     records: Sequence[StepRecord],
     *,
@@ -232,6 +255,7 @@ def timeline_figure(
     legend: bool = True,
     uirevision: str | None = None,
     x_title: str = "ms before the newest span",
+    highlight_steps: Collection[int] | None = None,
 ) -> go.Figure:
     """A Gantt chart of ``records``: one row per lane (LANES order, top to bottom).
 
@@ -240,7 +264,10 @@ def timeline_figure(
     ``[-window_ms, 0]``, so a live chart keeps one range (and, with ``uirevision``, the
     user's zoom) from refresh to refresh. ``start_ns`` without ``window_ms`` draws from
     there. Spans thinner than one pixel of a ``width_px`` wide plot are merged (see
-    merge_thin). ``legend`` adds one entry per lane with its meaning, grouped CPU / device.
+    merge_thin). ``legend`` adds one entry per lane with its meaning, grouped CPU / device,
+    and makes the figure taller than ``height_px`` where the legend needs it (a legend
+    taller than its plot scrolls). ``highlight_steps`` (step numbers: one request's, from
+    the Requests page) draws their spans at full strength and every other span faded.
     """
     if width_px < 1:
         raise ValueError(f"width_px must be >= 1, got {width_px}")
@@ -259,6 +286,10 @@ def timeline_figure(
     lanes = lanes_of(records)
     bars = lane_bars(records, lo, hi, min_ns=px_ns, lanes=lanes)
     facts = np.array([step_facts(r) for r in records] or [""], dtype=object)
+    lit = None
+    if highlight_steps is not None:
+        wanted = set(highlight_steps)
+        lit = np.array([r.step in wanted for r in records] or [False], dtype=bool)
 
     fig = go.Figure()
     for lane in lanes:
@@ -277,7 +308,8 @@ def timeline_figure(
                 # A span is at least a pixel wide on screen, or a 3 µs launch would vanish.
                 x=np.maximum((lb.end_ns - lb.start_ns), px_ns) / 1e6,
                 marker={"color": LANE_COLOURS.get(lane) or rank_lane_colour(lane),
-                        "line": {"width": 0}},
+                        "line": {"width": 0},
+                        **({} if lit is None else {"opacity": bar_opacity(lb, lit)})},
                 hovertext=_hover_texts(lb, facts, records),
                 hoverinfo="text",
                 showlegend=legend,
@@ -288,18 +320,21 @@ def timeline_figure(
     else:
         x_range = [(lo - hi) / 1e6, 0.0] if hi != lo else [-1.0, 0.0]
     n_cpu = sum(1 for lane in lanes if lane_group(lane) == CPU_GROUP)
+    top = 30 if title else 10
+    if legend:
+        height_px = max(height_px, legend_height_px(bars) + top + 40)
     fig.update_layout(
         barmode="overlay",
         bargap=0.25,
         height=height_px,
-        margin={"l": 10, "r": 10, "t": 30 if title else 10, "b": 40},
+        margin={"l": 10, "r": 10, "t": top, "b": 40},
         title={"text": title, "font": {"size": 14}, "x": 0.01} if title else None,
         hovermode="closest",
         uirevision=uirevision,
         legend={
             "groupclick": "toggleitem",
             "font": {"size": 11},
-            "tracegroupgap": 6,
+            "tracegroupgap": LEGEND_GROUP_GAP_PX,
             "itemclick": "toggle",
         },
         xaxis={

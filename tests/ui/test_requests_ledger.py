@@ -3,17 +3,21 @@ opens the Live timeline paused on a request's steps (AppTest over the stand-in e
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
 
+import numpy as np
 from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
 from test_pages_engine import engine, page  # noqa: F401  (the real engine, one per module)
+from test_pages_fake import live_figures
 
 from telemetry.ledger import LedgerEntry, build_ledger
 from telemetry.records import RequestEvent, Span, StepRecord
 from ui.ledger_table import (
     LIVE_FROZEN_KEY,
+    LIVE_HIGHLIGHT_KEY,
     LIVE_PAUSE_KEY,
     LIVE_URL_PATH,
     LIVE_WINDOW_KEY,
@@ -27,11 +31,19 @@ APP = Path(__file__).resolve().parents[2] / "app.py"
 MS = 1_000_000
 
 
+def plotly_array(value: object) -> list:
+    """An array of a figure's JSON: a list, or plotly's typed array ({"dtype", "bdata"})."""
+    if isinstance(value, dict) and "bdata" in value:
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return list(value)  # type: ignore[call-overload]
+
+
 def test_the_live_pages_state_names_are_the_ones_app_py_uses():
     text = APP.read_text()
     assert f'PAUSE_KEY = "{LIVE_PAUSE_KEY}"' in text
     assert f'FROZEN_KEY = "{LIVE_FROZEN_KEY}"' in text
     assert f'WINDOW_KEY = "{LIVE_WINDOW_KEY}"' in text
+    assert f'HIGHLIGHT_KEY = "{LIVE_HIGHLIGHT_KEY}"' in text
     assert f"TIMELINE_WINDOWS_MS = {LIVE_WINDOWS_MS}" in text
     assert re.search(rf"st\.Page\({LIVE_URL_PATH},", text)
 
@@ -99,11 +111,19 @@ def test_requests_page_shows_the_ledger_and_opens_the_timeline_on_a_request(
     at.button(key="req.to_timeline").click().run()
     assert not at.exception
     assert at.session_state[LIVE_PAUSE_KEY] is True
-    # 'quick' rode steps 1001 and 1002 (and no other step ran meanwhile).
-    assert [r.step for r in at.session_state[LIVE_FROZEN_KEY]] == [1001, 1002]
+    # 'quick' rode steps 1001 and 1002; the frozen window holds its neighbours too.
+    frozen = [r.step for r in at.session_state[LIVE_FROZEN_KEY]]
+    assert {1000, 1001, 1002, 1003, 1004, 1005} <= set(frozen)
+    assert at.session_state[LIVE_HIGHLIGHT_KEY] == {"request": "quick", "steps": [1001, 1002]}
     assert at.toggle(key="live.pause").value is True  # now on the Live page, paused
     assert at.session_state[LIVE_WINDOW_KEY] == 50
     assert not at.warning
+    # Issue 24: the timeline lights the request's own steps and fades the others.
+    fig = live_figures(at)["live.timeline"]
+    assert "request quick's 2 steps lit" in fig["layout"]["title"]["text"]
+    (compute,) = [t for t in fig["data"] if t["name"].startswith("compute:")]
+    lit = [o == 1.0 for o in plotly_array(compute["marker"]["opacity"])]
+    assert sum(lit) == 2 and len(lit) > 2  # its two compute spans; the neighbours faded
 
 
 def test_the_ledger_of_a_request_on_the_real_engine(engine) -> None:  # noqa: F811

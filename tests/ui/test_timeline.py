@@ -168,3 +168,37 @@ def test_a_live_window_keeps_one_x_range_so_a_zoom_survives_refreshes() -> None:
     assert tuple(a.layout.xaxis.range) == tuple(b.layout.xaxis.range) == (-250.0, 0.0)
     assert a.layout.uirevision == b.layout.uirevision == "x"
     assert a.layout.xaxis.ticksuffix == " ms"
+
+
+def test_highlighted_steps_are_drawn_lit_and_the_others_faded() -> None:
+    """Issue 24: the Requests page's link lights a request's own steps on the timeline."""
+    from ui.timeline import FADED_OPACITY
+
+    records = [StepRecord(step=k, mode="async", slot=0, num_requests=1, prefill_tokens=0,
+                          decode_tokens=1,
+                          spans=[Span("compute", k * 1_000_000, k * 1_000_000 + 500_000)])
+               for k in range(6)]
+    fig = timeline_figure(records, highlight_steps=[2, 3], width_px=1000)
+    (compute,) = [t for t in fig.data if t.name.startswith("compute:")]
+    steps = [int(h.split("step ")[1].split(" ")[0]) for h in compute.hovertext]
+    opacity = dict(zip(steps, compute.marker.opacity, strict=True))
+    assert opacity == {0: FADED_OPACITY, 1: FADED_OPACITY, 2: 1.0, 3: 1.0,
+                       4: FADED_OPACITY, 5: FADED_OPACITY}
+    plain = timeline_figure(records, width_px=1000)
+    (compute,) = [t for t in plain.data if t.name.startswith("compute:")]
+    assert compute.marker.opacity is None  # nothing highlighted: every span at full strength
+
+
+def test_a_figure_is_made_tall_enough_for_its_legend() -> None:
+    """Issue 25 (10): a legend taller than its plot got a scroll bar of its own (the A/B
+    page's 300 px timelines). Every lane drawn, and four ranks' lanes more, need more."""
+    from ui.timeline import legend_height_px
+
+    lanes = [*LANES] + [f"rank{r}.{k}" for r in range(1, 5) for k in ("compute", "comm")]
+    records = [StepRecord(step=0, mode="async", slot=0, num_requests=1, prefill_tokens=0,
+                          decode_tokens=1,
+                          spans=[Span(lane, 0, 500_000) for lane in lanes])]
+    fig = timeline_figure(records, height_px=300, title="t", legend=True)
+    bars = lane_bars(records, lanes=[*LANES, *lanes[len(LANES):]])
+    assert fig.layout.height >= legend_height_px(bars) + 70 > 300
+    assert timeline_figure(records, height_px=300, legend=False).layout.height == 300
