@@ -13,12 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
 from telemetry.records import StepRecord
-from ui.decode_verdict import decode_steps, decode_verdict, pooled
+from ui.decode_verdict import Interval, decode_steps, decode_verdict, pooled, signed
 from ui.timeline import timeline_figure
 from ui.window_stats import IDLE_CAUSES, OTHER_CAUSE, WindowStats, window_stats
 
@@ -45,15 +46,37 @@ class Window:
         return self.runs or [self.records]
 
 
+def interval_whisker(rate_b: float, tput: Interval | None) -> dict | None:
+    """B's decode-rate bar's error bar from the verdict's 95% interval of B over A (in %):
+    the rates B may have against A by that interval, scaled about B's own bar so the bar's
+    top is always inside (the alternated pairs' estimate is a mean of ratios, not quite the
+    pooled rates' ratio). None without an interval."""
+    if tput is None or not np.isfinite(rate_b) or tput.estimate <= -100:
+        return None
+    unit = rate_b / (1 + tput.estimate / 100)
+    lo, hi = unit * (1 + tput.lo / 100), unit * (1 + tput.hi / 100)
+    return {"type": "data", "symmetric": False, "array": [max(0.0, hi - rate_b)],
+            "arrayminus": [max(0.0, rate_b - lo)], "color": "#333", "thickness": 1.5,
+            "width": 8}
+
+
 def ab_figure(a: WindowStats, b: WindowStats, decode_tps: tuple[float, float],
-              height_px: int = 260) -> go.Figure:
-    titles = ("decode tokens/s (decode-only steps)", "step period (ms)",
+              height_px: int = 260, tput: Interval | None = None) -> go.Figure:
+    """The four panels side by side; ``tput`` (the verdict's throughput interval) puts its
+    95% interval on B's decode-rate bar."""
+    titles = ("decode tokens/s" + (" · 95% interval" if tput else ""), "step period (ms)",
               "CPU work per step (% of a step)", "compute idle by cause (ms per s)")
     fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.07)
-    for s, colour, tps in zip((a, b), COLOURS, decode_tps, strict=True):
+    whisker = interval_whisker(decode_tps[1], tput)
+    for side, (s, colour, tps) in enumerate(zip((a, b), COLOURS, decode_tps, strict=True)):
+        hover = "%{y:,.1f} decode tokens/s (decode-only steps)"
+        if side == 1 and whisker is not None and tput is not None:
+            hover += (f"<br>vs {a.label}: {signed(tput.estimate, '%')}, 95% interval "
+                      f"{signed(tput.lo, '%')} to {signed(tput.hi, '%')}")
         fig.add_trace(go.Bar(
             x=[s.label], y=[tps], marker_color=colour,
-            hovertemplate="%{y:,.1f} decode tokens/s<extra></extra>", showlegend=False), 1, 1)
+            error_y=whisker if side == 1 else None,
+            hovertemplate=hover + "<extra></extra>", showlegend=False), 1, 1)
         fig.add_trace(go.Bar(x=[s.label], y=[s.step_ms], marker_color=colour, showlegend=False,
                              hovertemplate="%{y:,.3f} ms<extra></extra>"), 1, 2)
         fig.add_trace(go.Bar(x=[s.label], y=[100 * s.cpu_share], marker_color=colour,
@@ -73,6 +96,16 @@ def ab_figure(a: WindowStats, b: WindowStats, decode_tps: tuple[float, float],
     fig.update_yaxes(ticksuffix=" ms", row=1, col=2)
     fig.update_yaxes(ticksuffix="%", row=1, col=3)
     return fig
+
+
+def short_ms(ms: float) -> str:
+    """A duration for a metric tile: four significant figures at most ("0.386 ms",
+    "32.28 ms", "126.1 ms", "1,234 ms"); "126.056 ms" was cut to "126.056 ..." in a tile a
+    quarter of half the page wide."""
+    if not np.isfinite(ms):
+        return "–"
+    digits = 3 if abs(ms) < 10 else 2 if abs(ms) < 100 else 1 if abs(ms) < 1000 else 0
+    return f"{ms:,.{digits}f} ms"
 
 
 def cpu_note(a: WindowStats, b: WindowStats) -> str:
@@ -96,10 +129,12 @@ def show_ab(a: Window, b: Window, *, key: str, judge: bool = True) -> None:
     except ValueError as exc:
         st.error(f"Cannot compare: {exc}")
         return
+    tput = None
     if judge:
         v = decode_verdict(a.all_runs(), b.all_runs(), a_label=a.label, b_label=b.label)
         (st.success if v.measurable else st.info)(v.text, icon=":material/compare:")
         st.caption(cpu_note(sa, sb))
+        tput = v.throughput
     decode = [[decode_steps(r) for r in w.all_runs()] for w in (a, b)]
     cols = st.columns(2)
     tps = []
@@ -110,16 +145,18 @@ def show_ab(a: Window, b: Window, *, key: str, judge: bool = True) -> None:
         with col:
             st.markdown(f"**{s.label}** · {s.steps:,} steps in {s.duration_s:.2f} s, "
                         f"{n:,} of them decode-only")
-            m = st.columns(4)
+            # Two by two: four tiles in half a 1280 px page cut "23.43 ms" to "23.43...".
+            m = [c for _ in range(2) for c in st.columns(2)]
             m[0].metric("decode tokens/s", f"{rate:,.1f}",
                         help="Decode-only steps: their tokens over their periods.")
-            m[1].metric("step period", f"{s.step_ms:,.3f} ms")
+            m[1].metric("step period", short_ms(s.step_ms),
+                        help=f"Median step period: {s.step_ms:,.3f} ms.")
             m[2].metric("compute busy (decode)", f"{100 * busy:.1f}%",
                         help="Share of the decode-only steps' time with a compute span "
                         "(step busy); prefill steps are left out.")
-            m[3].metric("CPU work / step", f"{s.cpu_ms:,.3f} ms",
+            m[3].metric("CPU work / step", short_ms(s.cpu_ms),
                         help="cpu.schedule + prepare + launch + post, median per step.")
-    st.plotly_chart(ab_figure(sa, sb, (tps[0], tps[1])), key=f"{key}.figure",
+    st.plotly_chart(ab_figure(sa, sb, (tps[0], tps[1]), tput=tput), key=f"{key}.figure",
                     config={"displaylogo": False})
     longest = max(sa.duration_s, sb.duration_s) * 1000
     choices = [s for s in SPANS_MS if s <= max(longest, SPANS_MS[0])] or [SPANS_MS[0]]

@@ -213,7 +213,7 @@ def prefill_text(label: str, runs: Sequence[DecodeSteps]) -> str:
     return f"{label}: {steps:,} step{'s' if steps > 1 else ''}, {tokens:,} prompt tokens{took}."
 
 
-def _signed(x: float, unit: str) -> str:
+def signed(x: float, unit: str) -> str:
     return f"{x:+.1f}{unit}".replace("-", "\u2212")
 
 
@@ -239,21 +239,21 @@ def decode_verdict(
     tput, busy = got
     figures = (f"{b_label} {tb:,.0f} vs {a_label} {ta:,.0f} decode tokens/s over "
                f"{sum(r.n for r in b):,} and {sum(r.n for r in a):,} decode-only steps")
-    ci = f"95% interval {_signed(tput.lo, '%')} to {_signed(tput.hi, '%')}"
+    ci = f"95% interval {signed(tput.lo, '%')} to {signed(tput.hi, '%')}"
     if not tput.holds_zero():
         word = "faster" if tput.estimate > 0 else "slower"
         head = (f"**Decode throughput: {b_label} is {abs(tput.estimate):.1f}% {word} than "
                 f"{a_label}** ({ci}; {figures}).")
     elif max(abs(tput.lo), abs(tput.hi)) <= NEGLIGIBLE_PCT:
         head = (f"**Decode throughput: no measurable difference** between {a_label} and "
-                f"{b_label}: {_signed(tput.estimate, '%')} ({ci}, inside "
+                f"{b_label}: {signed(tput.estimate, '%')} ({ci}, inside "
                 f"\u00b1{NEGLIGIBLE_PCT:g}%; {figures}).")
     else:
         head = (f"**Decode throughput: not settled by this data.** {b_label} vs {a_label}: "
-                f"{_signed(tput.estimate, '%')}, but the {ci} holds no change ({figures}). "
+                f"{signed(tput.estimate, '%')}, but the {ci} holds no change ({figures}). "
                 "Capture longer or repeat.")
     busy_text = (f"Compute busy on decode-only steps: {a_label} {100 * ba:.1f}%, {b_label} "
-                 f"{100 * bb:.1f}% ({_signed(busy.estimate, ' pp')}, 95% interval "
-                 f"{_signed(busy.lo, ' pp')} to {_signed(busy.hi, ' pp')}).")
+                 f"{100 * bb:.1f}% ({signed(busy.estimate, ' pp')}, 95% interval "
+                 f"{signed(busy.lo, ' pp')} to {signed(busy.hi, ' pp')}).")
     text = f"{head} {busy_text} Interval: {tput.method}. {prefill}"
     return DecodeVerdict(not tput.holds_zero(), tput, busy, text)

@@ -1,0 +1,66 @@
+"""The A/B figure (issue 25): B's decode-rate bar carries the verdict's 95% interval as an
+error bar (it was only in the text), and the tiles' figures fit their tiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from ui.ab_view import ab_figure, short_ms
+from ui.decode_verdict import decode_steps as decode_of
+from ui.decode_verdict import decode_verdict, pooled
+from ui.recordings import RECORDINGS_DIR, load_recording
+from ui.window_stats import window_stats
+
+
+def figure_of(name: str, a_label: str, b_label: str):
+    rec = load_recording(RECORDINGS_DIR / name)
+    windows = rec.by_mode()
+    a, b = windows[a_label], windows[b_label]
+    v = decode_verdict([a], [b], a_label=a_label, b_label=b_label)
+    (ta, _), (tb, _) = pooled([decode_of(a)]), pooled([decode_of(b)])
+    fig = ab_figure(window_stats(a, a_label), window_stats(b, b_label), (ta, tb),
+                    tput=v.throughput)
+    bars = [t for t in fig.data if t.xaxis == "x" and t.type == "bar"]
+    return v, bars, ta, tb, fig
+
+
+def test_the_h200_1b_async_bar_carries_the_interval_above_syncs_bar() -> None:
+    """The verdict says async is faster with an interval that excludes zero: the error bar
+    on async's bar then stays wholly above sync's bar, and spans the interval."""
+    v, (a_bar, b_bar), ta, tb, fig = figure_of("h200-llama-1b.jsonl", "sync+graphs",
+                                               "async+graphs")
+    assert v.measurable and v.throughput is not None
+    assert a_bar.error_y.array is None  # the interval is B against A: one error bar, on B
+    err = b_bar.error_y
+    assert err.type == "data" and err.symmetric is False
+    low, high = tb - err.arrayminus[0], tb + err.array[0]
+    assert ta < low < tb < high
+    t = v.throughput
+    assert high / low == pytest.approx((1 + t.hi / 100) / (1 + t.lo / 100), rel=1e-9)
+    assert "95% interval" in b_bar.hovertemplate
+    assert fig.layout.annotations[0].text == "decode tokens/s · 95% interval"
+
+
+def test_an_interval_holding_zero_reaches_below_the_other_bar() -> None:
+    """The tiny CPU recording: not settled, so the error bar reaches past sync's level."""
+    v, (_, b_bar), ta, tb, _ = figure_of("cpu-tiny.jsonl", "sync", "async")
+    assert v.throughput is not None and v.throughput.holds_zero()
+    err = b_bar.error_y
+    assert tb - err.arrayminus[0] <= ta <= tb + err.array[0]
+
+
+def test_no_interval_no_error_bar() -> None:
+    rec = load_recording(RECORDINGS_DIR / "cpu-tiny.jsonl")
+    w = rec.by_mode()
+    fig = ab_figure(window_stats(w["sync"], "sync"), window_stats(w["async"], "async"),
+                    (10.0, 12.0))
+    assert all(t.error_y.array is None for t in fig.data)
+    assert fig.layout.annotations[0].text == "decode tokens/s"
+
+
+@pytest.mark.parametrize(("ms", "text"), [(0.3862, "0.386 ms"), (23.4321, "23.43 ms"),
+                                          (126.056, "126.1 ms"), (1234.5, "1,234 ms"),
+                                          (float("nan"), "–")])
+def test_a_tile_duration_keeps_four_figures(ms: float, text: str) -> None:
+    """"126.056 ms" and "23.432 ms" were cut in their tiles ("126.056 ...", "23.43...")."""
+    assert short_ms(ms) == text
