@@ -19,10 +19,13 @@ last merges the partials (log-sum-exp weights) into `out` and resets the counter
 next launch. Counters live in one zeroed buffer per (device, stream): two launches that share
 a buffer must never run at the same time, which stream order guarantees.
 
-Programmatic dependent launch (`pdl=True`, sm_90+): the program waits for the previous kernel
-(`gdc_wait`) before it reads anything, since q, the cache and even the step's metadata may be
-that kernel's output, then lets the next kernel launch (`gdc_launch_dependents`). What overlaps
-is the launch and the previous kernel's tail.
+Programmatic dependent launch (`pdl=True`, sm_90+): the program may start while the previous
+kernel still runs. It reads the step's metadata (token_req, token_pos, and with `table_ahead`
+the first block-table entries) at once, then waits for that kernel (`gdc_wait`) before it
+reads q or the cache, which that kernel writes, and lets the next kernel launch
+(`gdc_launch_dependents`). So the metadata must never be written by a kernel of the step: it
+is written by the step's host-to-device copy (or a broadcast) before its first kernel, which
+every later launch follows even under PDL. Split counters are touched only after the wait.
 
 CUDA-graph safety: the grid and every Python decision depend only on shapes, dtypes and
 the device, never on tensor values; there is no host sync and no `.item()`. Padding
@@ -68,9 +71,6 @@ def _paged_attention_kernel(
     t0 = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
 
     # Rows of the tile: m = qi * G_PAD + g, query token t0 + qi, query head kvh * G + g.
     offs_m = tl.arange(0, BLOCK_M)
@@ -119,6 +119,11 @@ def _paged_attention_kernel(
                            mask=(key_a < hi) & (key_a // BLOCK_SIZE < max_blocks), other=0)
     else:
         blk_next = tl.zeros([BLOCK_N], dtype=tl.int32)
+    if USE_PDL:
+        # Everything above read only the step's metadata, which no kernel of the step writes;
+        # q and the cache (this step's K/V row) are the previous kernel's output.
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     offs_d = tl.arange(0, D)
     q = tl.load(
         q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh
