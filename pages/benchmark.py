@@ -92,6 +92,17 @@ def results_table(results: list[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+TABLE_COLUMNS = {
+    "total s (median)": st.column_config.NumberColumn(format="%.3f"),
+    "tokens/s (median)": st.column_config.NumberColumn(format="%.1f"),
+    "step busy % (median)": st.column_config.NumberColumn(
+        format="%.1f", help="Per step, first kernel to last: the compute lane's busy share."),
+    "idle s (median)": st.column_config.NumberColumn(format="%.3f"),
+    "predicted async s (median)": st.column_config.NumberColumn(
+        format="%.3f", help="From the sync runs: their time less what async would save."),
+}
+
+
 def verdicts(results: list[Any]) -> list[tuple[bool, str]]:
     """Each mode against the first, on total time (lower is better)."""
     groups = grouped(results)
@@ -135,10 +146,12 @@ def show_results(results: list[Any]) -> None:
     st.subheader("Results")
     for measurable, text in verdicts(results):
         (st.success if measurable else st.info)(text)
-    left, right = st.columns([3, 2])
+    # The table has the page's width: in three fifths of it the last column was cut to
+    # "predicte..." even at 1600 px.
+    st.dataframe(results_table(results), hide_index=True, key="bench.table",
+                 column_config=TABLE_COLUMNS)
+    left, _ = st.columns([1, 1])
     with left:
-        st.dataframe(results_table(results), hide_index=True, key="bench.table")
-    with right:
         st.plotly_chart(runs_figure(results), key="bench.runs", config={"displaylogo": False})
     digests = {r.tokens_digest for r in results if getattr(r, "tokens_digest", 0)}
     if len(digests) == 1:

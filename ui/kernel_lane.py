@@ -102,5 +102,8 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
         xaxis={"range": [-float(window_ms), 0.0], "ticksuffix": " ms", "zeroline": False},
         yaxis={"tickmode": "array", "tickvals": [0.0], "ticktext": ["kernels (sampled)"],
                "fixedrange": True, "range": [0.5, -0.5], "automargin": True},
-        legend={"font": {"size": 10}, "tracegroupgap": 2}, hovermode="closest")
+        # One row under the axis: a column beside the lane needed its own scroll bar at
+        # 150 px with five kernel families (issue 25, 10).
+        legend={"font": {"size": 10}, "orientation": "h", "yanchor": "top", "y": -0.35,
+                "x": 0, "traceorder": "normal"}, hovermode="closest")
     return fig

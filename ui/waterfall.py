@@ -80,7 +80,10 @@ def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSamp
         title={"text": "Where the window's time went" + (f" · {note}" if note else ""),
                "font": {"size": 13}, "x": 0.01},
         xaxis={"ticksuffix": " ms"}, yaxis={"visible": False},
-        legend={"font": {"size": 10}, "tracegroupgap": 1})
+        # One row under the axis, in the bar's order: a column beside the bar needed its
+        # own scroll bar at 170 px (issue 25, 10).
+        legend={"font": {"size": 10}, "orientation": "h", "yanchor": "top", "y": -0.35,
+                "x": 0, "traceorder": "normal"})
     return fig
 
 

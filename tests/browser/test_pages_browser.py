@@ -4,7 +4,9 @@ Requests page lists the requests; and a screenshot of every page at both window 
 
 Screenshots go to artifacts/screenshots/ (ignored by git); the README's copies in
 docs/screenshots/ are refreshed by hand from there (see README), so running the tests never
-changes a tracked file.
+changes a tracked file. Beside each first-screen shot, ``*-whole-*.png`` holds the whole
+scrolled page at that window's width: where a cut table column or a legend with its own
+scroll bar (issue 25, 10) would show.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 from dashboard_driver import (  # skips this module where there is no browser
     BROWSER_MARKS,
     ENGINE_START_S,
+    SHOT_DIR,
     SMALL,
     TIMELINE,
     WIDE,
@@ -29,10 +32,28 @@ from dashboard_driver import (  # skips this module where there is no browser
 )
 
 pytestmark = BROWSER_MARKS
+WHOLE_PAGE_MAX_PX = 8000  # taller pages are cut there (a shot, not a test)
 
 
-def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
-    goto_page(page, "A/B")
+def shoot_whole_page(page: sync_api.Page, name: str) -> None:
+    """The whole page, scrolled or not, as a window of this width shows it: the window is
+    made as tall as Streamlit's main box for the shot, then put back."""
+    size = page.viewport_size
+    assert size is not None
+    tall = int(page.evaluate(
+        """() => { const m = document.querySelector('[data-testid="stMain"]');
+                   return m ? m.scrollHeight : document.body.scrollHeight; }"""))
+    page.set_viewport_size({"width": size["width"],
+                            "height": min(max(tall, size["height"]), WHOLE_PAGE_MAX_PX)})
+    page.wait_for_timeout(1500)  # charts redraw at the new height
+    SHOT_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOT_DIR / f"{name}-whole-{size['width']}x{size['height']}.png"))
+    page.set_viewport_size(size)
+    page.wait_for_timeout(500)
+
+
+def compare_sync_and_async(page: sync_api.Page) -> None:
+    """Click the A/B page's one-click comparison and wait for its two timelines."""
     page.get_by_role("button", name="Compare sync and async").click()
     page.wait_for_function(
         """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p =>
@@ -40,10 +61,16 @@ def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
              .length === 2""",
         timeout=120_000,
     )
+
+
+def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
+    goto_page(page, "A/B")
+    compare_sync_and_async(page)
     text = body_text(page)
     assert "Decode throughput" in text and "alternated pairs" in text
     page.wait_for_timeout(1000)
     shoot(page, "ab")
+    shoot_whole_page(page, "ab")
 
 
 def test_a_shipped_recording_opens(page: sync_api.Page) -> None:
@@ -57,6 +84,7 @@ def test_a_shipped_recording_opens(page: sync_api.Page) -> None:
     assert "commit" in body_text(page)
     page.wait_for_timeout(1000)
     shoot(page, "recordings")
+    shoot_whole_page(page, "recordings")
 
 
 def test_the_h200_1b_recording_names_the_async_gain_with_its_interval(
@@ -125,6 +153,7 @@ def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page
     assert "total time" in text and any(w in text for w in (
         "no measurable difference", "not settled", "better", "worse"))
     shoot(page, "benchmark")
+    shoot_whole_page(page, "benchmark")
 
 
 def test_requests_page_lists_the_requests(page: sync_api.Page) -> None:
@@ -133,9 +162,10 @@ def test_requests_page_lists_the_requests(page: sync_api.Page) -> None:
     page.wait_for_timeout(1500)
     assert "time to first token" in body_text(page)
     shoot(page, "requests")
+    shoot_whole_page(page, "requests")
 
 
-PAGES = ("Live", "Playground", "Benchmark", "A/B", "Recordings", "Requests")
+PAGES = ("Live", "Playground", "Benchmark", "A/B", "Recordings", "Requests", "Step anatomy")
 
 
 @pytest.mark.parametrize("viewport", [WIDE, SMALL], ids=["1600x1000", "1280x800"])
@@ -161,10 +191,14 @@ def test_screenshots_of_every_page(server, browser, page, viewport) -> None:
         for title in PAGES:
             if title != "Live":
                 goto_page(tab, title)
+            if title == "A/B":  # the page with its figures, not only its buttons
+                compare_sync_and_async(tab)
             tab.wait_for_timeout(4000)  # tables draw a moment after the page
             scroll_top(tab)
-            name = title.lower().replace("/", "")
+            name = title.lower().replace("/", "").replace(" ", "-")
             shoot(tab, f"page-{name}")
+            shoot_whole_page(tab, f"page-{name}")
+            scroll_top(tab)
         goto_page(tab, "Live")
         tab.get_by_role("button", name="Stop load").click()
         # Done before the tab closes: closing it at once can drop the click's rerun (seen
