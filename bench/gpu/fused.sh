@@ -7,15 +7,16 @@
 #    fused_layer epilogues/six/auto, PDL on/off, graphs off/on);
 # 3. decode-step anatomy (kernels per layer, span vs floor) for fused_layer plain vs auto (the
 #    table from 1) vs auto + PDL.
-# FINAL=1: no sweep; the CUDA tests, then anatomy with the committed table
-# (engine/model/gemm_table.json) for the rows in $ROWS (default: plain vs auto + PDL).
+# FINAL=1: no sweep; the CUDA tests (TESTS=0: none), then anatomy with the committed table
+# (engine/model/gemm_table.json) for the rows in $ROWS ("mode[+pdl] preset batches;...",
+# default: plain vs auto + PDL at each shape).
 # Dry run on a CPU: DRY=1 OUT=/tmp/x bash bench/gpu/fused.sh
 set -x
 OUT=${OUT:?set OUT}
 PY=${PY:-python3}
 [ "${FINAL:-0}" = 1 ] || export GAPLESS_FUSED_TABLE="$OUT/sweep/fused_table.json"
 if [ "${FINAL:-0}" = 1 ]; then
-  [ "${DRY:-0}" = 1 ] || timeout 90 $PY -m pytest -q tests/model/test_fused_gemm.py \
+  [ "${DRY:-0}" = 1 ] || [ "${TESTS:-1}" = 0 ] || timeout 90 $PY -m pytest -q tests/model/test_fused_gemm.py \
     tests/model/test_fused_cuda.py -m cuda --junitxml="$OUT/junit.xml" -p no:cacheprovider \
     -o addopts= || true
   IFS=';' read -r -a rows <<< "${ROWS:-plain smollm2-135m 16;auto+pdl smollm2-135m 16;plain llama-1b 32,1;auto+pdl llama-1b 32,1;plain llama-8b 32;auto+pdl llama-8b 32}"
