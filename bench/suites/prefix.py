@@ -15,6 +15,7 @@ tokens. --preset (random weights) or --model (a checkpoint folder, e.g. SmolLM2)
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -62,15 +63,19 @@ def run_workload(eng, args: argparse.Namespace, vocab: int, label: str = "") -> 
                             detokenize=False)
     ttfts: list[float] = []
     tokens: list[list[int]] = []
+    turn_s: list[float] = []
+    load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     for turn in range(args.turns):
         for c in chats:
             c += torch.randint(1, vocab, (args.user,), generator=g).tolist()
         t_turn = time.perf_counter()
         outs = eng.generate([list(c) for c in chats], params)
-        # One line per turn: on a slow machine, how long the whole run will take.
-        print(f"  {label} turn {turn + 1}/{args.turns}: {time.perf_counter() - t_turn:.1f} s",
-              flush=True)
+        turn_s.append(time.perf_counter() - t_turn)
+        # One line per turn: on a slow machine, how long the whole run will take, and how
+        # loaded the machine was meanwhile (other jobs skew a CPU run's on/off ratio).
+        print(f"  {label} turn {turn + 1}/{args.turns}: {turn_s[-1]:.1f} s, load average "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
         for c, o in zip(chats, outs, strict=True):
             c += o.token_ids
             tokens.append(o.token_ids)
@@ -83,6 +88,7 @@ def run_workload(eng, args: argparse.Namespace, vocab: int, label: str = "") -> 
             "ttft_p50_ms": 1e3 * statistics.median(ttfts),
             "ttft_p99_ms": 1e3 * ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
             "hit_rate": h / q if q else 0.0, "cached_tokens": h, "queried_tokens": q,
+            "turn_s": turn_s, "loadavg_1min": [load_start, os.getloadavg()[0]],
             "tokens": tokens}
 
 
@@ -114,7 +120,10 @@ def run(args: argparse.Namespace, out: Path) -> dict:
              f"system {args.system_tokens} + {args.user}/turn, {args.new} new, {args.device}")
     table = markdown_table(["caching", "wall s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms",
                             "hit rate"], rows)
-    notes = f"speedup on/off {speedup:.2f}x; greedy tokens identical on/off: {same}"
+    notes = (f"speedup on/off {speedup:.2f}x; greedy tokens identical on/off: {same}; "
+             "1-minute load average at start/end of each best run: "
+             + ", ".join(f"{n} {summary[n]['loadavg_1min'][0]:.1f}/"
+                         f"{summary[n]['loadavg_1min'][1]:.1f}" for n in summary))
     data = {"args": {k: v for k, v in vars(args).items() if not callable(v)},
             "summary": summary, "speedup": speedup, "identical_tokens": same}
     emit(out, f"prefix-{Path(shape).name}", title, [table, notes], data)
