@@ -39,14 +39,27 @@ def mode_rows(rec: Recording) -> list[dict]:
         d = decode_steps(steps)
         rows.append({
             "mode": label, "steps": s.steps, "seconds": round(s.duration_s, 3),
-            "decode-only steps": d.n, "decode tokens/s": round(d.tokens_per_s, 1),
-            "compute busy % (decode)": round(100 * d.busy, 1),
+            "decode steps": d.n, "decode tokens/s": round(d.tokens_per_s, 1),
+            "busy %": round(100 * d.busy, 1),
             "prefill steps": d.prefill_steps, "prompt tokens": d.prefill_tokens,
             "prefill ms": round(d.prefill_ns / 1e6, 1),
-            "step period ms": round(s.step_ms, 3), "CPU work per step ms": round(s.cpu_ms, 3),
-            "CPU share of a step %": round(100 * s.cpu_share, 1),
+            "step ms": round(s.step_ms, 3), "CPU ms": round(s.cpu_ms, 3),
+            "CPU %": round(100 * s.cpu_share, 1),
         })
     return rows
+
+
+# Short headers, said in full on hover: thirteen long ones did not fit 1280 px ("CPU sh...").
+MODE_COLUMNS = {
+    "decode steps": st.column_config.NumberColumn(
+        help="Decode-only steps (no prefill token): what throughput and busy are over."),
+    "busy %": st.column_config.NumberColumn(
+        format="%.1f", help="Compute busy on the decode-only steps (% of their time)."),
+    "step ms": st.column_config.NumberColumn(format="%.3f", help="Median step period."),
+    "CPU ms": st.column_config.NumberColumn(
+        format="%.3f", help="Median CPU work per step (schedule + prepare + launch + post)."),
+    "CPU %": st.column_config.NumberColumn(format="%.1f", help="CPU work's share of a step."),
+}
 
 
 def pick() -> Recording | None:
@@ -87,7 +100,7 @@ def main() -> None:
         return
     meta = rec.meta
     st.markdown(f"**{rec.title()}**" + (f" · {meta['model']}" if meta.get("model") else ""))
-    st.dataframe(mode_rows(rec), hide_index=True, key="rec.modes")
+    st.dataframe(mode_rows(rec), hide_index=True, key="rec.modes", column_config=MODE_COLUMNS)
     windows = rec.by_mode()
     labels = list(windows)
     if len(labels) < 2:
