@@ -67,6 +67,10 @@ def gemms(model: str) -> list[tuple[str, str, int, int]]:
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--ms", default="1,16,32", help="comma-separated batch sizes M")
+    ap.add_argument("--ops", default="qkv,o,gate_up,down", help="which GEMMs of the layer")
+    ap.add_argument("--base-table", default=None,
+                    help="a table (e.g. engine/model/gemm_table.json) whose entries this run's "
+                         "overwrite in fused_table.json (a partial re-sweep)")
     ap.add_argument("--quick", action="store_true", help=f"only {len(QUICK)} configurations")
     ap.add_argument("--no-pdl", action="store_true", help="skip the PDL timing")
     ap.add_argument("--budget-s", type=float, default=150.0,
@@ -229,6 +233,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     ms = [int(m) for m in args.ms.split(",")]
     configs = QUICK if args.quick else CONFIGS
     models = args.models.split(",")
+    ops = args.ops.split(",")
     if dry:  # the code path on a CPU: torch twins, one tiny shape, two configurations
         print("fused-sweep: no GPU (or --device cpu): dry run, torch twins, nothing measured")
         MODELS["dry"] = (64, 96, 128)
@@ -236,15 +241,19 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     min_bytes = 0 if dry else 128 << 20
     device_name = "cpu" if dry else torch.cuda.get_device_name(0)
     if not dry:
-        kinds = {kind for model in models for _, kind, _, _ in gemms(model)}
+        kinds = {kind for model in models for op, kind, _, _ in gemms(model) if op in ops}
         block_ms = sorted({16 if m <= 16 else 32 if m <= 32 else 64 for m in ms})
         pdls = [False] if args.no_pdl else [False, True]
         warm([(kind, bm, c, pdl) for kind in sorted(kinds) for bm in block_ms
               for c in configs for pdl in pdls], args.workers)
     t_start = time.perf_counter()
-    rows, entries, skipped = [], {}, []
+    rows, skipped = [], []
+    entries = json.loads(Path(args.base_table).read_text())["entries"] if args.base_table \
+        else {}
     for model in models:
         for op, kind, n, k in gemms(model):
+            if op not in ops:
+                continue
             for m in ms:
                 if time.perf_counter() - t_start > args.budget_s:
                     skipped.append(f"{model}.{op} m{m}")

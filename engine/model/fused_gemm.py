@@ -114,6 +114,26 @@ def gate_up_silu_triton(
 if triton is not None:
 
     @triton.jit
+    def _rows(h_rows, a_rows, kk, m_mask, K, ADD_IN: tl.constexpr):
+        """Rows x kk of h and (ADD_IN) of the pending residual, raw: issued one step ahead of
+        their use by the norm loops, so their latency hides behind the current step."""
+        mask = m_mask[:, None] & (kk < K)[None, :]
+        h = tl.load(h_rows + kk[None, :], mask=mask, other=0.0)
+        r = h
+        if ADD_IN:
+            r = tl.load(a_rows + kk[None, :], mask=mask, other=0.0)
+        return h, r
+
+    @triton.jit
+    def _normed(h, r, nw, rstd, ADD_IN: tl.constexpr):
+        """(h + r if ADD_IN), RMS-normalised and * nw, rounded like add_rms_norm."""
+        a = h
+        if ADD_IN:
+            a = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
+        y = (a.to(tl.float32) * rstd[:, None]).to(a.dtype)
+        return (y.to(tl.float32) * nw.to(tl.float32)[None, :]).to(y.dtype)
+
+    @triton.jit
     def _a_tile(h_rows, a_rows, nw_ptr, kk, m_mask, rstd, K, NORM: tl.constexpr,
                 ADD_IN: tl.constexpr):
         """Rows x kk of h (+ the pending residual, ADD_IN), RMS-normalised (NORM) and rounded
@@ -168,16 +188,16 @@ if triton is not None:
         if NORM:  # first pass over the rows (small at decode): the RMS of each row
             ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
             rnk = tl.arange(0, NORM_BK)
+            h_next, r_next = _rows(h_rows, a_rows, rnk, m_mask, K, ADD_IN)
             for k0 in range(0, K, NORM_BK):
                 kk = k0 + rnk
-                mask = m_mask[:, None] & (kk < K)[None, :]
-                a = tl.load(h_rows + kk[None, :], mask=mask, other=0.0)
+                a, r = h_next, r_next
+                h_next, r_next = _rows(h_rows, a_rows, kk + NORM_BK, m_mask, K, ADD_IN)
                 if ADD_IN:
-                    r = tl.load(a_rows + kk[None, :], mask=mask, other=0.0)
                     a = (a.to(tl.float32) + r.to(tl.float32)).to(r.dtype)
                     if pid_n == 0:
                         tl.store(s_ptr + rm[:, None].to(tl.int64) * stride_s + kk[None, :], a,
-                                 mask=mask)
+                                 mask=m_mask[:, None] & (kk < K)[None, :])
                 a = a.to(tl.float32)
                 ss += tl.sum(a * a, axis=1)
             rstd = tl.rsqrt(ss / K + eps)
@@ -186,15 +206,33 @@ if triton is not None:
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if PAIR:
             acc_u = tl.dot(a, wu, acc_u)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            kk = k0 + rk
-            a = _a_tile(h_rows, a_rows, nw_ptr, kk, m_mask, rstd, K, NORM, ADD_IN)
-            wmask = (kk < K)[:, None] & n_mask[None, :]
-            wg = tl.load(w_cols + kk[:, None], mask=wmask, other=0.0)
-            acc_g = tl.dot(a, wg, acc_g)
-            if PAIR:
-                wu = tl.load(w_cols + N * stride_w + kk[:, None], mask=wmask, other=0.0)
-                acc_u = tl.dot(a, wu, acc_u)
+        if NORM:  # the activation tile is loaded one step ahead (the normalisation between
+            # its load and the dot keeps Triton's pipeliner from prefetching it)
+            h_next, r_next = _rows(h_rows, a_rows, BLOCK_K + rk, m_mask, K, ADD_IN)
+            nw_next = tl.load(nw_ptr + BLOCK_K + rk, mask=BLOCK_K + rk < K, other=0.0)
+            for k0 in range(BLOCK_K, K, BLOCK_K):
+                kk = k0 + rk
+                h, r, nw = h_next, r_next, nw_next
+                h_next, r_next = _rows(h_rows, a_rows, kk + BLOCK_K, m_mask, K, ADD_IN)
+                nw_next = tl.load(nw_ptr + kk + BLOCK_K, mask=kk + BLOCK_K < K, other=0.0)
+                a = _normed(h, r, nw, rstd, ADD_IN)
+                wmask = (kk < K)[:, None] & n_mask[None, :]
+                wg = tl.load(w_cols + kk[:, None], mask=wmask, other=0.0)
+                acc_g = tl.dot(a, wg, acc_g)
+                if PAIR:
+                    wu = tl.load(w_cols + N * stride_w + kk[:, None], mask=wmask, other=0.0)
+                    acc_u = tl.dot(a, wu, acc_u)
+        else:
+            for k0 in range(BLOCK_K, K, BLOCK_K):
+                kk = k0 + rk
+                a = tl.load(h_rows + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :],
+                            other=0.0)
+                wmask = (kk < K)[:, None] & n_mask[None, :]
+                wg = tl.load(w_cols + kk[:, None], mask=wmask, other=0.0)
+                acc_g = tl.dot(a, wg, acc_g)
+                if PAIR:
+                    wu = tl.load(w_cols + N * stride_w + kk[:, None], mask=wmask, other=0.0)
+                    acc_u = tl.dot(a, wu, acc_u)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         if HAS_BIAS:
