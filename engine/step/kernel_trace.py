@@ -255,6 +255,9 @@ class KernelSampler:
                 sys.setswitchinterval(switch)
                 self.convert_s.append(time.perf_counter() - t0)
                 self._converted += 1
+            if sample is not None and self.samples_made < 2 and os.environ.get(
+                    "GAPLESS_KERNEL_TRACE_DUMP_ALL"):
+                _dump(job, None, os.environ["GAPLESS_KERNEL_TRACE_DUMP_ALL"])
             if sample is not None:
                 if sample.skipped_steps:
                     # Kineto/CUPTI drop the first kernel records of a session, more of them
@@ -271,16 +274,19 @@ class KernelSampler:
             self._jobs.put(None)
 
 
-def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException) -> None:
+def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException | None,
+          folder: str | None = None) -> None:
     """With GAPLESS_KERNEL_TRACE_DUMP=<folder>, a trace that failed to convert is kept there
-    (events and our bracket times) for a look off the GPU machine."""
-    folder = os.environ.get("GAPLESS_KERNEL_TRACE_DUMP")
+    (events and our bracket times) for a look off the GPU machine; with
+    GAPLESS_KERNEL_TRACE_DUMP_ALL=<folder>, the first two that converted too."""
+    folder = folder or os.environ.get("GAPLESS_KERNEL_TRACE_DUMP")
     if not folder:
         return
     try:
         result, first, steps, marks = job[:4]
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, f"failed-sample-{first}.json"), "w") as f:
+        name = "failed-sample" if error is not None else "sample"
+        with open(os.path.join(folder, f"{name}-{first}.json"), "w") as f:
             json.dump({"error": str(error), "first": first, "steps": steps,
                        "marks": {str(k): v for k, v in marks.items()},
                        "events": trace_events(result)}, f)

@@ -81,7 +81,11 @@ def test_sampled_kernel_busy_matches_the_profiler(tmp_path, mode):
     ref, ours = res["reference"]["busy"], res["ours_busy"]
     print(f"{mode}: torch.profiler {ref}, ours {ours} ({res['samples']} samples, skipped "
           f"steps {res['skipped_steps']}, lost launches {res['lost_launches']}, warm-up "
-          f"{res['sampler_warmup']})")
+          f"{res['sampler_warmup']}; step period sampled {res['period_us_sampled']} us, "
+          f"others {res['period_us_other']} us; kernels per sampled step "
+          f"{res['kernels_per_sampled_step']}, their kernel time "
+          f"{res['kernel_us_per_sampled_step']} us; bracket idle {res['bracket_idle_ms']} ms, "
+          f"busy without it {res['ours_busy_raw']})")
     assert ref is not None, f"no reference figure: {res['reference'].get('why')}; {res}"
     assert ours is not None, (f"no sample ({res['lost_samples']} lost every counted step; "
                               f"last error: {res['sampler_error']}); {res}")
