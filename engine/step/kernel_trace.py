@@ -286,7 +286,8 @@ def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException | Non
         result, first, steps, marks = job[:4]
         os.makedirs(folder, exist_ok=True)
         name = "failed-sample" if error is not None else "sample"
-        with open(os.path.join(folder, f"{name}-{first}.json"), "w") as f:
+        stamp = time.strftime("%H%M%S") + f"-{time.perf_counter_ns() % 10**6:06d}"
+        with open(os.path.join(folder, f"{name}-{stamp}-{first}.json"), "w") as f:
             json.dump({"error": str(error), "first": first, "steps": steps,
                        "marks": {str(k): v for k, v in marks.items()},
                        "events": trace_events(result)}, f)
