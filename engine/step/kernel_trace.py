@@ -290,7 +290,8 @@ def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException | Non
         with open(os.path.join(folder, f"{name}-{stamp}-{first}.json"), "w") as f:
             json.dump({"error": str(error), "first": first, "steps": steps,
                        "marks": {str(k): v for k, v in marks.items()},
-                       "events": trace_events(result)}, f)
+                       "events": trace_events(result), "object_events": _objects_or_none(result),
+                       "spans": {str(k): v for k, v in (job[5] or {}).items()}}, f)
     except Exception as e:  # diagnostics must never take the worker down
         log.warning("kernel sampler: dump failed: %s", e)
 
@@ -312,6 +313,13 @@ def prime_profiler() -> None:
         torch.cuda._sleep(0)
     finally:
         torch.autograd._disable_profiler()
+
+
+def _objects_or_none(result: Any) -> list[dict[str, Any]] | None:
+    try:
+        return object_events(result)
+    except Exception:  # a dump must never fail on the second reader
+        return None
 
 
 def _start(with_cpu: bool) -> None:
