@@ -102,8 +102,9 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
     def on_change(base: str, what: str, field: str) -> None:
         _push(client, what, version, keys[base], **{field: st.session_state[keys[base]]})
 
-    # "Async batching" was cut to "Async batch..." at 1280 in a quarter of the row.
-    async_col, slots_col, graphs_col, sentinel_col = st.columns([1.3, 1, 1, 1.2])
+    # Widths for the labels: "Async batching" and "CUDA graphs" were cut at 1280 in equal
+    # quarters of the row ("Async batch...", "CUDA gra...").
+    async_col, slots_col, graphs_col, sentinel_col = st.columns([1.45, 1, 1.3, 1.35])
     with async_col:
         st.toggle(
             "Async batching",

@@ -61,6 +61,7 @@ def compare_sync_and_async(page: sync_api.Page) -> None:
              .length === 2""",
         timeout=120_000,
     )
+    page.mouse.move(5, 5)  # the button's tooltip off the shots
 
 
 def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
