@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serving import MODEL, ROOT, metric, scrape, start_server
+from serving import MODEL, ROOT, metric, start_server, wait_scrape
 
 from engine.serving.model_names import accepted_names, default_name, served_names
 
@@ -51,6 +51,12 @@ def test_served_model_name_aliases_over_http(tmp_path):
         r = httpx.post(f"{srv.url}/v1/completions", timeout=60,
                        json={"model": "gapless-tiny-python", "prompt": "x", "max_tokens": 1})
         assert r.status_code == 404 and "'tiny', 'org/tiny-v1'" in r.json()["error"]["message"]
-        assert metric(scrape(srv.url), "vllm:num_requests_running", model_name="tiny") == 0
+        # /metrics trails the engine by up to a stats period (counters and gauges may come
+        # from different reads), so the series must settle, within wait_scrape's 30 s, on
+        # the three finished requests under the alias and none running.
+        wait_scrape(srv.url, lambda s: metric(
+            s, "vllm:request_success_total", 0.0, model_name="tiny") == 3 and metric(
+            s, "vllm:num_requests_running", model_name="tiny") == 0,
+            "3 finished and 0 running requests under the alias 'tiny'")
     finally:
         srv.stop()
