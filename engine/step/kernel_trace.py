@@ -337,11 +337,12 @@ def _start(with_cpu: bool) -> None:
 
 # Which way traces are read: Kineto's JSON export (the reader every H200 figure up to d680094
 # was made with), or with GAPLESS_KERNEL_TRACE_READ=objects the profiler's objects where the
-# first sample finds them the same and faster (None until it compared the two, per process).
+# first sample finds them the same and faster (None until it compared the two, per process;
+# =objects-only: always the objects, to compare the two readers on a GPU).
 # The export is the default again: on the H200 (5f96d07) the objects were no faster (0.106 vs
 # 0.109 s for an 8B sample) and the graph rows read low after they came in (not yet known why).
-READ_OBJECTS: bool | None = None if os.environ.get(
-    "GAPLESS_KERNEL_TRACE_READ", "json") == "objects" else False
+READ_OBJECTS: bool | None = {"objects": None, "objects-only": True}.get(
+    os.environ.get("GAPLESS_KERNEL_TRACE_READ", "json"), False)
 READ_TIMES: dict[str, float] = {}  # the first sample's conversion both ways, seconds
 
 
