@@ -4,7 +4,9 @@
 every chat is submitted at once; its prompt is the chat so far (system prompt, the earlier user
 messages and replies) plus --user new tokens; replies are --new tokens, greedy, no EOS. The
 same workload runs with prefix_caching off, then on (alternated --repeats times), each on a
-fresh engine. Records wall time, output tokens/s, p50/p99 time to first token, and the hit
+fresh engine; with --interleave both engines live side by side and every turn runs off then
+on, so a shared CPU's changing load falls on both alike (the CPU runs use it). Records wall
+time (the turns' generate() time), output tokens/s, p50/p99 time to first token, and the hit
 rate (prompt tokens found cached / prompt tokens looked up), and checks both give the same
 tokens. --preset (random weights) or --model (a checkpoint folder, e.g. SmolLM2).
 
@@ -18,6 +20,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Generator
 from pathlib import Path
 
 import torch
@@ -39,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--new", type=int, default=64, help="reply tokens per turn")
     parser.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--interleave", action="store_true",
+                        help="both engines side by side, turn k with caching off then on, so "
+                             "other jobs' load on a shared CPU falls on both alike (two KV "
+                             "caches at once: for the CPU)")
 
 
 def make_engine(args: argparse.Namespace, model, caching: bool):
@@ -53,7 +60,10 @@ def make_engine(args: argparse.Namespace, model, caching: bool):
     return Engine(cfg, model=model, tokenizer=None)
 
 
-def run_workload(eng, args: argparse.Namespace, vocab: int, label: str = "") -> dict:
+def chat_turns(eng, args: argparse.Namespace, vocab: int,
+               label: str = "") -> Generator[None, None, dict]:
+    """The workload on one engine, a turn per next(); returns the run's figures. Wall time
+    is the sum of the turns' generate() times."""
     from engine import SamplingParams
 
     g = torch.Generator().manual_seed(0)
@@ -65,7 +75,6 @@ def run_workload(eng, args: argparse.Namespace, vocab: int, label: str = "") -> 
     tokens: list[list[int]] = []
     turn_s: list[float] = []
     load_start = os.getloadavg()[0]
-    t0 = time.perf_counter()
     for turn in range(args.turns):
         for c in chats:
             c += torch.randint(1, vocab, (args.user,), generator=g).tolist()
@@ -80,7 +89,8 @@ def run_workload(eng, args: argparse.Namespace, vocab: int, label: str = "") -> 
             c += o.token_ids
             tokens.append(o.token_ids)
             ttfts.append(o.metrics["ttft_s"])
-    wall = time.perf_counter() - t0
+        yield
+    wall = sum(turn_s)
     st = eng.stats()
     q, h = st["prefix_cache_queries"], st["prefix_cache_hits"]
     ttfts.sort()
@@ -99,13 +109,25 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         model = model_from_args(args)
         vocab = int(model.config.vocab_size)
     runs: dict[str, list[dict]] = {"off": [], "on": []}
+    modes = (("off", "on"),) if args.interleave else (("off",), ("on",))
     for _ in range(args.repeats):
-        for name in ("off", "on"):
-            eng = make_engine(args, model, name == "on")
+        for together in modes:  # engines alive at once; their turns alternate
+            engines: dict[str, object] = {}
             try:
-                runs[name].append(run_workload(eng, args, vocab, f"caching {name}"))
+                for name in together:
+                    engines[name] = make_engine(args, model, name == "on")
+                turns = {name: chat_turns(eng, args, vocab, f"caching {name}")
+                         for name, eng in engines.items()}
+                while turns:
+                    for name in list(turns):
+                        try:
+                            next(turns[name])
+                        except StopIteration as done:
+                            runs[name].append(done.value)
+                            del turns[name]
             finally:
-                eng.shutdown()
+                for eng in engines.values():
+                    eng.shutdown()
     same = runs["off"][0]["tokens"] == runs["on"][0]["tokens"]
     rows, summary = [], {}
     for name, rs in runs.items():
