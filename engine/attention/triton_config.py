@@ -25,9 +25,10 @@ import torch
 # attention kernel"); SmolLM2's 16 x 3 = 48 programs want more.
 PROGRAMS_PER_SM_TARGET = 1
 MAX_SPLITS = 16
-# A split streams at least this many keys: below it the split's fixed cost (q load, partial
-# store, the combine) outweighs the bandwidth it adds.
-MIN_KEYS_PER_SPLIT = 256
+# A split streams at least this many keys (at least one tile). The H200 sweep of 2026-12-04
+# (docs/benchmarks.md) found one tile a split fastest wherever splitting pays (SmolLM2 b16,
+# Llama-1B b1, context 264): short decodes are latency-bound, more splits shorten the chain.
+MIN_KEYS_PER_SPLIT = 0
 
 PDL_ENV = "GAPLESS_ATTENTION_PDL"
 
@@ -83,7 +84,10 @@ def choose_config(
         num_splits=splits,
         min_tiles=max(1, MIN_KEYS_PER_SPLIT // block_n),
         block_n=block_n,
-        num_warps=4 if block_n <= 64 else 8,
+        # 4 warps: fewer registers per program than 8 at 128-key tiles, so more programs per SM
+        # (the 8-warp launch with the merge compiled in fell to one program per SM: 424 against
+        # 278 us at 8B, batch 32, context 8448, H200 sweep of 2026-12-04).
+        num_warps=4,
         num_stages=3,
     )
 

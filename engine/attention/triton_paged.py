@@ -65,7 +65,7 @@ def _paged_attention_kernel(
     H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
-    TABLE_AHEAD: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr, SPLIT: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
     t0 = tl.program_id(0)
@@ -102,13 +102,18 @@ def _paged_attention_kernel(
         lo = tl.maximum(lo, 0)
     tile_lo = lo // BLOCK_N
     tile_hi = tl.cdiv(hi, BLOCK_N)
-    n_tiles = tl.maximum(tile_hi - tile_lo, 0)
-    per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), min_tiles)
-    n_active = tl.maximum(tl.cdiv(n_tiles, per_split), 1)  # same in every split of the block
-    if split >= n_active:
-        return  # a short context leaves this split nothing; the combine does not wait for it
-    my_lo = tile_lo + split * per_split
-    my_hi = tl.minimum(my_lo + per_split, tile_hi)
+    if SPLIT:
+        n_tiles = tl.maximum(tile_hi - tile_lo, 0)
+        per_split = tl.maximum(tl.cdiv(n_tiles, num_splits), min_tiles)
+        n_active = tl.maximum(tl.cdiv(n_tiles, per_split), 1)  # the same in every split
+        if split >= n_active:
+            return  # a short context leaves this split nothing; the merge does not wait for it
+        my_lo = tile_lo + split * per_split
+        my_hi = tl.minimum(my_lo + per_split, tile_hi)
+    else:
+        n_active = 1
+        my_lo = tile_lo
+        my_hi = tile_hi
 
     req_safe = tl.maximum(req0, 0).to(tl.int64)
     bt_row = bt_ptr + req_safe * stride_btr
@@ -182,7 +187,7 @@ def _paged_attention_kernel(
     out_ptrs = (out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh
                 + offs_d[None, :] * stride_od)
     out_mask = (tok_same & (g < G))[:, None]  # a padding block stores its zeros
-    if n_active == 1:
+    if (not SPLIT) or (n_active == 1):
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptrs, res.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
@@ -321,6 +326,7 @@ def paged_attention(
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, HAS_WINDOW=sliding_window is not None,
         IEEE_DOT=q.dtype == torch.float32, USE_PDL=use_pdl, TABLE_AHEAD=cfg.table_ahead,
+        SPLIT=cfg.num_splits > 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )
     return out
