@@ -6,7 +6,8 @@ counts (finished apart from aborted), a table (newest first), histograms of time
 token, inter-token latency and end-to-end latency (telemetry.latency through ui.histograms),
 and the ledger (telemetry.ledger through ui.ledger_table): per finished request, slowest
 first, its queue time, steps, token share of their device time, KV read, cached tokens and
-preemptions, with a button that opens the Live timeline paused on its steps.
+preemptions, with a button that opens the Live timeline paused on a window around its
+steps, its own steps lit and the others faded.
 
 It must never read more than the bus holds, nor keep its own copy of the events.
 """

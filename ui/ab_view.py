@@ -1,11 +1,11 @@
 """The A/B view: two windows of steps (two modes) side by side on one time scale.
 
-Owns the figure comparing two WindowStats (decode tokens/s, step period, the CPU's share of
-a step, compute idle by cause) and ``show_ab``, which the A/B page (live captures) and the
-Recordings page (a recording's modes) both draw: a verdict in plain words on decode-only
-steps with its 95% interval (ui/decode_verdict.py), prefill apart, the figures, and both
-timelines over the same span of milliseconds. It must never call the
-engine: it is handed records.
+Owns the figure comparing two WindowStats (decode tokens/s, B's bar with the verdict's 95%
+interval as an error bar; step period, the CPU's share of a step, compute idle by cause)
+and ``show_ab``, which the A/B page (live captures) and the Recordings page (a recording's
+modes) both draw: a verdict in plain words on decode-only steps with its 95% interval
+(ui/decode_verdict.py), prefill apart, the figures, and both timelines over the same span
+of milliseconds. It must never call the engine: it is handed records.
 """
 
 from __future__ import annotations
