@@ -30,6 +30,9 @@ MAX_SPLITS = 16
 # Llama-1B b1, context 264): short decodes are latency-bound, more splits shorten the chain.
 MIN_KEYS_PER_SPLIT = 0
 
+# Batches of at most this many tokens are decode-sized (see choose_config).
+DECODE_TOKENS = 256
+
 PDL_ENV = "GAPLESS_ATTENTION_PDL"
 
 
@@ -75,20 +78,28 @@ def default_num_splits(programs: int, sms: int) -> int:
 
 
 def choose_config(
-    *, programs: int, head_dim: int, elem_size: int, device: torch.device
+    *, tokens: int, kv_heads: int, head_dim: int, elem_size: int, device: torch.device
 ) -> LaunchConfig:
-    """The default launch for `programs` (query block, kv head) pairs on `device`."""
+    """The default launch for a batch of `tokens` query tokens on `device`."""
     block_n = default_block_n(head_dim, elem_size)
-    splits = default_num_splits(programs, sm_count(device)) if device.type == "cuda" else 1
+    splits = (default_num_splits(tokens * kv_heads, sm_count(device))
+              if device.type == "cuda" else 1)
+    # A decode-sized batch at one split streams K/V with 64-key tiles, two in flight
+    # (table_ahead): the fastest launch at every one-split shape of the H200 sweep at d8db309
+    # (8B b32 ctx 264/1280/8448: 15.5/46.4/260.1 us against 16.7/47.4/261.1; 1B b32 ctx 264:
+    # 10.2 against 11.6). Measured at 32 tokens; up to DECODE_TOKENS is the same program shape
+    # (one query token each), more of them. Prefill chunks and split launches keep 128 keys.
+    ahead = splits == 1 and tokens <= DECODE_TOKENS and head_dim * elem_size <= 256
     return LaunchConfig(
         num_splits=splits,
         min_tiles=max(1, MIN_KEYS_PER_SPLIT // block_n),
-        block_n=block_n,
+        block_n=64 if ahead else block_n,
         # 4 warps: fewer registers per program than 8 at 128-key tiles, so more programs per SM
         # (the 8-warp launch with the merge compiled in fell to one program per SM: 424 against
         # 278 us at 8B, batch 32, context 8448, H200 sweep of 2026-12-04).
         num_warps=4,
         num_stages=3,
+        table_ahead=ahead,
     )
 
 

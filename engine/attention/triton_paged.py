@@ -339,9 +339,8 @@ def resolve_config(
     table_ahead: bool | None = None,
 ) -> LaunchConfig:
     """The default launch for these shapes with the given fields overridden (and checked)."""
-    # Programs that may lead a query block: every token of a decode batch (one per request).
     cfg = choose_config(
-        programs=tokens * kv_heads, head_dim=head_dim, elem_size=elem_size, device=device
+        tokens=tokens, kv_heads=kv_heads, head_dim=head_dim, elem_size=elem_size, device=device
     )
     cfg = cfg._replace(**{
         k: v for k, v in (("num_splits", num_splits), ("min_tiles", min_tiles),

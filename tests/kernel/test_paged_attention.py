@@ -200,6 +200,14 @@ def test_default_config_splits_only_small_batches_and_checks_overrides() -> None
     cfg = resolve_config(tokens=4, kv_heads=2, group=4, head_dim=128, elem_size=2,
                          device=torch.device("cpu"))
     assert cfg.min_tiles * cfg.block_n >= MIN_KEYS_PER_SPLIT
+    # A decode-sized batch at one split streams 64-key tiles two at a time; a prefill-sized
+    # one keeps 128-key tiles, one at a time.
+    decode = resolve_config(tokens=32, kv_heads=8, group=4, head_dim=128, elem_size=2,
+                            device=torch.device("cpu"))
+    assert (decode.num_splits, decode.block_n, decode.table_ahead) == (1, 64, True)
+    prefill = resolve_config(tokens=2048, kv_heads=8, group=4, head_dim=128, elem_size=2,
+                             device=torch.device("cpu"))
+    assert (prefill.block_n, prefill.table_ahead) == (128, False)
     for bad, match in (({"num_splits": 0}, "num_splits"), ({"min_tiles": 0}, "min_tiles"),
                        ({"block_n": 48}, "power of two")):
         with pytest.raises(ValueError, match=match):
