@@ -93,6 +93,11 @@ class KernelSampler:
         self.set_period(period_s)
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"kernel sample steps must be an int >= 1, got {steps!r}")
+        if enabled and torch.cuda.is_available():
+            try:
+                prime_profiler()  # on the thread that builds the engine (see there)
+            except Exception as e:  # a profiler that cannot start: the sampler will say so
+                log.warning("kernel sampler: priming the profiler failed: %s", e)
         self.steps = steps
         self.enabled = enabled
         self.next_at = time.perf_counter() + min(self.period_s, 0.5)
@@ -284,13 +289,17 @@ def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException | Non
         return
     try:
         result, first, steps, marks = job[:4]
+        try:
+            events: list[dict[str, Any]] | None = trace_events(result)
+        except Exception:  # "Trace is already saved": the JSON reader wrote it once
+            events = None
         os.makedirs(folder, exist_ok=True)
         name = "failed-sample" if error is not None else "sample"
         stamp = time.strftime("%H%M%S") + f"-{time.perf_counter_ns() % 10**6:06d}"
         with open(os.path.join(folder, f"{name}-{stamp}-{first}.json"), "w") as f:
             json.dump({"error": str(error), "first": first, "steps": steps,
                        "marks": {str(k): v for k, v in marks.items()},
-                       "events": trace_events(result), "object_events": _objects_or_none(result),
+                       "events": events, "object_events": _objects_or_none(result),
                        "spans": {str(k): v for k, v in (job[5] or {}).items()}}, f)
     except Exception as e:  # diagnostics must never take the worker down
         log.warning("kernel sampler: dump failed: %s", e)
@@ -300,19 +309,20 @@ _PRIMED = False
 
 
 def prime_profiler() -> None:
-    """Once per process, before the first session of ours: a throwaway CUDA-activity session
-    on this thread. The first session in a process pays CUPTI's start-up, and on the H200
-    (2026-12-04, torch 2.11) the first recorded steps of a process's first profiler session
-    came back without kernels; Kineto's client is also set up on this thread."""
+    """Once per process, before the first session of ours: a throwaway torch.profiler session
+    (CPU and CUDA activities), as the CUDA tests' engines get on their main thread. On the
+    H200 (2026-12-04, d8db309) a process's first anatomy recording, started on the loop thread
+    after only a CUDA-only throwaway, wrote every CUDA event at ts 0 (Kineto also printed
+    "External init callback must run in same thread as registerClient"), while every session
+    after a main-thread torch.profiler session had real times. The engine calls this where it
+    is built (`KernelSampler.__init__`), the sampler and the anatomy again before their first
+    session (a no-op once done). NOT YET RUN ON A GPU in this form."""
     global _PRIMED
     if _PRIMED or torch.autograd._profiler_enabled():
         return
     _PRIMED = True
-    _start(False)
-    try:
+    with torch.profiler.profile():
         torch.cuda._sleep(0)
-    finally:
-        torch.autograd._disable_profiler()
 
 
 def _objects_or_none(result: Any) -> list[dict[str, Any]] | None:
