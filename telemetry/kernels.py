@@ -19,8 +19,10 @@ a clock. Conversion from a profiler's trace happens in the engine (on a worker t
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 FAMILIES: tuple[str, ...] = ("gemm", "attention", "norm", "elementwise", "sampling", "copies",
                              "marker")
@@ -203,3 +205,31 @@ def sample_from_dict(d: dict) -> KernelSample:
                         str(d.get("aligned", "")), int(d.get("cost_ns", 0)),
                         int(d.get("bracket_idle_ns", 0)), int(d.get("skipped_steps", 0)),
                         int(d.get("lost_launches", 0)))
+
+
+def sampled_step_periods(records: Sequence[Any], samples: Sequence[KernelSample],
+                         ) -> dict[str, Any]:
+    """Whether sampled steps ran like the others (median compute-start to compute-start, us,
+    of sampled and of other steps) and how many kernels each sampled step was given."""
+    starts = {r.step: min(s.start_ns for s in r.spans if s.lane == "compute")
+              for r in records if any(s.lane == "compute" for s in r.spans)}
+    period = {n: starts[n + 1] - t for n, t in starts.items() if n + 1 in starts}
+    mine = {st.step for s in samples for st in s.steps}
+    near = mine | {n - 1 for n in mine} | {n + 1 for n in mine}
+
+    def med(xs: list[int]) -> float | None:
+        return round(statistics.median(xs) / 1e3, 1) if xs else None
+
+    other = [p for n, p in period.items() if n not in near]
+    steps = [st for s in samples for st in s.steps]
+    # Kernel time per step (sampled) over the period of steps the profiler did not slow down:
+    # the busy of unperturbed steps, if kernels take as long with or without it (a graph's
+    # run back to back). An estimate beside the measured figure (not run on a GPU yet).
+    unperturbed = (sum(st.kernel_ns for st in steps) / len(steps) / statistics.median(other)
+                   if steps and other else None)
+    return {"period_us_sampled": med([p for n, p in period.items() if n in mine]),
+            "period_us_other": med(other), "busy_unperturbed_estimate": unperturbed,
+            "kernels_per_sampled_step": [len(st.kernels) for s in samples[:2]
+                                         for st in s.steps],
+            "kernel_us_per_sampled_step": [round(st.kernel_ns / 1e3, 1) for s in samples[:2]
+                                           for st in s.steps]}

@@ -140,32 +140,12 @@ def reference_busy(window_s: float, cuda: bool) -> dict[str, Any]:
             "lost_launches": lost}
 
 
-def step_periods(records: list, samples: list) -> dict[str, Any]:
-    """Whether sampled steps ran like the others (median compute-start to compute-start, us,
-    of sampled and of other steps) and how many kernels each sampled step was given."""
-    starts = {r.step: min(s.start_ns for s in r.spans if s.lane == "compute")
-              for r in records if any(s.lane == "compute" for s in r.spans)}
-    period = {n: starts[n + 1] - t for n, t in starts.items() if n + 1 in starts}
-    mine = {st.step for s in samples for st in s.steps}
-    near = mine | {n - 1 for n in mine} | {n + 1 for n in mine}
-
-    def med(xs: list[int]) -> float | None:
-        return round(statistics.median(xs) / 1e3, 1) if xs else None
-
-    return {"period_us_sampled": med([p for n, p in period.items() if n in mine]),
-            "period_us_other": med([p for n, p in period.items() if n not in near]),
-            "kernels_per_sampled_step": [len(st.kernels) for s in samples[:2]
-                                         for st in s.steps],
-            "kernel_us_per_sampled_step": [round(st.kernel_ns / 1e3, 1) for s in samples[:2]
-                                           for st in s.steps]}
-
-
 # --------------------------------------------------------------------------- per mode
 def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode: str,
                args: argparse.Namespace, curve: Any, nvml: Any) -> tuple[dict, list]:
     from telemetry.collect import StepCollector
     from telemetry.floor import size_aware_seconds
-    from telemetry.kernels import kernel_busy
+    from telemetry.kernels import kernel_busy, sampled_step_periods
     from telemetry.waterfall import waterfall
 
     cuda = args.device == "cuda"
@@ -225,7 +205,8 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                            "skipped_steps": [s.skipped_steps for s in samples][:8],
                            "lost_launches": [s.lost_launches for s in samples][:8],
                            "lost_samples": sampler.lost_samples,
-                           "sampler_warmup": sampler.warmup, **step_periods(records, samples)}
+                           "sampler_warmup": sampler.warmup,
+                           **sampled_step_periods(records, samples)}
     if ref.get("busy") is not None and out["ours_busy"] is not None:
         out["diff_pp"] = 100 * (out["ours_busy"] - ref["busy"])
     if window:
