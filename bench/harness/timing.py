@@ -1,6 +1,7 @@
-"""Timing for benchmarks: a wall-clock timer that synchronises the device at both ends, and
-A/B comparisons run as alternated pairs (A B, B A, A B, ...) summarised by median and spread,
-so a slow drift of the machine (clocks, another tenant) lands on both sides.
+"""Timing for benchmarks: a wall-clock timer that synchronises the device at both ends, a
+CUDA-graph timer for single kernels, and A/B comparisons run as alternated pairs (A B, B A,
+A B, ...) summarised by median and spread, so a slow drift of the machine (clocks, another
+tenant) lands on both sides.
 
 Owns no workload and prints nothing.
 """
@@ -91,3 +92,28 @@ def alternated_pairs(run_a: Callable[[], float], run_b: Callable[[], float],
         b.values.append(vb)
         ratios.values.append(vb / va if va else float("nan"))
     return PairResult(a, b, ratios)
+
+
+def graph_seconds_per_call(fn: Callable[[int], object], n_copies: int, reps: int) -> float:
+    """Seconds per call of fn(i) on a CUDA device, from one CUDA graph of ``reps`` calls (no
+    launch overhead), i cycling through 0..n_copies-1 so the caller can pick one of several
+    weight copies too large together for L2. Two warm-up calls on the capture stream first."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(2):
+            fn(i % n_copies)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(reps):
+            fn(i % n_copies)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / (3 * reps)

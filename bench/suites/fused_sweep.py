@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.harness import report
+from bench.harness.timing import graph_seconds_per_call
 
 DESCRIPTION = ("fused decode GEMMs (norm prologue, SiLU / residual epilogues) vs cuBLAS + "
                "separate ops per shape, tile sweep and PDL, writes the per-shape table (CUDA)")
@@ -80,27 +81,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a dry run")
 
 
-def time_graph(fn: Callable[[int], object], n_copies: int, reps: int) -> float:
-    """Seconds per call of fn(i) (i picks the weight copy), from a CUDA graph of reps calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(2):
-            fn(i % n_copies)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(reps):
-            fn(i % n_copies)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / (3 * reps)
 
 
 def time_wall(fn: Callable[[int], object], n_copies: int, reps: int) -> float:
@@ -186,7 +166,7 @@ def measure(model: str, op: str, kind: str, n: int, k: int, m: int, configs: lis
     from engine.model.gemm_table import GemmConfig
 
     device, dtype = ("cpu", torch.float32) if dry else ("cuda", torch.bfloat16)
-    timer = time_wall if dry else time_graph
+    timer = time_wall if dry else graph_seconds_per_call
     ops = Operands(kind, n, k, m, device, dtype, min_bytes)
     reps = 2 if dry else max(ops.n_copies, 16)
     ref = ops.reference().float()

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from bench.harness import report
+from bench.harness.timing import graph_seconds_per_call
 
 DESCRIPTION = ("skinny decode GEMMs: cuBLAS vs a split-K Triton kernel against the copy "
                "bandwidth (CUDA)")
@@ -84,26 +85,6 @@ def triton_linear(x: torch.Tensor, w: torch.Tensor, cfg: tuple[int, int, int, in
     return out[0] if split == 1 else out.sum(0).to(x.dtype)
 
 
-def time_graph(fn, copies: list[torch.Tensor], reps: int) -> float:
-    """Seconds per call, from a CUDA graph of `reps` calls cycling through `copies`."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for w in copies[:2]:
-            fn(w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(reps):
-            fn(copies[i % len(copies)])
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / (3 * reps)
 
 
 CONFIGS_FULL = list(itertools.product([64, 128], [128, 256], [1, 2, 4, 8], [4], [3, 4]))
@@ -139,7 +120,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         reps = max(ncopy, 8)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=dtype)
-            t_cublas = time_graph(lambda w, x=x: F.linear(x, w), copies, reps)
+            t_cublas = graph_seconds_per_call(
+                lambda i, x=x, ws=copies: F.linear(x, ws[i]), len(copies), reps)
             ref = F.linear(x, copies[0]).float()
             best = (float("inf"), None)
             for cfg in configs:
@@ -148,7 +130,9 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                     err = float((got - ref).norm() / ref.norm())
                     if err > 2e-2:
                         raise AssertionError(f"wrong result (rel err {err:.3g})")
-                    t = time_graph(lambda w, x=x, cfg=cfg: triton_linear(x, w, cfg), copies, reps)
+                    t = graph_seconds_per_call(
+                        lambda i, x=x, cfg=cfg, ws=copies: triton_linear(x, ws[i], cfg),
+                        len(copies), reps)
                 except Exception as e:  # a config that does not fit (shared memory) is skipped
                     print(f"  skip {name} M={m} {cfg}: {type(e).__name__}: {str(e)[:80]}")
                     continue
