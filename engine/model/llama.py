@@ -133,11 +133,7 @@ class FusedDecoderLayer(nn.Module):
             return self._forward_six(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
         h, residual = add_rms_norm(x, residual, self.input_norm, eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
-        k_cache, v_cache = kv
-        q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
-                           num_heads, self.qk_norm, eps)
-        attn = ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
-                           scale=self.scaling, sliding_window=self.sliding_window)
+        attn = self._attend(qkv, positions, ctx, kv, cos_sin, num_heads, eps)
         x = F.linear(attn.view(t, -1), self.o, self.o_bias)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
@@ -150,6 +146,15 @@ class FusedDecoderLayer(nn.Module):
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         return x, residual
+
+    def _attend(self, qkv, positions, ctx, kv, cos_sin, num_heads, eps):
+        """Rotary (and q/k norm) with the new keys and values written to the cache, then
+        attention: the same two kernels on every decode-layer path."""
+        k_cache, v_cache = kv
+        q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
+                           num_heads, self.qk_norm, eps)
+        return ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
+                           scale=self.scaling, sliding_window=self.sliding_window)
 
     def _forward_six(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
         """The hidden state is x + residual (residual None: x is whole). Per GEMM, the fused
@@ -168,11 +173,7 @@ class FusedDecoderLayer(nn.Module):
         else:
             h, x = add_rms_norm(x, residual, self.input_norm, eps)
             qkv = F.linear(h, self.qkv, self.qkv_bias)
-        k_cache, v_cache = kv
-        q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
-                           num_heads, self.qk_norm, eps)
-        attn = ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
-                           scale=self.scaling, sliding_window=self.sliding_window)
+        attn = self._attend(qkv, positions, ctx, kv, cos_sin, num_heads, eps)
         x, residual = self._linear_residual(attn.reshape(t, -1), self.o, self.o_bias, x)
         n_inter = self.gate_up.shape[0] // 2
         cfg = self.path.pick("norm_pair", n_inter, self.gate_up.shape[1], x)
