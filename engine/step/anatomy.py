@@ -7,6 +7,9 @@ launches in a ``gapless.step <n>`` range, and stops the profiler once the last o
 had its results read (so all its kernels are done; in async mode the launch of the step
 after it falls inside the recording too, unmarked). The caller then gets the Chrome trace
 (Perfetto opens it) and the steps grouped into kernels and families (telemetry.anatomy).
+Until the caller has written the trace no other session of ours starts (Kineto converts CUDA
+times at export with the latest session's converter: engine/step/kernel_trace_clock.py), and
+a trace whose CUDA events lost their times anyway is recorded once more.
 
 Zero cost when off: the pipeline tests one attribute per step. While recording, the profiler
 slows the engine (CUPTI callbacks, and the stop synchronises): figures measured during a
@@ -28,6 +31,7 @@ from typing import Any
 
 import torch
 
+from engine.step import kernel_trace_clock as clock
 from engine.step.step_floor import engine_step_floors
 from telemetry.anatomy import (
     STEP_MARKER,
@@ -63,6 +67,9 @@ class AnatomyRecording:
     # Each recorded step's byte floor at peak copy and size-aware (engine/step/step_floor.py,
     # from the engine's start-up curve); empty on a CPU
     floors: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Why a first recording was discarded and this one made (its CUDA events had lost their
+    # times: engine/step/kernel_trace_clock.py); None when the first one was good
+    retried: str | None = None
 
 
 @dataclass(slots=True)
@@ -74,6 +81,8 @@ class _Request:
     prof: Any = None
     error: BaseException | None = None
     t0: float = 0.0
+    hold: int | None = None  # kernel_trace_clock: our trace is not written yet
+    abandoned: bool = False  # the caller gave up: nobody will write the trace
 
 
 class AnatomyRecorder:
@@ -112,13 +121,23 @@ class AnatomyRecorder:
                 self._pending = None
                 self.active = self._active is not None
 
+    def abandon(self, req: _Request) -> None:
+        """The caller stopped waiting: a trace it will never write must not be held."""
+        with self._lock:
+            req.abandoned = True
+            clock.release(req.hold)
+            req.hold = None
+
     def begin_step(self, step: int) -> str | None:
         """Called on the loop thread before a step's launch, only while ``active``: starts
         a pending recording, and returns the range name to wrap this step's work in (None
         when the step is not recorded)."""
         try:
             with self._lock:
-                if self._active is None and self._pending is not None:
+                if (self._active is None and self._pending is not None
+                        and not (self.cuda and clock.unsaved())):
+                    # (while another trace of ours waits to be written, a new session would
+                    # zero its CUDA times: the recording starts a step later)
                     self._active, self._pending = self._pending, None
                     # The step during which the profiler starts is not recorded: its first
                     # launches pay CUPTI's start-up (on the H200 a graph step's kernels were
@@ -171,6 +190,8 @@ class AnatomyRecorder:
             req, self._active = self._active, None
             prof, self._prof = self._prof, None
             self.active = self._pending is not None
+            if req is not None and prof is not None and self.cuda and not req.abandoned:
+                req.hold = clock.hold()  # until the caller wrote the trace
         if req is None:
             return
         try:
@@ -195,11 +216,13 @@ def marked(name: str, fn: Callable[[], None]) -> Callable[[], None]:
 
 
 def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
-                   trace_dir: str | None = None) -> AnatomyRecording:
+                   trace_dir: str | None = None, _retried: str | None = None,
+                   ) -> AnatomyRecording:
     """Record the next ``n_steps`` steps the engine runs (it must be serving requests, or
     get some within ``timeout_s``). Returns the trace path and the grouped steps. Raises
     ValueError for bad arguments or a recording already running, TimeoutError when the
-    steps did not come."""
+    steps did not come. A CUDA trace whose CUDA events lost their times is recorded once
+    more (``retried`` says why); twice bad raises kernel_trace_clock.ClockLost."""
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     recorder: AnatomyRecorder = engine.loop.pipeline.anatomy
@@ -207,18 +230,28 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
     if not req.done.wait(timeout_s):
         recorder.cancel(req)
         if not req.done.wait(5.0):  # started meanwhile: let the loop finish it
+            recorder.abandon(req)
             raise TimeoutError(
                 f"step anatomy: {n_steps} steps did not run within {timeout_s:g} s; "
                 "is the engine serving requests?")
-    if req.error is not None:
-        raise RuntimeError(f"step anatomy recording failed: {req.error}") from req.error
-    assert req.prof is not None and req.first_step is not None
-    fd, trace_path = tempfile.mkstemp(prefix="gapless-anatomy-", suffix=".json",
-                                      dir=req.trace_dir)
-    os.close(fd)
-    req.prof.export_chrome_trace(trace_path)
+    try:
+        if req.error is not None:
+            raise RuntimeError(f"step anatomy recording failed: {req.error}") from req.error
+        assert req.prof is not None and req.first_step is not None
+        fd, trace_path = tempfile.mkstemp(prefix="gapless-anatomy-", suffix=".json",
+                                          dir=req.trace_dir)
+        os.close(fd)
+        req.prof.export_chrome_trace(trace_path)
+    finally:
+        recorder.abandon(req)  # written (or failed): the next session may start
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
+    lost = clock.clock_lost(events) if recorder.cuda else None
+    if lost is not None:
+        if _retried is not None:
+            raise clock.ClockLost(f"step anatomy: recorded twice, both traces unusable: {lost}")
+        return record_anatomy(engine, n_steps, timeout_s, trace_dir,
+                              _retried=f"first recording ({trace_path}) discarded: {lost}")
     device = "cuda" if any(e.get("cat") == "kernel" for e in events) else "cpu"
     cats = ("kernel", "gpu_memcpy", "gpu_memset") if device == "cuda" else ("cpu_op",)
     steps = group_by_step(events, device_cats=cats)
@@ -230,7 +263,8 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
     cal = gap_calibration(steps, key_of)
     floors = engine_step_floors(engine, [r for r in records if r.step in wanted])
     return AnatomyRecording(n_steps, trace_path, events, steps, req.first_step, device,
-                            time.perf_counter() - req.t0, cal if cal.steps else None, floors)
+                            time.perf_counter() - req.t0, cal if cal.steps else None, floors,
+                            _retried)
 
 
 def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
@@ -240,6 +274,7 @@ def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
     out = summary_dict(rec.steps, device=rec.device, first_step=rec.first_step,
                        trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw,
                        calibration=rec.calibration)
+    out["retried"] = rec.retried
     for row in out["steps"]:  # both floors of each step, where the engine has a curve
         f = rec.floors.get(row["step"])
         if f is None:

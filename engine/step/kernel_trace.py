@@ -58,6 +58,7 @@ from typing import Any
 
 import torch
 
+from engine.step import kernel_trace_clock as clock
 from engine.step.kernel_trace_read import (
     LostKernels,
     NoRuntimeEvents,
@@ -115,9 +116,9 @@ class KernelSampler:
         self.lost_samples = 0  # samples whose every counted step lost kernels
         self.open_warmup = WARMUP_STEPS
         self.failures = 0
+        self.clock_lost = 0  # traces whose CUDA times were lost (kernel_trace_clock)
         self.last_error: str | None = None
-        self._jobs: queue.SimpleQueue[tuple[Any, int, int, dict, int, dict] | None] | None = (
-            None)
+        self._jobs: queue.SimpleQueue[tuple[tuple, int] | None] | None = None
         self._worker: threading.Thread | None = None
         # samples handed to the worker / done by it (each counter written by one thread)
         self._submitted = self._converted = 0
@@ -140,9 +141,12 @@ class KernelSampler:
     def begin_step(self, step: int) -> bool:
         """Before a step's launch: whether it is sampled (then launch it inside `marked`)."""
         if not self.open:
-            if time.perf_counter() < self.next_at or self._submitted != self._converted:
+            if (time.perf_counter() < self.next_at or self._submitted != self._converted
+                    or clock.unsaved()):
                 # Never while the last sample converts: the worker shares the GIL with this
-                # thread, and a CPU-bound step would show its conversion as idle GPU.
+                # thread, and a CPU-bound step would show its conversion as idle GPU; nor
+                # while any trace of ours waits to be written (a new session would zero its
+                # CUDA times: engine/step/kernel_trace_clock.py).
                 return False
             t0 = time.perf_counter_ns()
             try:
@@ -213,7 +217,7 @@ class KernelSampler:
         cost = self.cost_ns + time.perf_counter_ns() - t0
         if keep and self.keep_results:
             self._submit((result, self.first + self.open_warmup, self.steps, dict(self.marks),
-                          cost, dict(self.spans)))
+                          cost, dict(self.spans)), clock.hold())
 
     def _failed(self, e: BaseException, retry_s: float | None = None) -> None:
         self.failures += 1
@@ -224,7 +228,7 @@ class KernelSampler:
             log.warning("kernel sampler: %s", self.last_error)
 
     # ---------------------------------------------------------------------- worker
-    def _submit(self, job: tuple[Any, int, int, dict, int, dict]) -> None:
+    def _submit(self, job: tuple[Any, int, int, dict, int, dict], token: int) -> None:
         if self._worker is None:
             self._jobs = queue.SimpleQueue()
             self._worker = threading.Thread(target=self._work, name="gapless-kernels",
@@ -232,11 +236,12 @@ class KernelSampler:
             self._worker.start()
         assert self._jobs is not None
         self._submitted += 1
-        self._jobs.put(job)
+        self._jobs.put((job, token))
 
     def _work(self) -> None:
         assert self._jobs is not None
-        while (job := self._jobs.get()) is not None:
+        while (item := self._jobs.get()) is not None:
+            job, token = item
             t0 = time.perf_counter()
             switch = sys.getswitchinterval()
             if CONVERT_SWITCH_S is not None:
@@ -246,6 +251,10 @@ class KernelSampler:
             except NoRuntimeEvents as e:  # this Kineto: fall back to CPU activities
                 self.with_cpu = True
                 self._failed(e)
+                continue
+            except clock.ClockLost as e:  # written after another session started: no times
+                self.clock_lost += 1
+                self._failed(e, retry_s=self.period_s)
                 continue
             except LostKernels as e:  # the profiler dropped every counted step's kernels
                 self.lost_samples += 1
@@ -257,6 +266,7 @@ class KernelSampler:
                 _dump(job, e)
                 continue
             finally:
+                clock.release(token)
                 sys.setswitchinterval(switch)
                 self.convert_s.append(time.perf_counter() - t0)
                 self._converted += 1
@@ -310,13 +320,11 @@ _PRIMED = False
 
 def prime_profiler() -> None:
     """Once per process, before the first session of ours: a throwaway torch.profiler session
-    (CPU and CUDA activities), as the CUDA tests' engines get on their main thread. On the
-    H200 (2026-12-04, d8db309) a process's first anatomy recording, started on the loop thread
-    after only a CUDA-only throwaway, wrote every CUDA event at ts 0 (Kineto also printed
-    "External init callback must run in same thread as registerClient"), while every session
-    after a main-thread torch.profiler session had real times. The engine calls this where it
-    is built (`KernelSampler.__init__`), the sampler and the anatomy again before their first
-    session (a no-op once done). NOT YET RUN ON A GPU in this form."""
+    (CPU and CUDA activities) on the thread that builds the engine, so that Kineto's client
+    is initialised on the thread that registered it (else Kineto prints "External init
+    callback must run in same thread as registerClient"). It did not fix the anatomy's CUDA
+    events at ts 0 (H200, 20280ab): their cause was a trace written after the sampler's next
+    session had started (engine/step/kernel_trace_clock.py)."""
     global _PRIMED
     if _PRIMED or torch.autograd._profiler_enabled():
         return

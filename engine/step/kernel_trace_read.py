@@ -14,6 +14,7 @@ import statistics
 import tempfile
 from typing import Any
 
+from engine.step.kernel_trace_clock import ClockLost, clock_lost
 from telemetry.anatomy import STEP_MARKER, group_by_step
 from telemetry.kernels import (
     MARKER_PATTERN,
@@ -170,7 +171,11 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
               spans: dict[int, tuple[int, int, int, int]] | None = None,
               ) -> KernelSample | None:
     """A trace's kernels grouped by sampled step on our clock; steps first..first+steps-1
-    are counted, the next one ends the window."""
+    are counted, the next one ends the window. Raises kernel_trace_clock.ClockLost for a
+    trace whose CUDA events lost their times."""
+    lost_clock = clock_lost(events)
+    if lost_clock is not None:
+        raise ClockLost(f"kernel sampler: {lost_clock}")
     has_ranges = any(str(e.get("name", "")).startswith(STEP_MARKER) for e in events)
     per_step, off = (by_ranges if has_ranges else by_markers)(events, marks)
     sampled: list[SampledStep] = []
