@@ -19,6 +19,11 @@ kernel sampler's own way of starting and stopping the profiler (CUDA activities 
 - The first session of the process is reported apart (it pays CUPTI's start-up).
 
     python -m bench truth-sessions                 # an H200, ~20 s
+    python -m bench truth-sessions --clock-only    # only the export-order check, ~3 s
+
+The export-order check (``clock``, run last): a CPU + CUDA session's trace written at once,
+after another session has started, and after another session has run and stopped; counts
+its CUDA events at ts 0 (engine/step/kernel_trace_clock.py says why they would be).
     python -m bench truth-sessions --device cpu    # CPU: says there is nothing to measure
 """
 
@@ -46,6 +51,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle-s", type=float, default=0.2)
     parser.add_argument("--launches", type=int, default=64)
     parser.add_argument("--body", type=int, default=32)
+    parser.add_argument("--clock-only", action="store_true",
+                        help="only the export-order check (CUDA times lost at export)")
+
+
+def clock_check(x: torch.Tensor) -> dict[str, Any]:
+    """CUDA events at ts 0 in a session's trace by when it is written: at once, after the
+    next session started (the sampler's low-level start), after it also stopped."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.step.kernel_trace import _start
+    from engine.step.kernel_trace_clock import CUDA_CATS, clock_lost
+
+    def session() -> Any:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                x.add_(1)
+            torch.cuda.synchronize()
+        return prof
+
+    def written(prof: Any) -> dict[str, Any]:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            prof.export_chrome_trace(f.name)
+            ev = json.load(open(f.name))["traceEvents"]
+        cuda = [e for e in ev if e.get("cat") in CUDA_CATS]
+        return {"cuda_events": len(cuda),
+                "at_ts_0": sum(1 for e in cuda if float(e.get("ts", 0)) == 0.0),
+                "lost": clock_lost(ev)}
+
+    out = {"written_at_once": written(session())}
+    prof = session()
+    _start(False)  # the next session starts before this trace is written
+    out["written_after_next_started"] = written(prof)
+    torch.autograd._disable_profiler()
+    prof = session()
+    session()  # a whole session runs in between
+    out["written_after_next_ran"] = written(prof)
+    return out
 
 
 def one_session(x: torch.Tensor, g: Any, launches: int, body: int,
@@ -150,6 +195,11 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         for _ in range(args.body):
             x.add_(1)
     torch.cuda.synchronize()
+    if args.clock_only:
+        clock = clock_check(x)
+        print(f"export order: {clock}")
+        report.write_json(out / "truth_clock.json", clock)
+        return {"clock": clock}
     t0 = time.perf_counter()
     first = one_session(x, g, args.launches, args.body)
     first_s = time.perf_counter() - t0
@@ -162,9 +212,11 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     after = [one_session(x, g, args.launches, args.body) for _ in range(10)]
     threaded = [one_session(x, g, args.launches, args.body, other_thread=True)
                 for _ in range(10)]
+    clock = clock_check(x)  # last: the first session above must be the process's first
+    print(f"export order: {clock}")
     summary: dict[str, Any] = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "first_session": first, "first_session_s": first_s,
+        "clock": clock, "first_session": first, "first_session_s": first_s,
         "back_to_back": phase_summary(busy), "after_idle": phase_summary(idle),
         "back_to_back_after_idle": phase_summary(after),
         "launched_by_another_thread": phase_summary(threaded),
