@@ -20,7 +20,8 @@ so no reduce kernel). Its tile configuration per shape comes from engine/model/g
 dependent launch, its first weight tile loaded before it waits on the previous kernel.
 
 Selected by the config keys `fused_layer` / `fused_pdl` (engine.model.llama.FusedPath; the
-torch twins are the oracle and the CPU path). Not done: rotary + KV write in the QKV epilogue.
+torch twins are the oracle and the CPU path). Its prologue and K loop (`_mainloop`) are shared
+with the qkv GEMM that does rotary and the KV write in its epilogue (engine/model/fused_rope.py).
 """
 
 from __future__ import annotations
@@ -149,39 +150,32 @@ if triton is not None:
             a = (y.to(tl.float32) * nw[None, :]).to(y.dtype)
         return a
 
-    @triton.jit(do_not_specialize=["M"])
-    def _fused_linear_kernel(
-        h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, a_ptr, s_ptr, M, N, K, eps,
-        stride_h, stride_w, stride_r, stride_o, stride_a, stride_s,
-        NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr, ADD_IN: tl.constexpr,
-        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
+    @triton.jit
+    def _mainloop(
+        h_ptr, a_ptr, s_ptr, nw_ptr, w_cols, u_off, rm, m_mask, n_mask, pid_n, K, eps,
+        stride_h, stride_a, stride_s,
+        NORM: tl.constexpr, TWO: tl.constexpr, ADD_IN: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
-        """out = epilogue(prologue(h) @ W^T): RMSNorm prologue (NORM), SiLU(gate)*up of a
-        fused [2N, K] weight (PAIR), residual add (RESIDUAL). ADD_IN (with NORM): the input is
-        h + a (the residual add a cuBLAS GEMM left pending), and the programs of the first N
-        tile write that sum to s (the residual stream, as add_rms_norm does). One pass over K
-        per program, each program owns BLOCK_N output columns (no split-K, so no reduce
-        kernel). USE_GDC: launched with programmatic dependent launch: wait for the previous
-        kernel before reading h (the weights do not depend on it), let the next kernel launch
-        once the K loop is done."""
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        """The prologue and the K loop of the fused kernels: (acc_g, acc_u) in fp32, acc_g =
+        prologue(h) @ W[cols]^T for the weight rows w_cols ([1, BLOCK_N] pointers), acc_u (TWO)
+        the same for the rows u_off elements further (the up half of a gate_up weight, or the
+        second half of each rotary head). RMSNorm prologue (NORM), of h + a (ADD_IN, the
+        residual add a cuBLAS GEMM left pending; the programs of the first N tile write that sum
+        to s, as add_rms_norm does). USE_GDC: launched with programmatic dependent launch: wait
+        for the previous kernel before reading h (the weights do not depend on it), let the
+        next kernel launch once the K loop is done."""
         rk = tl.arange(0, BLOCK_K)
-        m_mask = rm < M
-        n_mask = rn < N
         h_rows = h_ptr + rm[:, None].to(tl.int64) * stride_h
         a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_a
-        w_cols = w_ptr + rn[None, :].to(tl.int64) * stride_w
         # The first weight tile does not depend on the previous kernel: loaded before the wait,
         # it overlaps that kernel's tail under PDL (the K loop below starts at the second tile).
         wmask = (rk < K)[:, None] & n_mask[None, :]
         wg = tl.load(w_cols + rk[:, None], mask=wmask, other=0.0)
         wu = wg
-        if PAIR:
-            wu = tl.load(w_cols + N * stride_w + rk[:, None], mask=wmask, other=0.0)
+        if TWO:
+            wu = tl.load(w_cols + u_off + rk[:, None], mask=wmask, other=0.0)
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -204,7 +198,7 @@ if triton is not None:
         a = _a_tile(h_rows, a_rows, nw_ptr, rk, m_mask, rstd, K, NORM, ADD_IN)
         acc_g = tl.dot(a, wg, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32))
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if PAIR:
+        if TWO:
             acc_u = tl.dot(a, wu, acc_u)
         if NORM:  # the activation tile is loaded one step ahead (the normalisation between
             # its load and the dot keeps Triton's pipeliner from prefetching it)
@@ -219,8 +213,8 @@ if triton is not None:
                 wmask = (kk < K)[:, None] & n_mask[None, :]
                 wg = tl.load(w_cols + kk[:, None], mask=wmask, other=0.0)
                 acc_g = tl.dot(a, wg, acc_g)
-                if PAIR:
-                    wu = tl.load(w_cols + N * stride_w + kk[:, None], mask=wmask, other=0.0)
+                if TWO:
+                    wu = tl.load(w_cols + u_off + kk[:, None], mask=wmask, other=0.0)
                     acc_u = tl.dot(a, wu, acc_u)
         else:
             for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -230,11 +224,36 @@ if triton is not None:
                 wmask = (kk < K)[:, None] & n_mask[None, :]
                 wg = tl.load(w_cols + kk[:, None], mask=wmask, other=0.0)
                 acc_g = tl.dot(a, wg, acc_g)
-                if PAIR:
-                    wu = tl.load(w_cols + N * stride_w + kk[:, None], mask=wmask, other=0.0)
+                if TWO:
+                    wu = tl.load(w_cols + u_off + kk[:, None], mask=wmask, other=0.0)
                     acc_u = tl.dot(a, wu, acc_u)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
+        return acc_g, acc_u
+
+    @triton.jit(do_not_specialize=["M"])
+    def _fused_linear_kernel(
+        h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, a_ptr, s_ptr, M, N, K, eps,
+        stride_h, stride_w, stride_r, stride_o, stride_a, stride_s,
+        NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr, ADD_IN: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
+    ):
+        """out = epilogue(prologue(h) @ W^T): RMSNorm prologue (NORM, of h + a with ADD_IN;
+        see _mainloop), SiLU(gate)*up of a fused [2N, K] weight (PAIR), residual add
+        (RESIDUAL). One pass over K per program, each program owns BLOCK_N output columns
+        (no split-K, so no reduce kernel)."""
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask = rm < M
+        n_mask = rn < N
+        w_cols = w_ptr + rn[None, :].to(tl.int64) * stride_w
+        acc_g, acc_u = _mainloop(
+            h_ptr, a_ptr, s_ptr, nw_ptr, w_cols, N * stride_w, rm, m_mask, n_mask, pid_n, K,
+            eps, stride_h, stride_a, stride_s, NORM, PAIR, ADD_IN, BLOCK_M, BLOCK_N, BLOCK_K,
+            NORM_BK, USE_GDC)
         if HAS_BIAS:
             acc_g += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if PAIR:
