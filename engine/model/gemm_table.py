@@ -6,9 +6,12 @@ Owns the table `python -m bench fused-sweep` measured on a GPU (committed next t
 before/after run), the bucket of M a shape falls in, and the fallback where the table has no
 entry. Pure host-side Python, read at capture time; never imports bench/ or triton.
 
-Key: "<kind>:<N>x<K>:m<bucket>", kind one of KINDS (which prologue/epilogue the kernel runs),
+Key: "<kind>:<N>x<K>:m<bucket>", kind one of KINDS (which prologue/epilogue the kernel runs;
+"norm_rope": the qkv GEMM with rotary and the KV write in its epilogue, engine/model/fused_rope.py),
 N the output columns (the intermediate size for "norm_pair"), K the reduction, bucket the
-smallest swept M >= the batch. Fallback: no entry (another GPU, an unswept shape, or M above
+smallest swept M >= the batch. A "norm_rope" entry's rival is the faster of its two-kernel
+alternatives: cuBLAS + add_rms_norm + rope_and_cache ("cublas_us") and the fused norm-prologue
+GEMM + rope_and_cache ("split_us"). Fallback: no entry (another GPU, an unswept shape, or M above
 the largest bucket, e.g. prefill) -> cuBLAS in mode "auto", `heuristic_config` in mode "six".
 """
 
@@ -20,7 +23,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-KINDS = ("norm", "norm_pair", "residual")
+KINDS = ("norm", "norm_pair", "residual", "norm_rope")
 M_BUCKETS = (1, 16, 32)
 TABLE_PATH = Path(__file__).with_name("gemm_table.json")
 NUM_SMS_GUESS = 132  # the H200's; only the fallback uses it
@@ -44,11 +47,14 @@ def shape_key(kind: str, n: int, k: int, bucket: int) -> str:
     return f"{kind}:{n}x{k}:m{bucket}"
 
 
-def heuristic_config(n: int, k: int) -> GemmConfig:
-    """No measurement: the widest N tile that still gives every SM a program, a long K tile."""
+def heuristic_config(n: int, k: int, kind: str = "norm") -> GemmConfig:
+    """No measurement: the widest N tile that still gives every SM a program, a long K tile
+    ("norm_rope": at least 32 columns, 16 per rotary half)."""
     block_n = 64
     while block_n > 16 and -(-n // block_n) < NUM_SMS_GUESS:
         block_n //= 2
+    if kind == "norm_rope":
+        block_n = max(32, block_n)
     return GemmConfig(block_n, 256 if block_n == 16 else 128, 4, 3)
 
 
@@ -90,8 +96,9 @@ def choose(mode: str, kind: str, n: int, k: int, m: int, device_name: str | None
     assert kind in KINDS, kind
     entry = lookup(kind, n, k, m, device_name)
     if mode == "six":
-        return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k)
+        return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k, kind)
     if mode != "auto" or not entry:
         return None
     fused_us = (entry.get("pdl_us") if pdl else None) or entry["triton_us"]
-    return GemmConfig(*entry["config"]) if fused_us < entry["cublas_us"] else None
+    rival = min(entry["cublas_us"], entry.get("split_us") or float("inf"))
+    return GemmConfig(*entry["config"]) if fused_us < rival else None

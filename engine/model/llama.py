@@ -17,8 +17,8 @@ CUDA-graph capture work unchanged. Per layer, on CUDA:
 
 then the final norm and the LM head for the sampled rows only. That is config key
 `fused_layer: plain`; `FusedPath` documents the others (issue 22: the GEMMs with the norm in
-their prologue and SiLU*up or the residual add in their epilogue, six kernels a layer, chosen
-per GEMM shape in "auto"). Weights are built (fused) from
+their prologue and SiLU*up, the residual add or rotary + the KV write in their epilogue, five
+kernels a layer, chosen per GEMM shape in "auto"). Weights are built (fused) from
 a loaded transformers model by `engine.model.weights.build_fused_model`.
 
 Tensor parallelism: `engine.parallel.shard.shard_fused_model` cuts the weights into one rank's
@@ -43,6 +43,7 @@ from engine.attention.interface import AttnContext
 from engine.model import gemm_table
 from engine.model.fused_gemm import fused_add_norm_linear, fused_linear, gate_up_silu
 from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
+from engine.model.fused_rope import fused_qkv_rope, rope_epilogue_fits
 from engine.model.gemm_table import GemmConfig
 
 FUSED_LAYER_MODES = ("plain", "epilogues", "six", "auto")
@@ -53,11 +54,14 @@ class FusedPath:
     """Which decode layer runs (config keys `fused_layer` and `fused_pdl`, issue 22).
 
     layer: "plain" the present path (add+norm, qkv, rope+cache, attention, o, add+norm, gate_up,
-    SiLU*up, down); "epilogues" only SiLU*up in the gate_up GEMM's epilogue; "six" six kernels
-    a layer (norm-prologue qkv, rope+cache, attention, o + residual, norm-prologue gate_up +
-    SiLU, down + residual) with the fused Triton kernel for every GEMM; "auto" per GEMM shape
-    whichever engine/model/gemm_table.py measured faster: the fused kernel, or cuBLAS and the
-    separate ops. pdl: launch the fused kernels with programmatic dependent launch (Hopper+).
+    SiLU*up, down); "epilogues" only SiLU*up in the gate_up GEMM's epilogue; "six" the fused
+    Triton kernel for every GEMM: norm-prologue qkv with rotary + the KV write in its epilogue
+    (engine/model/fused_rope.py; models with a q/k norm keep norm-prologue qkv + rope+cache),
+    attention, o + residual, norm-prologue gate_up + SiLU, down + residual: five kernels a
+    layer (six with a q/k norm); "auto" per GEMM shape whichever engine/model/gemm_table.py
+    measured faster: the fused kernel (for qkv: with or without the rotary epilogue), or cuBLAS
+    and the separate ops. pdl: launch the fused kernels with programmatic dependent launch
+    (Hopper+).
     """
 
     layer: str = "plain"
@@ -149,12 +153,34 @@ class FusedDecoderLayer(nn.Module):
 
     def _attend(self, qkv, positions, ctx, kv, cos_sin, num_heads, eps):
         """Rotary (and q/k norm) with the new keys and values written to the cache, then
-        attention: the same two kernels on every decode-layer path."""
+        attention: the same two kernels on every decode-layer path but the qkv GEMM with the
+        rotary epilogue (`_forward_six`)."""
         k_cache, v_cache = kv
         q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
                            num_heads, self.qk_norm, eps)
+        return self._attention(q, ctx, kv)
+
+    def _attention(self, q, ctx, kv):
+        k_cache, v_cache = kv
         return ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
                            scale=self.scaling, sliding_window=self.sliding_window)
+
+    def _qkv_rope(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
+        """The qkv GEMM with its norm prologue and rotary + the KV write in its epilogue (one
+        kernel), where the path picks it for this shape and the model fits it (no q/k norm):
+        (q, the hidden state x + residual); None where it does not apply."""
+        k_cache, v_cache = kv
+        if not rope_epilogue_fits(self.qk_norm, k_cache, v_cache, cos_sin):
+            return None
+        cfg = self.path.pick("norm_rope", self.qkv.shape[0], self.qkv.shape[1], x)
+        if cfg is None:
+            return None
+        q, x_sum = fused_qkv_rope(
+            x, residual, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps,
+            cos_sin=cos_sin, positions=positions, slot_mapping=ctx.slot_mapping,
+            k_cache=k_cache, v_cache=v_cache, num_heads=num_heads, config=cfg,
+            pdl=self.path.pdl)
+        return q, (x if x_sum is None else x_sum)
 
     def _forward_six(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
         """The hidden state is x + residual (residual None: x is whole). Per GEMM, the fused
@@ -163,17 +189,13 @@ class FusedDecoderLayer(nn.Module):
         next norm (add_rms_norm, or the fused kernel's prologue) does it, as on the present
         path."""
         t, pdl = x.shape[0], self.path.pdl
-        cfg = self.path.pick("norm", self.qkv.shape[0], self.qkv.shape[1], x)
-        if cfg is not None and residual is not None:
-            qkv, x = fused_add_norm_linear(x, residual, self.qkv, self.qkv_bias,
-                                           norm=self.input_norm, eps=eps, config=cfg, pdl=pdl)
-        elif cfg is not None:
-            qkv = fused_linear(x, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps,
-                               config=cfg, pdl=pdl)
+        fused = self._qkv_rope(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
+        if fused is not None:
+            q, x = fused
+            attn = self._attention(q, ctx, kv)
         else:
-            h, x = add_rms_norm(x, residual, self.input_norm, eps)
-            qkv = F.linear(h, self.qkv, self.qkv_bias)
-        attn = self._attend(qkv, positions, ctx, kv, cos_sin, num_heads, eps)
+            qkv, x = self._qkv(x, residual, eps)
+            attn = self._attend(qkv, positions, ctx, kv, cos_sin, num_heads, eps)
         x, residual = self._linear_residual(attn.reshape(t, -1), self.o, self.o_bias, x)
         n_inter = self.gate_up.shape[0] // 2
         cfg = self.path.pick("norm_pair", n_inter, self.gate_up.shape[1], x)
@@ -188,6 +210,20 @@ class FusedDecoderLayer(nn.Module):
             h, x = add_rms_norm(x, residual, self.post_norm, eps)
             a = silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias))
         return self._linear_residual(a, self.down, self.down_bias, x)
+
+    def _qkv(self, x, residual, eps):
+        """The qkv GEMM with its norm prologue (fused kernel) or add+RMSNorm then cuBLAS:
+        (qkv, the hidden state x + residual)."""
+        cfg = self.path.pick("norm", self.qkv.shape[0], self.qkv.shape[1], x)
+        if cfg is not None and residual is not None:
+            return fused_add_norm_linear(x, residual, self.qkv, self.qkv_bias,
+                                         norm=self.input_norm, eps=eps, config=cfg,
+                                         pdl=self.path.pdl)
+        if cfg is not None:
+            return fused_linear(x, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps,
+                                config=cfg, pdl=self.path.pdl), x
+        h, x = add_rms_norm(x, residual, self.input_norm, eps)
+        return F.linear(h, self.qkv, self.qkv_bias), x
 
     def _linear_residual(self, a, weight, bias, x) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x + a @ weight^T: (the sum, None) from the fused kernel, or (the product, x) with

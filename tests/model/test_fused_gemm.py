@@ -135,7 +135,7 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, mon
 
     from engine.attention.interface import AttnContext
     from engine.attention.reference import paged_attention as ref_attention
-    from engine.model import fused_gemm, fused_ops, llama
+    from engine.model import fused_gemm, fused_ops, fused_rope, llama
     from engine.model.weights import build_fused_model
 
     torch.manual_seed(0)
@@ -161,21 +161,32 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, mon
                          logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
 
     model.set_fused_path(llama.FusedPath(MODES[flag]))
-    calls = []
-    name = "gate_up_silu_triton" if flag == "FUSED_EPILOGUES" else "_fused_linear_kernel"
-    real = getattr(fused_gemm, name)
+    calls, rope_calls = [], []
+
+    class Counted:
+        def __init__(self, real, log):
+            self.real, self.log = real, log
+
+        def __getitem__(self, grid):
+            self.log.append(1)
+            return self.real[grid]
     if flag == "FUSED_EPILOGUES":
-        monkeypatch.setattr(fused_gemm, name, lambda *a: calls.append(1) or real(*a))
+        real = fused_gemm.gate_up_silu_triton
+        monkeypatch.setattr(fused_gemm, "gate_up_silu_triton",
+                            lambda *a: calls.append(1) or real(*a))
     else:
-        class Counted:
-            def __getitem__(self, grid):
-                calls.append(1)
-                return real[grid]
-        monkeypatch.setattr(fused_gemm, name, Counted())
+        monkeypatch.setattr(fused_gemm, "_fused_linear_kernel",
+                            Counted(fused_gemm._fused_linear_kernel, calls))
+        monkeypatch.setattr(fused_rope, "_fused_linear_rope_kernel",
+                            Counted(fused_rope._fused_linear_rope_kernel, rope_calls))
     got = run()
-    # the fused kernels ran in every layer: 1 (gate_up+SiLU) or 4 (qkv, o, gate_up, down)
-    per_layer = 1 if flag == "FUSED_EPILOGUES" else 4
-    assert len(calls) == per_layer * hf.config.num_hidden_layers
+    # the fused kernels ran in every layer: 1 (gate_up+SiLU), or o, gate_up, down and the qkv
+    # GEMM with rotary + the KV write in its epilogue (Qwen3's q/k norm: the plain fused qkv)
+    layers = hf.config.num_hidden_layers
+    rope = flag == "FUSED_LAYER" and family != "qwen3"
+    per_layer = 1 if flag == "FUSED_EPILOGUES" else (3 if rope else 4)
+    assert len(calls) == per_layer * layers
+    assert len(rope_calls) == (layers if rope else 0)
     model.set_fused_path(llama.FusedPath("plain"))
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
     want = run()

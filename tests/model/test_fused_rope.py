@@ -1,0 +1,334 @@
+"""The qkv GEMM with rotary and the KV-cache write in its epilogue (engine/model/fused_rope.py,
+issue 22): the Triton kernel against its torch twin (the fused norm-prologue GEMM's twin, then
+rope_and_cache_torch) under the interpreter in fp32 and on CUDA in bf16, for Llama / Mistral /
+Qwen2-like head layouts (GQA, MHA, bias, head_dim not a power of two, N and K not multiples of
+the tiles, the pending residual add in the prologue); greedy tokens equal to `generate`'s
+through the engine with preemption forced (CPU: the torch twin; CUDA: the kernel, PDL on and
+off, graphs off and on).
+
+``test_interp_*`` run only in the TRITON_INTERPRET=1 child the parent test starts (Triton reads
+the variable at import). q is compared element by element and the caches whole: slots the
+kernel must not touch have to stay bit-equal.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
+def test_qkv_rope_in_interpreter_subprocess() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-k", "test_interp_",
+           "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, report
+    assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
+
+
+def _check_rope(dtype, device, m, k, heads, kvh, d, *, bias=False, add=False, norm=True,
+                config=None, pdl=False, tol=1e-5):
+    """fused_qkv_rope against its twin: q, the residual sum, both caches whole."""
+    from engine.model import fused_rope
+
+    n = (heads + 2 * kvh) * d
+    g = torch.Generator().manual_seed(m * 17 + n + k)
+    rnd = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    h = rnd(m, k).to(device, dtype)
+    a = rnd(m, k).to(device, dtype) if add else None
+    w = (rnd(n, k) / k ** 0.5).to(device, dtype)
+    b = rnd(n).to(device, dtype) if bias else None
+    nw = (1 + 0.1 * rnd(k)).to(device, dtype) if norm else None
+    cos_sin = rnd(64, 2, d // 2).to(device, dtype)
+    pos = torch.randint(0, 64, (m,), generator=g, dtype=torch.int32).to(device)
+    block, n_blocks = 4, m // 2 + 3
+    slots = torch.randperm(n_blocks * block, generator=g)[:m].to(device)  # int64, distinct
+    k_cache = rnd(n_blocks, block, kvh, d).to(device, dtype)
+    v_cache = rnd(n_blocks, block, kvh, d).to(device, dtype)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    kw = dict(norm=nw, eps=1e-5, cos_sin=cos_sin, positions=pos, slot_mapping=slots,
+              num_heads=heads)
+    got_q, got_x = fused_rope.fused_qkv_rope(h, a, w, b, k_cache=kc, v_cache=vc, **kw,
+                                             config=config, pdl=pdl)
+    want_q, want_x = fused_rope.fused_qkv_rope_torch(h, a, w, b, k_cache=k_cache,
+                                                     v_cache=v_cache, **kw)
+    assert got_q.shape == want_q.shape == (m, heads, d)
+    assert rel_err(got_q, want_q) < tol
+    assert (got_x is None) == (not add)
+    if add:
+        assert torch.equal(got_x, want_x)
+    written = torch.zeros(n_blocks * block, dtype=torch.bool, device=device)
+    written[slots] = True
+    for got_c, want_c in ((kc, k_cache), (vc, v_cache)):
+        got_c, want_c = got_c.view(-1, kvh, d), want_c.view(-1, kvh, d)
+        assert torch.equal(got_c[~written], want_c[~written]), "a slot not in slot_mapping"
+        assert rel_err(got_c[written], want_c[written]) < tol
+
+
+# (heads, kv heads, head_dim, K): the tiny Llama / Mistral / Qwen2 configs' layout (GQA 4:2,
+# D 16), MHA, an odd GQA 5:1 with D 12 (N = 84: half columns not a multiple of 16, heads split
+# across tiles), K not a multiple of the K tile.
+LAYOUTS = [(4, 2, 16, 64), (3, 3, 8, 48), (5, 1, 12, 100)]
+
+
+@interp_only
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda v: "x".join(map(str, v)))
+@pytest.mark.parametrize("m", [1, 7, 70])
+@pytest.mark.parametrize(("bias", "add"), [(False, False), (True, True), (False, True)])
+def test_interp_qkv_rope(layout, m, bias, add) -> None:
+    heads, kvh, d, k = layout
+    _check_rope(torch.float32, "cpu", m, k, heads, kvh, d, bias=bias, add=add)
+
+
+@interp_only
+@pytest.mark.parametrize("config", [(32, 32, 4, 3), (64, 64, 2, 2), (128, 256, 4, 4)])
+def test_interp_qkv_rope_tile_configs(config) -> None:
+    """The sweep's kind of configurations: one or several K steps, tiles wider than a head."""
+    from engine.model.gemm_table import GemmConfig
+
+    for heads, kvh, d, k in LAYOUTS:
+        _check_rope(torch.float32, "cpu", 20, k, heads, kvh, d, bias=True, add=True,
+                    config=GemmConfig(*config))
+    _check_rope(torch.float32, "cpu", 5, 64, 4, 2, 16, norm=False, config=GemmConfig(*config))
+
+
+@interp_only
+def test_interp_qkv_rope_rejects_narrow_tiles() -> None:
+    from engine.model.gemm_table import GemmConfig
+
+    with pytest.raises(ValueError, match="block_n >= 32"):
+        _check_rope(torch.float32, "cpu", 2, 64, 4, 2, 16, config=GemmConfig(16, 64, 4, 3))
+
+
+def _stand_in_choose(kinds):
+    """gemm_table.choose for mode "auto" with a table that picks the fused kernel only for
+    `kinds` (cuBLAS + separate ops elsewhere)."""
+    from engine.model.gemm_table import GemmConfig
+
+    def choose(mode, kind, n, k, m, name, pdl=False):
+        if kind not in kinds:
+            return None
+        return GemmConfig(32, 64, 4, 3)
+    return choose
+
+
+@interp_only
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("kinds", ["norm_rope", "norm_rope,residual,norm_pair"])
+def test_interp_model_forward_with_rope_epilogue_matches_torch_path(family, kinds, monkeypatch):
+    """A mixed prefill+decode flat batch through the whole model, mode auto with a stand-in
+    table: the rotary epilogue alone (cuBLAS elsewhere: the pending residual add in its
+    prologue from the second layer on) or with the other fused GEMMs, against the present
+    path's torch ops."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from tiny_models import make_config
+    from transformers import AutoModelForCausalLM
+
+    from engine.attention.interface import AttnContext
+    from engine.attention.reference import paged_attention as ref_attention
+    from engine.model import fused_ops, fused_rope, gemm_table, llama
+    from engine.model.weights import build_fused_model
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(make_config(family)).eval()
+    model = build_fused_model(hf)
+    c = hf.config
+    kvh, d = c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+    pos = torch.tensor([0, 1, 2, 3, 4, 9, 0], dtype=torch.int32)
+    req = torch.tensor([0, 0, 0, 0, 0, 1, -1], dtype=torch.int32)
+    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    slots = torch.tensor([0, 1, 2, 3, 4, 4 * 4 + 9 - 8, 6 * 4], dtype=torch.int64)
+    ids = torch.randint(1, 300, (1, 7))
+
+    def run():
+        torch.manual_seed(1)
+        kv = [(torch.randn(7, 4, kvh, d), torch.randn(7, 4, kvh, d))
+              for _ in range(c.num_hidden_layers)]
+        ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
+                          token_pos=pos, backend=ref_attention)
+        with torch.inference_mode():
+            logits = model(input_ids=ids, position_ids=pos[None],
+                           logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
+        return logits, kv
+
+    monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(kinds.split(",")))
+    model.set_fused_path(llama.FusedPath("auto"))
+    calls = []
+    real = fused_rope.fused_qkv_rope
+    monkeypatch.setattr(llama, "fused_qkv_rope",
+                        lambda h, add, *a, **k: calls.append(add is not None)
+                        or real(h, add, *a, **k))
+    got, got_kv = run()
+    assert calls == [False] + [kinds == "norm_rope"] * (c.num_hidden_layers - 1)
+    model.set_fused_path(llama.FusedPath("plain"))
+    monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
+    want, want_kv = run()
+    assert rel_err(got, want) < 1e-4
+    for (gk, gv), (wk, wv) in zip(got_kv, want_kv, strict=True):
+        assert rel_err(gk, wk) < 1e-5 and rel_err(gv, wv) < 1e-5
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="the torch path, not the interpreter")
+@pytest.mark.parametrize(("family", "kinds"),
+                         [("llama", "all"), ("qwen2", "all"), ("qwen3", "all"),
+                          ("mistral", "norm_rope"), ("qwen2", "norm_rope,residual"),
+                          ("llama", "norm_rope,norm_pair")])
+def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path, monkeypatch):
+    """Through the engine on CPU (the torch twin), preemption forced: greedy tokens equal
+    generate's with the qkv GEMM + rotary + KV write as one op. "all": mode six (the epilogue
+    everywhere it fits; Qwen3's q/k norm keeps the two kernels). Else mode auto with a stand-in
+    table: with a cuBLAS down before it, the residual add is pending and the op does it."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
+    from helpers import hf_greedy, mixed_prompts
+    from tiny_models import save_tiny_model
+
+    from engine import Engine, EngineConfig, SamplingParams
+    from engine.model import fused_rope, gemm_table
+
+    mode = "six"
+    if kinds != "all":
+        mode = "auto"
+        monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(kinds.split(",")))
+    calls = []
+    real = fused_rope.fused_qkv_rope_torch
+
+    def counted(h, add, *a, **kw):
+        calls.append(add is not None)
+        return real(h, add, *a, **kw)
+    monkeypatch.setattr(fused_rope, "fused_qkv_rope_torch", counted)
+    model_dir = save_tiny_model(family, tmp_path, **({"sliding_window": 16}
+                                                     if family == "mistral" else {}))
+    prompts = mixed_prompts(9)
+    expected = hf_greedy(model_dir, prompts, 12)
+    cfg = EngineConfig(model=str(model_dir), device="cpu", max_num_seqs=6,
+                       max_num_batched_tokens=16, block_size=4, num_blocks=25,
+                       max_model_len=96, async_batching=False, model_impl="gapless",
+                       fused_layer=mode)
+    with Engine(cfg) as eng:
+        outs = eng.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
+                                                    ignore_eos=True))
+        stats = eng.stats()
+    if family == "qwen3":
+        assert not calls, "the rotary epilogue ran for a model with a q/k norm"
+    else:
+        assert calls, "the rotary epilogue did not run"
+        # six: every down has the residual add in its epilogue, so no add is pending; auto
+        # with a cuBLAS down: layers after the first carry the pending add into the prologue
+        assert any(calls) == ("residual" not in kinds and kinds != "all")
+    assert stats["preemptions"] > 0
+    assert [o.token_ids for o in outs] == expected
+
+
+# (heads, kv heads, head_dim, K) of SmolLM2-135M, Llama-3.2-1B, Llama-3.1-8B
+MODEL_LAYOUTS = [(9, 3, 64, 576), (32, 8, 64, 2048), (32, 8, 128, 4096)]
+
+
+@needs_cuda
+@pytest.mark.cuda
+def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
+    """bf16 on the GPU at the real models' shapes, every configuration the sweep tries for this
+    kind, with and without programmatic dependent launch, with and without the pending add."""
+    from engine.model.gemm_table import GemmConfig
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.suites.fused_sweep import ROPE_CONFIGS
+
+    for i, config in enumerate(ROPE_CONFIGS):
+        heads, kvh, d, k = MODEL_LAYOUTS[i % len(MODEL_LAYOUTS)]
+        for m in (1, 16, 32):
+            _check_rope(torch.bfloat16, "cuda", m, k, heads, kvh, d, bias=i % 3 == 0,
+                        add=m == 16, config=GemmConfig(*config), pdl=i % 2 == 0, tol=1e-2)
+    for heads, kvh, d, k in MODEL_LAYOUTS:  # prefill-sized M, the heuristic configuration
+        _check_rope(torch.bfloat16, "cuda", 200, k, heads, kvh, d, add=True, pdl=True,
+                    tol=1e-2)
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize(("mode", "pdl"), [("six", False), ("six", True), ("auto", True)])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_greedy_with_rope_epilogue_equals_generate(graphs, mode, pdl, tiny_model_dir,
+                                                        monkeypatch):
+    """bf16, preemption forced by the tight cache: greedy tokens equal generate's with the
+    rotary epilogue in every layer. auto: a stand-in table picks it alone (cuBLAS o, gate_up,
+    down), so its prologue also does the residual add cuBLAS's down left pending."""
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
+    from helpers import cuda_engine_outputs, hf_greedy, mixed_prompts
+
+    from engine.model import fused_rope, gemm_table
+
+    if mode == "auto":
+        monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(["norm_rope"]))
+    calls = []
+    real = fused_rope._fused_linear_rope_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            calls.append(1)
+            return real[grid]
+    monkeypatch.setattr(fused_rope, "_fused_linear_rope_kernel", Counted())
+    model_dir = tiny_model_dir("llama")
+    prompts = mixed_prompts(9, seed=5)
+    expected = hf_greedy(model_dir, prompts, 12, "cuda", torch.bfloat16)
+    got, stats, settings = cuda_engine_outputs(model_dir, prompts, 12, async_batching=False,
+                                               cuda_graphs=graphs, model_impl="gapless",
+                                               fused_layer=mode, fused_pdl=pdl)
+    assert settings["model_impl"] == "gapless"
+    assert calls, "the rotary epilogue did not run"
+    assert stats["preemptions"] > 0
+    assert got == expected
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
+                    reason="on a GPU the cuda tests compile and run the kernels for real")
+@pytest.mark.parametrize("use_gdc", [False, True])
+def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc) -> None:
+    """Real compilation for an H100/H200 target (what the interpreter lets through: constexpr
+    misuse, pointer types), with the launch specialisation a decode step gets (pointers and
+    strides divisible by 16): the weight tiles load 16 bytes at a time through cp.async like
+    the fused GEMM's, and PDL's wait/launch instructions are there when asked for."""
+    from test_fused_ops import _ptxas_available
+
+    if not _ptxas_available():
+        pytest.skip("Triton finds no ptxas to assemble with")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.model import fused_rope
+
+    kernel = fused_rope._fused_linear_rope_kernel
+    const = dict(HALF=32, CACHE_BLOCK=16, NORM=True, ADD_IN=True, HAS_BIAS=True, BLOCK_M=16,
+                 BLOCK_N=16, BLOCK_K=256, NORM_BK=512, USE_GDC=use_gdc)
+    sig, aligned = {}, []
+    for n in kernel.arg_names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = {"pos_ptr": "*i32", "slot_ptr": "*i64"}.get(n, "*bf16")
+        else:
+            sig[n] = "fp32" if n == "eps" else "i32"
+        if sig[n] != "constexpr" and n not in ("M", "H", "KVH", "eps"):
+            aligned.append(n)
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "num_stages": 3})
+    ptx = compiled.asm["ptx"]
+    assert "ld.global.v4" in ptx and "cp.async" in ptx
+    assert ("griddepcontrol.wait" in ptx) == use_gdc
+    assert ("griddepcontrol.launch_dependents" in ptx) == use_gdc
