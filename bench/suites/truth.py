@@ -5,6 +5,7 @@ For each shape (default: the 8B shape at batch 32, SmolLM2-135M's at 16; random 
 256-token prompts, greedy, no EOS) and each mode (sync/async x graphs/eager), once the batch
 decodes:
 
+0. *bare*: ``--window-s`` with no profiler at all: the step period the tracers perturb;
 1. *reference*: torch.profiler (CUDA activities only, our sampler off) over ``--window-s``:
    kernel busy = union of device work (host copies left out) / first kernel to last;
 2. *ours*: the engine's kernel sampler (engine/step/kernel_trace.py) at ``--sample-period``
@@ -12,7 +13,9 @@ decodes:
    (telemetry.kernels.kernel_busy). Target: within 1 pp of (1);
 3. the waterfall of (2)'s window (telemetry.waterfall): byte floor at the size-aware
    bandwidth, kernels above it, in-step gaps, idle by cause, copies and sync; their sum
-   against the window's wall time.
+   against the window's wall time;
+4. kernel time per step from (1) and (2), and busy against (0)'s period from each, the
+   figures neither tracer perturbs (bench/suites/truth_busy.py says why).
 
 Then, on the first shape: a step anatomy (async + graphs) against both floors per family;
 GPM's DRAM bandwidth over a decode-only window against the anatomy's bytes / time; the
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,17 @@ from bench.harness import report
 from bench.harness.floor import COPY_BW, ByteFloor
 from bench.harness.shapes import build_model
 from bench.harness.workload import default_device, random_prompts
-from bench.suites.truth_anatomy import anatomy_markdown, anatomy_rows, contexts_of, step_reads
-from bench.suites.truth_cost import add_cost_arguments, cost_markdown, cost_pairs
+from bench.suites.truth_anatomy import anatomy_rows, contexts_of, step_reads
+from bench.suites.truth_busy import (
+    compute_spans,
+    fair_busy,
+    kernel_per_step,
+    period_us,
+    reference_busy,
+    sampled_kernel_per_step,
+)
+from bench.suites.truth_cost import add_cost_arguments, cost_pairs
+from bench.suites.truth_report import markdown
 
 DESCRIPTION = ("kernel busy sampled vs torch.profiler in 4 modes, sampler cost, the step "
                "waterfall vs wall time, size-aware floor curve, GPM check")
@@ -105,41 +116,6 @@ def wait_decoding(eng: Any, batch: int, timeout_s: float = 180.0) -> None:
         time.sleep(0.002)
 
 
-def reference_busy(window_s: float, cuda: bool) -> dict[str, Any]:
-    """torch.profiler (CUDA activities) over ``window_s`` of whatever the engine runs."""
-    if not cuda:
-        time.sleep(window_s)
-        return {"busy": None}
-    from torch.profiler import ProfilerActivity, profile
-
-    from engine.step.kernel_trace_read import _HOST_COPY, lost_launches
-    from telemetry.kernels import union_ns
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        time.sleep(window_s)
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
-    iv = [(round(float(e["ts"]) * 1000), round((float(e["ts"]) + float(e.get("dur", 0))) * 1000))
-          for e in events if e.get("ph") == "X" and e.get("cat") in (
-              "kernel", "gpu_memset", "gpu_memcpy") and not _HOST_COPY.search(str(e["name"]))]
-    # Kernel launches the trace holds no record of: Kineto/CUPTI drop the first kernel
-    # records of a session, more the more sessions the process has run (pytorch issue
-    # 192021). A window that lost some only starts later; one that lost all has no figure.
-    lost = lost_launches(events)
-    if not iv:  # say what the trace did hold (the 12-04 runs lost every kernel, mid-run)
-        cats: dict[str, int] = {}
-        for e in events:
-            cats[str(e.get("cat"))] = cats.get(str(e.get("cat")), 0) + 1
-        return {"busy": None, "kernels": 0, "lost_launches": lost, "events_by_cat": cats,
-                "why": f"torch.profiler kept no kernel record of {lost} kernel launches in "
-                       "its window (it dropped them: pytorch issue 192021, the first kernel "
-                       "records of a session are lost, more as a process runs more sessions)"}
-    lo, hi = min(a for a, _ in iv), max(b for _, b in iv)
-    return {"busy": union_ns(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9,
-            "lost_launches": lost}
-
-
 # --------------------------------------------------------------------------- per mode
 def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode: str,
                args: argparse.Namespace, curve: Any, nvml: Any) -> tuple[dict, list]:
@@ -154,24 +130,46 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
     sampler = eng.loop.pipeline.kernels
     sampler.set_period(0)
     batch = len(prompts)
-    handles = [eng.submit(p, params(eng.config.max_model_len - args.prompt - 33))
-               for p in prompts]
-    wait_decoding(eng, batch)
-    first_decode = eng.loop.step_no
-    # One profiler at a time: the reference starts once no sample of ours is open (set
-    # above to period 0, a sample in flight ends with its steps).
-    deadline = time.monotonic() + 5
-    while sampler.open and time.monotonic() < deadline:
-        time.sleep(0.005)
-    if sampler.open:
-        raise RuntimeError("truth: a kernel sample stayed open for 5 s; the reference window "
-                           "would run two profiler sessions at once")
-    # A discarded profiler window first: the first session after a mode switch pays CUPTI's
-    # start-up (H200, 2026-12-04: 8B sync + graphs read 32.6% in a first window, 86.1% and
-    # 85.4% in the next two, where the sampler read 86.2% and 85.4%).
-    reference_busy(0.1, cuda)
-    ref = reference_busy(args.window_s, cuda)
+    from engine.step.kernel_trace_clock import unsaved
+
+    def fresh_batch() -> list[Any]:
+        """The batch from its prompts again: every window decodes the same contexts (a
+        step's attention time grows with its context), after any sample closed and was
+        written (no profiler session while a trace of ours is unwritten: kernel_trace_clock)."""
+        hs = [eng.submit(p, params(eng.config.max_model_len - args.prompt - 33))
+              for p in prompts]
+        wait_decoding(eng, batch)
+        deadline = time.monotonic() + 5
+        while (sampler.open or unsaved()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if sampler.open or unsaved():
+            raise RuntimeError("truth: a kernel sample stayed open or unwritten for 5 s; "
+                               "the next window would run two profiler sessions at once")
+        return hs
+
+    def done(hs: list[Any]) -> None:
+        for h in hs:
+            eng.abort(h.request_id)
+        for h in hs:
+            h.result(timeout=120)
+
     with StepCollector(eng.bus) as col:
+        hs = fresh_batch()  # bare: no profiler at all (the period the tracers perturb)
+        tb0 = time.perf_counter_ns()
+        time.sleep(args.window_s)
+        tb1 = time.perf_counter_ns()
+        done(hs)
+        hs = fresh_batch()
+        # A discarded profiler window first: the first session after a mode switch pays
+        # CUPTI's start-up (H200, 2026-12-04: 8B sync + graphs read 32.6% in a first
+        # window, 86.1% and 85.4% in the next two, where the sampler read 86.2% and 85.4%).
+        reference_busy(0.1, cuda)
+        tr0 = time.perf_counter_ns()
+        ref, ref_iv = reference_busy(args.window_s, cuda)
+        tr1 = time.perf_counter_ns()
+        done(hs)
+        hs = fresh_batch()
+        first_decode = eng.loop.step_no
         sampler.set_period(args.sample_period)
         sampler.next_at = 0.0
         t0 = time.perf_counter_ns()
@@ -182,10 +180,8 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         while sampler.open and time.monotonic() < deadline:  # its last steps, still decoding
             time.sleep(0.005)
         time.sleep(0.3)  # the last sample's conversion, carried by a later record
-    for h in handles:
-        eng.abort(h.request_id)
-    for h in handles:
-        h.result(timeout=120)
+        t2 = time.perf_counter_ns()
+        done(hs)
     records = [r for r in col.records if r.num_tokens]
     samples = [s for r in col.records for s in r.kernel_samples]
     window = [r for r in records if any(s.lane == "compute" and t0 <= s.start_ns <= t1
@@ -206,9 +202,26 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                            "lost_launches": [s.lost_launches for s in samples][:8],
                            "lost_samples": sampler.lost_samples,
                            "sampler_warmup": sampler.warmup,
-                           **sampled_step_periods(records, samples)}
+                           **sampled_step_periods([r for r in records if any(
+                               s.lane == "compute" and t0 <= s.start_ns <= t2
+                               for s in r.spans)], samples)}
     if ref.get("busy") is not None and out["ours_busy"] is not None:
         out["diff_pp"] = 100 * (out["ours_busy"] - ref["busy"])
+    bare, in_ref = compute_spans(records, tb0, tb1), compute_spans(records, tr0, tr1)
+    kref = kernel_per_step(in_ref, ref_iv)
+    out["fair"] = {"period_bare_us": period_us(bare), "period_ref_us": period_us(in_ref),
+                   "period_sampled_us": out.get("period_us_sampled"),
+                   "kernel_ref_us": kref["median_us"], "ref_steps_joined": kref["steps"],
+                   "ref_kernel_share_joined": kref["joined"],
+                   "kernel_ours_us": sampled_kernel_per_step(samples)}
+    out["fair"].update(fair_busy(out["fair"]["period_bare_us"], kref["median_us"],
+                                 out["fair"]["kernel_ours_us"]))
+    bare_recs = [r for r in records if any(s.lane == "compute" and tb0 <= s.start_ns <= tb1
+                                           for s in r.spans)]
+    if bare_recs and samples:  # the dashboard between samples: sampled shares, bare steps
+        wb = waterfall(bare_recs, tb0, tb1, samples)
+        out["fair"]["dashboard_bare"] = (wb.kernel_ns / wb.window_ns if wb.kernel_ns
+                                         is not None and wb.window_ns else None)
     if window:
         comp = [s for r in window for s in r.spans if s.lane == "compute"]
         lo, hi = min(s.start_ns for s in comp), max(s.end_ns for s in comp)
@@ -223,7 +236,9 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         out["waterfall"] = {"wall_s": wf.window_ns / 1e9, "sum_s": wf.total_ns / 1e9,
                             "parts_s": {k: (v / 1e9 if v is not None else None)
                                         for k, v in wf.parts_ns.items()},
-                            "sum_over_wall": wf.total_ns / wf.window_ns if wf.window_ns else None}
+                            "sum_over_wall": wf.total_ns / wf.window_ns if wf.window_ns else None,
+                            "kernel_busy": wf.kernel_ns / wf.window_ns if wf.kernel_ns
+                            is not None and wf.window_ns else None}
         if nvml is not None and floor is not None:
             gpm = [x.dram_bw_util_pct for x in nvml.history() if lo <= x.t_ns <= hi
                    and x.dram_bw_util_pct is not None]
@@ -276,7 +291,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         batch = int(batch_s)
         model = build_model(preset, torch.device(args.device), dtype)
         prompts = random_prompts(batch, args.prompt, model.config.vocab_size)
-        eng = make_engine(model, args, batch, 1024 if cuda else 64, name=preset)
+        eng = make_engine(model, args, batch, 2048 if cuda else 64, name=preset)
         eng.generate(random_prompts(4, 16, model.config.vocab_size, seed=1), params(8))
         shape: dict[str, Any] = {"batch": batch, "modes": {}}
         recording = []
@@ -288,7 +303,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             reps = [res] + [truth_mode(eng, model, prompts, mode, args, curve, nvml)[0]
                             for _ in range(getattr(args, "repeats", 1) - 1)]
             res["repeats"] = [{"reference": r["reference"].get("busy"), "ours": r["ours_busy"],
-                               "diff_pp": r.get("diff_pp")} for r in reps]
+                               "diff_pp": r.get("diff_pp"), **r["fair"]} for r in reps]
             shape["modes"][mode] = res
             recording += recs
             log(f"{preset} {mode}: {json.dumps(res, default=str)}")
@@ -325,70 +340,3 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     (out / "truth.md").write_text(text)
     print(text, flush=True)
     return summary
-
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def num(x: float | None, fmt: str = ".1f") -> str:
-    return "n/a" if x is None else format(x, fmt)
-
-
-def markdown(s: dict[str, Any]) -> str:
-    lines = [f"# Telemetry truth: {s['device']}, torch {s['torch']}", ""]
-    if "curve" in s:
-        c = s["curve"]
-        lines += ["## Achievable read bandwidth vs size (cold L2)", "",
-                  "| size | TB/s |", "|---:|---:|"]
-        lines += [f"| {b >> 20} MB | {bw / 1e12:.2f} |" for b, bw in c["points"]]
-        lines += ["", f"device-to-device copy (peak-copy floor): "
-                  f"{c['peak_copy_bw'] / 1e12:.2f} TB/s; {c['method']}; "
-                  f"{c['seconds']:.1f} s", ""]
-    lines += ["## Kernel busy: torch.profiler vs the sampler (medians over repeats)", "",
-              "| shape | mode | torch.profiler | ours (sampled) | diff (pp) | diff, each repeat "
-              "(pp) | samples/steps (first) |", "|---|---|---:|---:|---:|---|---:|"]
-    for preset, sh in s["shapes"].items():
-        for mode, r in sh["modes"].items():
-            reps = r.get("repeats") or [{"reference": r["reference"].get("busy"),
-                                         "ours": r["ours_busy"], "diff_pp": r.get("diff_pp")}]
-            ok = [x for x in reps if x["diff_pp"] is not None]
-
-            def mid(key: str, ok: list = ok) -> float | None:
-                return statistics.median(x[key] for x in ok) if ok else None
-
-            lines.append(f"| {preset} b{sh['batch']} | {mode} | {pct(mid('reference'))}"
-                         f" | {pct(mid('ours'))} | {num(mid('diff_pp'), '+.2f')} | "
-                         + " ".join(num(x["diff_pp"], "+.2f") for x in reps)
-                         + f" | {r['samples']}/{r['sampled_steps']} |")
-    lines += ["", "## Waterfall (seconds of the sampled window)", "",
-              "| shape | mode | wall | floor | above floor | gaps | idle CPU | idle launch | "
-              "copies+sync | no work | sum/wall |", "|---|---|" + "---:|" * 9]
-    for preset, sh in s["shapes"].items():
-        for mode, r in sh["modes"].items():
-            w = r.get("waterfall")
-            if not w:
-                continue
-            p = w["parts_s"]
-            cells = [num(p[k] * 1e3 if p[k] is not None else None, ".1f") for k in (
-                "floor", "kernels_above_floor", "in_step_gaps", "idle_cpu", "idle_launch",
-                "copies_sync", "no_work")]
-            lines.append(f"| {preset} | {mode} | {w['wall_s'] * 1e3:.1f} ms | "
-                         + " | ".join(cells) + f" | {num(w['sum_over_wall'], '.4f')} |")
-    first = next(iter(s["shapes"].values()), {})
-    a = first.get("anatomy")
-    if a:
-        lines += ["", *anatomy_markdown(a)]
-    c = first.get("sampler_cost")
-    if c:
-        lines += ["", *cost_markdown(c)]
-    for preset, sh in s["shapes"].items():
-        for mode, r in sh["modes"].items():
-            g = r.get("gpm")
-            if g and g["readings"]:
-                lines.append(f"\nGPM {preset} {mode}: {g['readings']} readings, DRAM bandwidth "
-                             f"{num(g['dram_bw_util_pct'])}% of peak; anatomy bytes/time "
-                             f"{g['anatomy_bytes_per_s'] / 1e12:.2f} TB/s = "
-                             f"{g['anatomy_pct_of_4p8']:.1f}% of 4.8 TB/s")
-    lines.append(f"\ntotal {s['total_s']:.0f} s")
-    return "\n".join(lines) + "\n"

@@ -66,27 +66,38 @@ def test_kernels_of_a_sampled_step_lie_inside_its_compute_span(tiny_model_dir, g
 
 @pytest.mark.parametrize("mode", ["sync-graphs", "async-graphs", "sync-eager", "async-eager"])
 def test_sampled_kernel_busy_matches_the_profiler(tmp_path, mode):
+    """Kernel time per step from the sampler against torch.profiler's, as busy over the step
+    period without any profiler: within 1 pp in every mode (the issue's target, on the figure
+    neither tracer perturbs). Busy as each tracer reads it (kernel time / the period of the
+    steps it traced) is also held within 2 pp in eager mode. In graph mode that raw figure
+    is printed, not held: both tracers slow a CPU-bound graph step, each its own way (H200,
+    20280ab, this test: sampled steps 857 us a period, unsampled 554 us, the profiler's
+    window read 15.2% busy against the sampler's 10.2%, with 75 us of kernels a step in
+    every sample), so their raw busy figures differ by how much each slowed the step
+    (bench/suites/truth_busy.py; docs/benchmarks.md, issue 20)."""
     from bench.suites import truth
 
-    # Long requests: the batch must still decode through both windows (~1 ms steps), so
-    # the tiny model gets 4,096 positions.
+    # Long requests: each window decodes a fresh batch (~0.5 ms steps), so the tiny model
+    # gets 4,096 positions.
     model_dir = save_tiny_model("llama", tmp_path / "llama-4k", max_position_embeddings=4096)
     model_eng = _engine(model_dir, graphs=True, period=0.0, max_model_len=4096)
     try:
-        args = argparse.Namespace(device="cuda", prompt=64, window_s=0.5, sample_period=0.05)
+        args = argparse.Namespace(device="cuda", prompt=64, window_s=0.8, sample_period=0.05)
         prompts = [[3 + (i * 7 + j) % 200 for j in range(64)] for i in range(8)]
         res, _ = truth.truth_mode(model_eng, None, prompts, mode, args, None, None)
     finally:
         model_eng.shutdown()
-    ref, ours = res["reference"]["busy"], res["ours_busy"]
+    ref, ours, fair = res["reference"]["busy"], res["ours_busy"], res["fair"]
     print(f"{mode}: torch.profiler {ref}, ours {ours} ({res['samples']} samples, skipped "
           f"steps {res['skipped_steps']}, lost launches {res['lost_launches']}, warm-up "
-          f"{res['sampler_warmup']}; step period sampled {res['period_us_sampled']} us, "
-          f"others {res['period_us_other']} us; kernels per sampled step "
+          f"{res['sampler_warmup']}; kernels per sampled step "
           f"{res['kernels_per_sampled_step']}, their kernel time "
           f"{res['kernel_us_per_sampled_step']} us; bracket idle {res['bracket_idle_ms']} ms, "
-          f"busy without it {res['ours_busy_raw']})")
+          f"busy without it {res['ours_busy_raw']}); unperturbed: {fair}")
     assert ref is not None, f"no reference figure: {res['reference'].get('why')}; {res}"
     assert ours is not None, (f"no sample ({res['lost_samples']} lost every counted step; "
                               f"last error: {res['sampler_error']}); {res}")
-    assert abs(ours - ref) <= 0.02, res
+    assert fair["diff_vs_bare_pp"] is not None, fair
+    assert abs(fair["diff_vs_bare_pp"]) <= 1.0, fair
+    if mode.endswith("eager"):
+        assert abs(ours - ref) <= 0.02, res

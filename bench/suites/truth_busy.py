@@ -1,0 +1,213 @@
+"""Kernel busy, compared fairly (issue 20): what each tracer measures without perturbing it.
+
+Both tracers slow the steps they trace: with CUPTI on, every CUDA API call costs more and a
+graph launch is traced node by node, so a CPU-bound step runs longer (H200, 20280ab: SmolLM2
+b16 sync + graphs, sampled steps 2,508 us a period against 1,831 us for the others; the
+profiler's window ran at about the sampled steps' period). Busy = kernel time / period, so
+both busy figures are the perturbed steps', each perturbed its own way, and a 1 pp match
+between them says little where the CPU sets the period. What neither tracer perturbs is the
+kernel time of a step (graph kernels run back to back whatever the CPU does; an eager
+kernel's duration does not change with the launch cost before it), measured 990-992 us per
+sampled step in every sample of that run. So, per mode:
+
+- the *bare* step period: our own step records over a window with no profiler at all;
+- kernel time per step from the reference (torch.profiler's kernels put on our clock through
+  the Unix-time/perf-counter offset and joined to our steps' compute spans) and from the
+  sampler's sampled steps: the two must agree;
+- busy against the bare period from each (kernel time per step / bare period): the busy of
+  unperturbed steps, as each tracer measures it, with the same denominator;
+- the dashboard's figure: the waterfall's kernel part (each step's compute span times the
+  kernel share of sampled steps of its key, telemetry.waterfall) over a window, on the bare
+  window (what the Live page shows between samples) and on the sampled window.
+
+Pure functions of records and intervals, except `clock_offset_ns`, which reads two clocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from telemetry.kernels import MARKER_PATTERN, union_ns
+
+
+def clock_offset_ns(pairs: int = 9) -> int:
+    """Unix ns (Kineto's trace clock) minus time.perf_counter_ns (ours), from the tightest of
+    ``pairs`` readings (error well under a microsecond)."""
+    best: tuple[int, int] | None = None
+    for _ in range(pairs):
+        a = time.perf_counter_ns()
+        u = time.time_ns()
+        b = time.perf_counter_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, u - (a + b) // 2)
+    assert best is not None
+    return best[1]
+
+
+def trace_intervals(trace: dict[str, Any], offset_ns: int, device_cats: Sequence[str],
+                    host_copy: Any) -> list[tuple[int, int]]:
+    """Device work of a Kineto JSON trace on our clock: (start, end) ns, host copies and the
+    graph start marker left out. ``offset_ns``: clock_offset_ns() read around the window."""
+    base = int(trace.get("baseTimeNanoseconds", 0))
+    out = []
+    for e in trace["traceEvents"]:
+        if e.get("ph") != "X" or e.get("cat") not in device_cats:
+            continue
+        name = str(e.get("name", ""))
+        if host_copy.search(name) or MARKER_PATTERN.search(name):
+            continue
+        a = base + round(float(e["ts"]) * 1000) - offset_ns
+        out.append((a, a + round(float(e.get("dur", 0)) * 1000)))
+    out.sort()
+    return out
+
+
+def compute_spans(records: Sequence[Any], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """(step, start, end) of each step's compute span inside [lo, hi], in start order."""
+    out = []
+    for r in records:
+        for s in r.spans:
+            if s.lane == "compute" and lo <= s.start_ns and s.end_ns <= hi:
+                out.append((r.step, s.start_ns, s.end_ns))
+                break
+    return sorted(out, key=lambda x: x[1])
+
+
+def period_us(spans: Sequence[tuple[int, int, int]]) -> float | None:
+    """Median compute-start to compute-start of consecutive steps, us."""
+    d = [b[1] - a[1] for a, b in zip(spans, spans[1:], strict=False) if b[0] == a[0] + 1]
+    return statistics.median(d) / 1e3 if d else None
+
+
+def kernel_per_step(spans: Sequence[tuple[int, int, int]],
+                    intervals: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """Kernel time (union, us) of each step: the intervals whose midpoint lies in its compute
+    span. Median over steps; ``joined`` is the share of the kernel time between the first
+    span's start and the last one's end that some step took (1.0 = none fell between)."""
+    if not spans or not intervals:
+        return {"median_us": None, "steps": 0, "joined": None}
+    mids = [(a + b) // 2 for a, b in intervals]
+    per, taken = [], 0
+    for _, s0, s1 in spans:
+        i, j = bisect.bisect_left(mids, s0), bisect.bisect_right(mids, s1)
+        k = union_ns(intervals[i:j])
+        if k:
+            per.append(k)
+        taken += k
+    lo, hi = spans[0][1], spans[-1][2]
+    i, j = bisect.bisect_left(mids, lo), bisect.bisect_right(mids, hi)
+    total = union_ns(intervals[i:j])
+    return {"median_us": statistics.median(per) / 1e3 if per else None, "steps": len(per),
+            "joined": taken / total if total else None}
+
+
+def sampled_kernel_per_step(samples: Sequence[Any]) -> float | None:
+    """Median over sampled steps of their kernels' union (marker left out), us."""
+    per = [union_ns((k.start_ns, k.end_ns) for k in st.work) for s in samples for st in s.steps
+           if st.work]
+    return statistics.median(per) / 1e3 if per else None
+
+
+def fair_busy(bare_period_us: float | None, ref_k_us: float | None,
+              ours_k_us: float | None) -> dict[str, Any]:
+    """Busy of unperturbed steps from each tracer's kernel time per step over the bare
+    period, and how far apart (pp)."""
+    def over(k: float | None) -> float | None:
+        return k / bare_period_us if k is not None and bare_period_us else None
+
+    ref, ours = over(ref_k_us), over(ours_k_us)
+    return {"ref_vs_bare": ref, "ours_vs_bare": ours,
+            "diff_vs_bare_pp": 100 * (ours - ref) if ref is not None and ours is not None
+            else None,
+            "kernel_diff_pct": 100 * (ours_k_us / ref_k_us - 1) if ref_k_us and ours_k_us
+            else None}
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any]:
+    """Median, min, max and the per-repeat values (None dropped) of a figure over repeats."""
+    v = [x for x in values if x is not None]
+    return {"median": statistics.median(v) if v else None, "min": min(v) if v else None,
+            "max": max(v) if v else None, "n": len(v)}
+
+
+def reference_busy(window_s: float, cuda: bool) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+    """torch.profiler (CUDA activities) over ``window_s`` of whatever the engine runs: its
+    kernel busy (union of device work, host copies out, over first kernel to last) and the
+    device work's intervals on our clock (for kernel time per step)."""
+    if not cuda:
+        time.sleep(window_s)
+        return {"busy": None}, []
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.step.kernel_trace_clock import clock_lost
+    from engine.step.kernel_trace_read import _HOST_COPY, lost_launches
+
+    before = clock_offset_ns()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        time.sleep(window_s)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)  # at once: the next session would zero its times
+        trace = json.load(open(f.name))
+    offset = (before + clock_offset_ns()) // 2
+    events = trace["traceEvents"]
+    iv = trace_intervals(trace, offset, ("kernel", "gpu_memset", "gpu_memcpy"), _HOST_COPY)
+    # Kernel launches the trace holds no record of (the 12-04 runs lost every kernel of
+    # some eager windows, mid-run; pytorch issue 192021 reports such losses at a session's
+    # start). A window that lost some only starts later; one that lost all has no figure.
+    lost = lost_launches(events)
+    why_clock = clock_lost(events)
+    if not iv or why_clock:
+        cats: dict[str, int] = {}
+        for e in events:
+            cats[str(e.get("cat"))] = cats.get(str(e.get("cat")), 0) + 1
+        return {"busy": None, "kernels": 0, "lost_launches": lost, "events_by_cat": cats,
+                "why": why_clock or f"torch.profiler kept no kernel record of {lost} kernel "
+                "launches in its window"}, []
+    lo, hi = min(a for a, _ in iv), max(b for _, b in iv)
+    return {"busy": union_ns(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9,
+            "lost_launches": lost, "clock_offset_drift_us": (clock_offset_ns() - before) / 1e3
+            }, iv
+
+
+def fair_markdown(shapes: dict[str, Any]) -> list[str]:
+    """The table of what each tracer measures without perturbing it (see the docstring)."""
+    lines = ["## Kernel busy of unperturbed steps (medians over repeats)", "",
+             "Step period without a profiler (bare), under torch.profiler (ref) and of sampled "
+             "steps; kernel time per step from each tracer; busy = that kernel time / the bare "
+             "period; the dashboard's figure is the waterfall's kernel part over the bare "
+             "window (sampled shares applied to unsampled steps).", "",
+             "| shape | mode | period bare / ref / sampled (us) | kernel/step ref / ours (us) "
+             "| diff | busy vs bare ref / ours | diff (pp), each repeat | dashboard |",
+             "|---|---|---|---|---:|---|---|---:|"]
+
+    def f(x: Any, fmt: str = ".0f") -> str:
+        return "n/a" if x is None else format(x, fmt)
+
+    for preset, sh in shapes.items():
+        for mode, r in sh["modes"].items():
+            reps = r.get("repeats") or []
+
+            def med(key: str, reps: list = reps) -> Any:
+                return spread([x.get(key) for x in reps])["median"]
+
+            lines.append(
+                f"| {preset} b{sh['batch']} | {mode} | {f(med('period_bare_us'))} / "
+                f"{f(med('period_ref_us'))} / {f(med('period_sampled_us'))} | "
+                f"{f(med('kernel_ref_us'), '.1f')} / {f(med('kernel_ours_us'), '.1f')} | "
+                f"{f(med('kernel_diff_pct'), '+.2f')}% | "
+                f"{f(_pct(med('ref_vs_bare')), '.1f')}% / {f(_pct(med('ours_vs_bare')), '.1f')}% | "
+                f"{f(med('diff_vs_bare_pp'), '+.2f')}: "
+                + " ".join(f(x.get("diff_vs_bare_pp"), "+.2f") for x in reps)
+                + f" | {f(_pct(med('dashboard_bare')), '.1f')}% |")
+    return lines
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else 100 * x
