@@ -216,10 +216,9 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                    "kernel_ours_us": sampled_kernel_per_step(samples)}
     out["fair"].update(fair_busy(out["fair"]["period_bare_us"], kref["median_us"],
                                  out["fair"]["kernel_ours_us"]))
-    bare_recs = [r for r in records if any(s.lane == "compute" and tb0 <= s.start_ns <= tb1
-                                           for s in r.spans)]
-    if bare_recs and samples:  # the dashboard between samples: sampled shares, bare steps
-        wb = waterfall(bare_recs, tb0, tb1, samples)
+    if bare and samples:  # the Live page between samples: shares of sampled steps (by key,
+        # from their records, as live), applied to the unsampled steps of the bare window
+        wb = waterfall(records, tb0, tb1, samples)
         out["fair"]["dashboard_bare"] = (wb.kernel_ns / wb.window_ns if wb.kernel_ns
                                          is not None and wb.window_ns else None)
     if window:
