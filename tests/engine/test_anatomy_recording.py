@@ -130,6 +130,7 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
     from engine.step.kernel_trace_read import lost_launches
 
     print(join_report(rec.events, rec.steps[0].step))
+    print(f"recorded again: {rec.retried}")
     for s in rec.steps:
         assert len(s.kernels) > 5, (
             f"step {s.step}: kernels not found by correlation (kernels per recorded step "
@@ -159,3 +160,7 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
         print(f"  from the marker's end {from_marker:.1f} us (body starts {body_gap:.1f} us "
               "after it)")
         assert abs(ours_us - from_marker) <= 5, (ours_us, from_marker, body_gap)
+    # The first recording was good: no session of ours started before its trace was written
+    # (engine/step/kernel_trace_clock.py; at d8db309 and 20280ab the sampler's did, and every
+    # CUDA event of this graph recording sat at ts 0).
+    assert rec.retried is None, rec.retried
