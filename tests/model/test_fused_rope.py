@@ -53,7 +53,7 @@ def _check_rope(dtype, device, m, k, heads, kvh, d, *, bias=False, add=False, no
     nw = (1 + 0.1 * rnd(k)).to(device, dtype) if norm else None
     cos_sin = rnd(64, 2, d // 2).to(device, dtype)
     pos = torch.randint(0, 64, (m,), generator=g, dtype=torch.int32).to(device)
-    block, n_blocks = 4, m // 2 + 3
+    block, n_blocks = (16 if device == "cuda" else 4), m // 2 + 3  # 16: as the sweep's
     slots = torch.randperm(n_blocks * block, generator=g)[:m].to(device)  # int64, distinct
     k_cache = rnd(n_blocks, block, kvh, d).to(device, dtype)
     v_cache = rnd(n_blocks, block, kvh, d).to(device, dtype)
@@ -240,7 +240,8 @@ MODEL_LAYOUTS = [(9, 3, 64, 576), (32, 8, 64, 2048), (32, 8, 128, 4096)]
 @pytest.mark.cuda
 def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
     """bf16 on the GPU at the real models' shapes, every configuration the sweep tries for this
-    kind, with and without programmatic dependent launch, with and without the pending add."""
+    kind (the variants the sweep compiles, so after it they come from Triton's cache), PDL on
+    and off; then the pending add and the bias, and a prefill-sized M."""
     from engine.model.gemm_table import GemmConfig
 
     sys.path.insert(0, str(REPO_ROOT))
@@ -248,19 +249,20 @@ def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
 
     for i, config in enumerate(ROPE_CONFIGS):
         heads, kvh, d, k = MODEL_LAYOUTS[i % len(MODEL_LAYOUTS)]
-        for m in (1, 16, 32):
-            _check_rope(torch.bfloat16, "cuda", m, k, heads, kvh, d, bias=i % 3 == 0,
-                        add=m == 16, config=GemmConfig(*config), pdl=i % 2 == 0, tol=1e-2)
-    for heads, kvh, d, k in MODEL_LAYOUTS:  # prefill-sized M, the heuristic configuration
-        _check_rope(torch.bfloat16, "cuda", 200, k, heads, kvh, d, add=True, pdl=True,
-                    tol=1e-2)
+        m = (1, 16, 32)[(i // len(MODEL_LAYOUTS)) % 3]
+        _check_rope(torch.bfloat16, "cuda", m, k, heads, kvh, d, config=GemmConfig(*config),
+                    pdl=i % 2 == 0, tol=1e-2)
+    for config, m in ((ROPE_CONFIGS[0], 16), (ROPE_CONFIGS[-1], 5)):
+        _check_rope(torch.bfloat16, "cuda", m, 576, 9, 3, 64, bias=True, add=True,
+                    config=GemmConfig(*config), pdl=True, tol=1e-2)
+    _check_rope(torch.bfloat16, "cuda", 200, 2048, 32, 8, 64, add=True, pdl=True, tol=1e-2)
 
 
 @needs_cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize(("mode", "pdl"), [("six", False), ("six", True), ("auto", True)])
-@pytest.mark.parametrize("graphs", [False, True])
-def test_cuda_greedy_with_rope_epilogue_equals_generate(graphs, mode, pdl, tiny_model_dir,
+@pytest.mark.parametrize(("mode", "pdl", "graphs"), [("six", False, False), ("six", True, True),
+                                                     ("auto", True, False), ("auto", True, True)])
+def test_cuda_greedy_with_rope_epilogue_equals_generate(mode, pdl, graphs, tiny_model_dir,
                                                         monkeypatch):
     """bf16, preemption forced by the tight cache: greedy tokens equal generate's with the
     rotary epilogue in every layer. auto: a stand-in table picks it alone (cuBLAS o, gate_up,
