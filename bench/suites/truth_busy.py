@@ -49,16 +49,17 @@ def clock_offset_ns(pairs: int = 9) -> int:
 
 
 def trace_intervals(trace: dict[str, Any], offset_ns: int, device_cats: Sequence[str],
-                    host_copy: Any) -> list[tuple[int, int]]:
-    """Device work of a Kineto JSON trace on our clock: (start, end) ns, host copies and the
-    graph start marker left out. ``offset_ns``: clock_offset_ns() read around the window."""
+                    host_copy: Any, marker: bool = False) -> list[tuple[int, int]]:
+    """Device work of a Kineto JSON trace on our clock: (start, end) ns, host copies left out,
+    and the graph start marker unless ``marker``. ``offset_ns``: clock_offset_ns() read
+    around the window."""
     base = int(trace.get("baseTimeNanoseconds", 0))
     out = []
     for e in trace["traceEvents"]:
         if e.get("ph") != "X" or e.get("cat") not in device_cats:
             continue
         name = str(e.get("name", ""))
-        if host_copy.search(name) or MARKER_PATTERN.search(name):
+        if host_copy.search(name) or (not marker and MARKER_PATTERN.search(name)):
             continue
         a = base + round(float(e["ts"]) * 1000) - offset_ns
         out.append((a, a + round(float(e.get("dur", 0)) * 1000)))
@@ -157,7 +158,8 @@ def reference_busy(window_s: float, cuda: bool) -> tuple[dict[str, Any], list[tu
         trace = json.load(open(f.name))
     offset = (before + clock_offset_ns()) // 2
     events = trace["traceEvents"]
-    iv = trace_intervals(trace, offset, ("kernel", "gpu_memset", "gpu_memcpy"), _HOST_COPY)
+    cats = ("kernel", "gpu_memset", "gpu_memcpy")
+    iv = trace_intervals(trace, offset, cats, _HOST_COPY, marker=True)  # busy: as before
     # Kernel launches the trace holds no record of (the 12-04 runs lost every kernel of
     # some eager windows, mid-run; pytorch issue 192021 reports such losses at a session's
     # start). A window that lost some only starts later; one that lost all has no figure.
@@ -173,7 +175,7 @@ def reference_busy(window_s: float, cuda: bool) -> tuple[dict[str, Any], list[tu
     lo, hi = min(a for a, _ in iv), max(b for _, b in iv)
     return {"busy": union_ns(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9,
             "lost_launches": lost, "clock_offset_drift_us": (clock_offset_ns() - before) / 1e3
-            }, iv
+            }, trace_intervals(trace, offset, cats, _HOST_COPY)  # per step: the marker out
 
 
 def fair_markdown(shapes: dict[str, Any]) -> list[str]:

@@ -55,6 +55,8 @@ def test_profiler_events_land_on_our_clock_without_host_copies_or_the_marker():
     iv = tb.trace_intervals(trace, 999_000_000_000, ("kernel", "gpu_memcpy"), host_copy)
     # unix ns = base + ts * 1000; ours = unix - offset (1e9 ns here)
     assert iv == [(1_000_005_000, 1_000_007_500), (1_000_012_000, 1_000_013_000)]
+    with_marker = tb.trace_intervals(trace, 999_000_000_000, ("kernel",), host_copy, marker=True)
+    assert with_marker == [(1_000_001_000, 1_000_002_000), (1_000_005_000, 1_000_007_500)]
 
 
 def test_busy_against_the_bare_period_from_each_tracer():
