@@ -334,3 +334,30 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc) -> None:
     assert "ld.global.v4" in ptx and "cp.async" in ptx
     assert ("griddepcontrol.wait" in ptx) == use_gdc
     assert ("griddepcontrol.launch_dependents" in ptx) == use_gdc
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="host-side only")
+def test_gemm_table_rope_choice(tmp_path, monkeypatch) -> None:
+    """auto takes the rotary epilogue only where it beat both two-kernel ways (cuBLAS + norm +
+    rope_and_cache, and the fused qkv + rope_and_cache); six always, with >= 32 columns."""
+    import json
+
+    from engine.model import gemm_table as gt
+
+    entries = {"norm_rope:960x576:m16": dict(config=[64, 128, 4, 4], triton_us=5.0,
+                                              pdl_us=4.5, cublas_us=6.0, split_us=4.8),
+               "norm_rope:960x576:m1": dict(config=[32, 256, 4, 3], triton_us=5.0,
+                                             pdl_us=4.5, cublas_us=4.4, split_us=6.0)}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"device": "GPU X", "entries": entries}))
+    monkeypatch.setenv("GAPLESS_FUSED_TABLE", str(path))
+    gt.load_table.cache_clear()
+    try:
+        assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X", pdl=True) == (64, 128, 4, 4)
+        assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X") is None  # split faster
+        assert gt.choose("auto", "norm_rope", 960, 576, 1, "GPU X", pdl=True) is None  # cuBLAS
+        assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU Y", pdl=True) is None
+        assert gt.choose("six", "norm_rope", 960, 576, 1, "GPU Y").block_n == 32
+        assert gt.choose("six", "norm", 960, 576, 1, "GPU Y").block_n == 16
+    finally:
+        gt.load_table.cache_clear()
