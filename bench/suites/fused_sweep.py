@@ -63,13 +63,14 @@ CONFIGS = [
     (128, 64, 4, 4), (128, 128, 8, 3),
 ]
 QUICK = [(16, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4)]
-# The rotary epilogue: BLOCK_N counts output columns, two per rotary pair, so >= 32.
+# The rotary epilogue: BLOCK_N counts output columns, two per rotary pair (16: one interleaved
+# accumulator; wider: one per half).
 ROPE_CONFIGS = [
-    (32, 128, 4, 3), (32, 256, 4, 3), (32, 256, 2, 4), (32, 512, 4, 2),
-    (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 256, 8, 3),
-    (128, 64, 4, 4), (128, 128, 8, 3),
+    (16, 256, 4, 3), (16, 512, 4, 2), (16, 256, 2, 4),
+    (32, 128, 4, 3), (32, 256, 4, 3), (32, 256, 2, 4),
+    (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 256, 8, 3), (128, 64, 4, 4),
 ]
-ROPE_QUICK = [(32, 256, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4)]
+ROPE_QUICK = [(16, 256, 4, 3), (32, 256, 4, 3), (64, 128, 4, 4)]
 
 
 def gemms(model: str) -> list[tuple[str, str, int, int]]:

@@ -15,7 +15,9 @@ head*D + D/2 + d; the same two-accumulator K loop as gate_up's SiLU*up, `_mainlo
 then elementwise on the fp32 accumulators, and a tile may hold parts of several heads of any
 kind (q, k, v; GQA), any head_dim, N and K not multiples of the tiles: the column mapping is
 per column, the stores are masked per kind. A config's block_n counts output columns (two per
-half column), so block_n >= 32 (tl.dot needs 16 columns per accumulator).
+half column). tl.dot needs 16 columns per accumulator, so block_n 16 (8 pairs: twice the
+programs at SmolLM2's N = 960) runs one accumulator with each pair's halves side by side and
+splits it after the K loop (tl.reshape + tl.split); block_n >= 32 runs one per half.
 
 Rounding as rope_and_cache: the GEMM output rounded to the dtype (bias added in fp32 first),
 every rotary product rounded to the dtype, the sum rounded once at the store. Models with a
@@ -44,11 +46,13 @@ if triton is not None:
         HALF: tl.constexpr, CACHE_BLOCK: tl.constexpr, NORM: tl.constexpr,
         ADD_IN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr,
-        USE_GDC: tl.constexpr,
+        USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
     ):
         """N2 = (H + 2 KVH) * HALF half columns; BLOCK_N of them per program (see the module
         docstring). Heads 0..H-1 are q (rotated, to q_ptr), H..H+KVH-1 k (rotated, to the k
-        cache), the rest v (to the v cache)."""
+        cache), the rest v (to the v cache). INTERLEAVE: one accumulator of 2 BLOCK_N columns,
+        each pair's two halves side by side, split after the K loop (for BLOCK_N 8: tl.dot
+        needs 16 columns); else one accumulator per half."""
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -58,14 +62,27 @@ if triton is not None:
         head = j // HALF
         d = j % HALF
         col = head * (2 * HALF) + d  # the first-half column of the qkv output
-        w_cols = w_ptr + col[None, :].to(tl.int64) * stride_w
-        acc_lo, acc_hi = _mainloop(
-            h_ptr, a_ptr, s_ptr, nw_ptr, w_cols, HALF * stride_w, rm, m_mask, n_mask, pid_n,
-            K, eps, stride_h, stride_a, stride_s, NORM, True, ADD_IN, BLOCK_M, BLOCK_N,
-            BLOCK_K, NORM_BK, USE_GDC)
-        if HAS_BIAS:
-            acc_lo += tl.load(b_ptr + col, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            acc_hi += tl.load(b_ptr + col + HALF, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if INTERLEAVE:  # column c: pair c // 2, half c % 2
+            ci = tl.arange(0, 2 * BLOCK_N)
+            jc = pid_n * BLOCK_N + ci // 2
+            rows = (jc // HALF) * (2 * HALF) + jc % HALF + (ci % 2) * HALF
+            acc, _ = _mainloop(
+                h_ptr, a_ptr, s_ptr, nw_ptr, w_ptr + rows[None, :].to(tl.int64) * stride_w, 0,
+                rm, m_mask, jc < N2, pid_n, K, eps, stride_h, stride_a, stride_s, NORM, False,
+                ADD_IN, BLOCK_M, 2 * BLOCK_N, BLOCK_K, NORM_BK, USE_GDC)
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + rows, mask=jc < N2, other=0.0).to(tl.float32)[None, :]
+            acc_lo, acc_hi = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        else:
+            w_cols = w_ptr + col[None, :].to(tl.int64) * stride_w
+            acc_lo, acc_hi = _mainloop(
+                h_ptr, a_ptr, s_ptr, nw_ptr, w_cols, HALF * stride_w, rm, m_mask, n_mask,
+                pid_n, K, eps, stride_h, stride_a, stride_s, NORM, True, ADD_IN, BLOCK_M,
+                BLOCK_N, BLOCK_K, NORM_BK, USE_GDC)
+            if HAS_BIAS:
+                acc_lo += tl.load(b_ptr + col, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                acc_hi += tl.load(b_ptr + col + HALF, mask=n_mask,
+                                  other=0.0).to(tl.float32)[None, :]
         dt = q_ptr.dtype.element_ty
         x1 = acc_lo.to(dt).to(tl.float32)
         x2 = acc_hi.to(dt).to(tl.float32)
@@ -126,7 +143,7 @@ def fused_qkv_rope(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One kernel: RMSNorm(h [+ add]) (norm None: h as is), the qkv GEMM, rotary, the K/V cache
     write. Returns (q [T, H, D], the sum h + add when add is given, else None). config: tiles
-    (block_n output columns, >= 32; None: the table's heuristic); pdl: programmatic
+    (block_n output columns, >= 16; None: the table's heuristic); pdl: programmatic
     dependent launch where supported."""
     kw = dict(norm=norm, eps=eps, cos_sin=cos_sin, positions=positions,
               slot_mapping=slot_mapping, k_cache=k_cache, v_cache=v_cache, num_heads=num_heads)
@@ -143,9 +160,9 @@ def fused_qkv_rope(
     x_sum = torch.empty_like(h) if add is not None else None
     if m == 0:
         return q, x_sum
-    cfg = config or heuristic_config(n, k, "norm_rope")
-    if cfg.block_n < 32:
-        raise ValueError(f"the rotary epilogue needs block_n >= 32, got {cfg}")
+    cfg = config or heuristic_config(n, k)
+    if cfg.block_n < 16:
+        raise ValueError(f"the rotary epilogue needs block_n >= 16, got {cfg}")
     block_m, half_cols = _blocks(m)[0], cfg.block_n // 2
     grid = (triton.cdiv(m, block_m), triton.cdiv(n // 2, half_cols))
     a = add if add is not None else h
@@ -162,6 +179,6 @@ def fused_qkv_rope(
         HALF=d // 2, CACHE_BLOCK=cache_block, NORM=norm is not None, ADD_IN=add is not None,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=half_cols, BLOCK_K=cfg.block_k,
         NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)), USE_GDC=gdc,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        INTERLEAVE=cfg.block_n == 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     return q, x_sum

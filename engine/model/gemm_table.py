@@ -47,14 +47,11 @@ def shape_key(kind: str, n: int, k: int, bucket: int) -> str:
     return f"{kind}:{n}x{k}:m{bucket}"
 
 
-def heuristic_config(n: int, k: int, kind: str = "norm") -> GemmConfig:
-    """No measurement: the widest N tile that still gives every SM a program, a long K tile
-    ("norm_rope": at least 32 columns, 16 per rotary half)."""
+def heuristic_config(n: int, k: int) -> GemmConfig:
+    """No measurement: the widest N tile that still gives every SM a program, a long K tile."""
     block_n = 64
     while block_n > 16 and -(-n // block_n) < NUM_SMS_GUESS:
         block_n //= 2
-    if kind == "norm_rope":
-        block_n = max(32, block_n)
     return GemmConfig(block_n, 256 if block_n == 16 else 128, 4, 3)
 
 
@@ -96,7 +93,7 @@ def choose(mode: str, kind: str, n: int, k: int, m: int, device_name: str | None
     assert kind in KINDS, kind
     entry = lookup(kind, n, k, m, device_name)
     if mode == "six":
-        return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k, kind)
+        return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k)
     if mode != "auto" or not entry:
         return None
     fused_us = (entry.get("pdl_us") if pdl else None) or entry["triton_us"]

@@ -93,9 +93,11 @@ def test_interp_qkv_rope(layout, m, bias, add) -> None:
 
 
 @interp_only
-@pytest.mark.parametrize("config", [(32, 32, 4, 3), (64, 64, 2, 2), (128, 256, 4, 4)])
+@pytest.mark.parametrize("config", [(16, 64, 4, 3), (16, 32, 2, 2), (32, 32, 4, 3),
+                                    (64, 64, 2, 2), (128, 256, 4, 4)])
 def test_interp_qkv_rope_tile_configs(config) -> None:
-    """The sweep's kind of configurations: one or several K steps, tiles wider than a head."""
+    """The sweep's kind of configurations: one or several K steps, tiles wider than a head;
+    block_n 16 is the interleaved single accumulator, wider ones two accumulators."""
     from engine.model.gemm_table import GemmConfig
 
     for heads, kvh, d, k in LAYOUTS:
@@ -108,8 +110,8 @@ def test_interp_qkv_rope_tile_configs(config) -> None:
 def test_interp_qkv_rope_rejects_narrow_tiles() -> None:
     from engine.model.gemm_table import GemmConfig
 
-    with pytest.raises(ValueError, match="block_n >= 32"):
-        _check_rope(torch.float32, "cpu", 2, 64, 4, 2, 16, config=GemmConfig(16, 64, 4, 3))
+    with pytest.raises(ValueError, match="block_n >= 16"):
+        _check_rope(torch.float32, "cpu", 2, 64, 4, 2, 16, config=GemmConfig(8, 64, 4, 3))
 
 
 def _stand_in_choose(kinds):
@@ -297,8 +299,8 @@ def test_cuda_greedy_with_rope_epilogue_equals_generate(mode, pdl, graphs, tiny_
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
                     reason="on a GPU the cuda tests compile and run the kernels for real")
-@pytest.mark.parametrize("use_gdc", [False, True])
-def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc) -> None:
+@pytest.mark.parametrize(("use_gdc", "interleave"), [(False, False), (True, False), (True, True)])
+def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave) -> None:
     """Real compilation for an H100/H200 target (what the interpreter lets through: constexpr
     misuse, pointer types), with the launch specialisation a decode step gets (pointers and
     strides divisible by 16): the weight tiles load 16 bytes at a time through cp.async like
@@ -315,7 +317,8 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc) -> None:
 
     kernel = fused_rope._fused_linear_rope_kernel
     const = dict(HALF=32, CACHE_BLOCK=16, NORM=True, ADD_IN=True, HAS_BIAS=True, BLOCK_M=16,
-                 BLOCK_N=16, BLOCK_K=256, NORM_BK=512, USE_GDC=use_gdc)
+                 BLOCK_N=8 if interleave else 16, BLOCK_K=256, NORM_BK=512, USE_GDC=use_gdc,
+                 INTERLEAVE=interleave)
     sig, aligned = {}, []
     for n in kernel.arg_names:
         if n in const:
@@ -339,7 +342,7 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc) -> None:
 @pytest.mark.skipif(IN_INTERPRETER, reason="host-side only")
 def test_gemm_table_rope_choice(tmp_path, monkeypatch) -> None:
     """auto takes the rotary epilogue only where it beat both two-kernel ways (cuBLAS + norm +
-    rope_and_cache, and the fused qkv + rope_and_cache); six always, with >= 32 columns."""
+    rope_and_cache, and the fused qkv + rope_and_cache); six always."""
     import json
 
     from engine.model import gemm_table as gt
@@ -357,7 +360,7 @@ def test_gemm_table_rope_choice(tmp_path, monkeypatch) -> None:
         assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X") is None  # split faster
         assert gt.choose("auto", "norm_rope", 960, 576, 1, "GPU X", pdl=True) is None  # cuBLAS
         assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU Y", pdl=True) is None
-        assert gt.choose("six", "norm_rope", 960, 576, 1, "GPU Y").block_n == 32
-        assert gt.choose("six", "norm", 960, 576, 1, "GPU Y").block_n == 16
+        assert gt.choose("six", "norm_rope", 960, 576, 1, "GPU Y") == gt.heuristic_config(
+            960, 576)
     finally:
         gt.load_table.cache_clear()
