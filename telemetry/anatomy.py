@@ -32,9 +32,11 @@ from telemetry.records import StepRecord
 STEP_MARKER = "gapless.step "
 DEVICE_CATS: tuple[str, ...] = ("kernel", "gpu_memcpy", "gpu_memset")
 FAMILIES: tuple[str, ...] = ("gemm", "attention", "norm", "rotary", "elementwise", "sampling",
-                             "copies", "other")
-# First match wins: specific families before the broad elementwise patterns.
-_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+                             "copies", "other", "marker")
+# First match wins: the graph start marker (ours, telemetry.kernels: its kernel is named
+# "...vectorized_elementwise_kernel<4, ...bitwise_not_kernel_cuda...", which the elementwise
+# rule would take: H200, e105790), then specific families before the broad elementwise ones.
+_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (("marker", MARKER_PATTERN),) + tuple(
     (family, re.compile(pattern, re.IGNORECASE)) for family, pattern in (
         ("sampling", r"sample|topk|top_k|argmax|multinomial|sort|cumsum|gumbel|exponential"),
         ("copies", r"memcpy|memset|copy_kernel|direct_copy|CatArrayBatchedCopy|aten::copy_"
@@ -49,7 +51,8 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 
 
 def kernel_family(name: str) -> str:
-    """The family of a kernel (or CPU op) by its name; "other" when no rule matches."""
+    """The family of a kernel (or CPU op) by its name; "other" when no rule matches; "marker"
+    for the graph start marker (left out of steps unless group_by_step's keep_marker)."""
     for family, pattern in _RULES:
         if pattern.search(name):
             return family
