@@ -14,8 +14,14 @@ Owns the split. For a window [lo, hi) of step records:
 
 The idle parts are telemetry.gaps' causes (window - step busy); step busy (the union of
 compute spans) is split into kernel time and gaps by the measured kernels of sampled steps
-(telemetry.kernels): a sampled step by its own kernels, any other step by the kernel share
-of sampled steps of the same key (graph bucket, or eager token count), else of all samples.
+(telemetry.kernels): a sampled step by its own kernels, any other step by the kernel *time*
+per step of sampled steps of the same key (graph bucket, or eager token count) at its
+context (`KernelTimes`), else by the kernel share of all samples. Kernel time per step, not
+a share of the span: a sampled graph step's span is stretched by the profiler (its body
+starts up to a few hundred us after the marker) while its kernels are not, so a share
+taken there and applied to an unsampled step read half the kernel busy of unperturbed steps
+(H200, e105790: tiny model sync + graphs 10.95% against 22.6%). The kernel parts over a
+window are so the kernel busy of the window's own (unsampled, unperturbed) steps.
 So the parts sum to the window by construction; without samples (a CPU, or none yet) the
 kernel parts are None and `host_phases` gives the CPU's side instead.
 
@@ -52,28 +58,52 @@ def _key(r: StepRecord) -> object:
     return r.graph_bucket if r.graph_bucket is not None else ("eager", r.num_tokens)
 
 
+def context_of(r: StepRecord) -> int:
+    """A step's total context (tokens its attention reads: each chunk's end), 0 unknown."""
+    return sum(int(c[2]) for c in r.chunks) if r.chunks else 0
+
+
 @dataclass(slots=True)
-class KernelShares:
-    """Kernel share of step span: measured per sampled step, per step key, overall."""
+class KernelTimes:
+    """Measured kernel time per step (ns): each sampled step's own; for any other step, the
+    sampled steps of its key (graph bucket, or eager token count) at the nearest contexts
+    (interpolated between the two around it, the nearest one outside their range: a step's
+    attention time grows with its context; SmolLM2 b16 sync + graphs on the H200, e105790:
+    928 us at decode step 3, 949 us at step 141, the same 290 kernels each); else the kernel
+    share of all sampled steps' compute spans times its own span."""
 
-    by_step: dict[int, float] = field(default_factory=dict)
-    by_key: dict[object, float] = field(default_factory=dict)
-    overall: float | None = None
+    by_step: dict[int, int] = field(default_factory=dict)
+    by_key: dict[object, list[tuple[int, int]]] = field(default_factory=dict)  # (ctx, ns)
+    overall_share: float | None = None
 
-    def of(self, r: StepRecord) -> float | None:
-        s = self.by_step.get(r.step)
-        if s is None:
-            s = self.by_key.get(_key(r))
-        return s if s is not None else self.overall
+    def of(self, r: StepRecord, span_ns: int) -> float | None:
+        k = self.by_step.get(r.step)
+        if k is None:
+            k = _at_context(self.by_key.get(_key(r)), context_of(r))
+        if k is None:
+            return None if self.overall_share is None else self.overall_share * span_ns
+        return float(min(k, span_ns))  # a step's kernels lie inside its compute span
 
 
-def kernel_shares(records: Iterable[StepRecord], samples: Iterable[KernelSample],
-                  ) -> KernelShares:
-    """Each sampled step's kernel time over its compute span (ours, so the share applies to
-    our spans), pooled by step key and overall."""
+def _at_context(points: list[tuple[int, int]] | None, ctx: int) -> float | None:
+    if not points:
+        return None
+    below = [p for p in points if p[0] <= ctx]
+    above = [p for p in points if p[0] >= ctx]
+    if not below or not above:
+        c, k = min(points, key=lambda p: abs(p[0] - ctx))
+        return float(k)
+    (c0, k0), (c1, k1) = max(below), min(above)
+    return float(k0 if c1 == c0 else k0 + (k1 - k0) * (ctx - c0) / (c1 - c0))
+
+
+def kernel_times(records: Iterable[StepRecord], samples: Iterable[KernelSample],
+                 ) -> KernelTimes:
+    """Each sampled step's kernel time (union of its kernels, the graph marker left out),
+    pooled by step key and context (several samples of one context: their mean)."""
     rec_by_step = {r.step: r for r in records}
-    out = KernelShares()
-    key_k: dict[object, list[int]] = {}
+    out = KernelTimes()
+    pooled: dict[object, dict[int, list[int]]] = {}
     tot_k = tot_s = 0
     for sample in samples:
         for st in sample.steps:
@@ -84,17 +114,16 @@ def kernel_shares(records: Iterable[StepRecord], samples: Iterable[KernelSample]
             span = max(x.end_ns for x in work) - min(x.start_ns for x in work)
             r = rec_by_step.get(st.step)
             if r is not None:
+                out.by_step[st.step] = k
                 comp = [s for s in r.spans if s.lane == "compute"]
                 if comp and comp[0].duration_ns > 0:
                     span = comp[0].duration_ns
-                out.by_step[st.step] = min(1.0, k / span) if span else 0.0
-                acc = key_k.setdefault(_key(r), [0, 0])
-                acc[0] += k
-                acc[1] += span
+                pooled.setdefault(_key(r), {}).setdefault(context_of(r), []).append(k)
             tot_k += k
             tot_s += span
-    out.by_key = {key: min(1.0, a / b) for key, (a, b) in key_k.items() if b}
-    out.overall = min(1.0, tot_k / tot_s) if tot_s else None
+    out.by_key = {key: sorted((c, round(sum(v) / len(v))) for c, v in by_ctx.items())
+                  for key, by_ctx in pooled.items()}
+    out.overall_share = min(1.0, tot_k / tot_s) if tot_s else None
     return out
 
 
@@ -116,9 +145,12 @@ class Waterfall:
 
 def waterfall(records: Sequence[StepRecord], lo: int, hi: int,
               samples: Iterable[KernelSample] = (),
-              floor_ns: Callable[[StepRecord], float] | None = None) -> Waterfall:
+              floor_ns: Callable[[StepRecord], float] | None = None,
+              sampled_records: Iterable[StepRecord] = ()) -> Waterfall:
     """Split [lo, hi) (host ns) into COMPONENTS. ``samples`` are kernel samples (default:
-    those carried by ``records``); ``floor_ns(record)`` the step's byte floor in ns."""
+    those carried by ``records``); ``floor_ns(record)`` the step's byte floor in ns;
+    ``sampled_records``: more records (the sampled steps' own, where ``records`` lacks them)
+    that give sampled steps their key and context."""
     samples = list(samples) or [s for r in records for s in r.kernel_samples]
     starts, ends = busy_intervals(spans_of(records), lo, hi)
     busy = int((ends - starts).sum())
@@ -126,9 +158,9 @@ def waterfall(records: Sequence[StepRecord], lo: int, hi: int,
     parts: dict[str, int | None] = dict.fromkeys(COMPONENTS, 0)
     for cause, ns in idle.by_cause.items():
         parts[CAUSE_PART[cause]] = (parts[CAUSE_PART[cause]] or 0) + ns
-    shares = kernel_shares(records, samples)
+    times = kernel_times([*sampled_records, *records], samples)
     kernel = floor = 0.0
-    known = shares.overall is not None
+    known = times.overall_share is not None
     for r in records:
         for s in r.spans:
             if s.lane != "compute" or s.end_ns <= s.start_ns:
@@ -136,10 +168,10 @@ def waterfall(records: Sequence[StepRecord], lo: int, hi: int,
             inside = min(s.end_ns, hi) - max(s.start_ns, lo)
             if inside <= 0:
                 continue
-            share = shares.of(r)
-            if share is None:
+            k_step = times.of(r, s.duration_ns)
+            if k_step is None:
                 continue
-            k = share * inside
+            k = k_step * inside / s.duration_ns
             kernel += k
             if floor_ns is not None:
                 floor += min(k, floor_ns(r) * inside / s.duration_ns)

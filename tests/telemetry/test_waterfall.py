@@ -37,11 +37,49 @@ def test_parts_add_up_and_kernels_are_the_measured_ones():
     wf = waterfall([a, b], 0, 400, [sample], floor_ns=lambda r: 20.0)
     assert wf.total_ns == wf.window_ns == 400
     assert wf.step_busy_ns == 200
-    assert wf.kernel_ns == 120  # 60 measured + 60 from the sampled share (0.6 of 100)
+    assert wf.kernel_ns == 120  # 60 measured + step 1: the sampled step's 60 ns of kernels
     assert wf.parts_ns["floor"] == 40 and wf.parts_ns["kernels_above_floor"] == 80
     assert wf.parts_ns["in_step_gaps"] == 80
     idle = sum(wf.parts_ns[k] for k in ("idle_cpu", "idle_launch", "copies_sync", "no_work"))
     assert idle == 200
+
+
+def with_context(r: StepRecord, ctx: int) -> StepRecord:
+    r.chunks = [("req-0", 1, ctx)]
+    return r
+
+
+def test_unsampled_steps_get_the_sampled_kernel_time_not_its_share_of_a_stretched_span():
+    """A sampled graph step's span is stretched by the profiler (H200, e105790: tiny model,
+    sampled steps 744 us a period against 326 us bare; the body starts ~150 us after the
+    marker), its kernels are not: an unsampled step of the same key gets the sampled
+    kernel time (60), not the sampled share of its own span (60/200 of 100 = 30)."""
+    a = step(0, 0, (50, 250))  # sampled, span 200
+    b = step(1, 300, (350, 450))  # not sampled, span 100
+    sample = make_sample([sampled(0, [(50, 60), (200, 250)])], next_start_ns=None)
+    wf = waterfall([b], 300, 500, [sample], sampled_records=[a])
+    assert wf.kernel_ns == 60 and wf.parts_ns["in_step_gaps"] == 40
+    assert wf.total_ns == wf.window_ns == 200
+    # without the sampled step's record its key is unknown: the share of all samples
+    assert waterfall([b], 300, 500, [sample]).kernel_ns == 30
+    # never more than the step's own span: its kernels lie inside it
+    short = step(2, 600, (650, 690))
+    assert waterfall([short], 600, 700, [sample], sampled_records=[a]).kernel_ns == 40
+
+
+def test_kernel_time_follows_the_context_between_sampled_steps():
+    """Attention time grows with context (H200, e105790, SmolLM2 b16 sync + graphs: 928 us
+    at decode step 3, 949 us at step 141): an unsampled step gets the sampled steps' time
+    interpolated at its context, the nearest one's outside their range."""
+    s0, s1 = with_context(step(0, 0, (50, 150)), 100), with_context(step(1, 200, (250, 350)), 300)
+    sample = make_sample([sampled(0, [(50, 110)]), sampled(1, [(250, 330)])], None)
+
+    def at(ctx: int) -> int | None:
+        r = with_context(step(5, 1000, (1050, 1150)), ctx)
+        return waterfall([r], 1000, 1200, [sample], sampled_records=[s0, s1]).kernel_ns
+
+    assert at(200) == 70 and at(100) == 60 and at(250) == 75
+    assert at(50) == 60 and at(400) == 80  # outside: the nearest sampled context
 
 
 def test_without_samples_the_kernel_parts_are_unknown_and_the_host_is_split():
