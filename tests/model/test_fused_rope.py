@@ -2,9 +2,8 @@
 issue 22): the Triton kernel against its torch twin (the fused norm-prologue GEMM's twin, then
 rope_and_cache_torch) under the interpreter in fp32 and on CUDA in bf16, for Llama / Mistral /
 Qwen2-like head layouts (GQA, MHA, bias, head_dim not a power of two, N and K not multiples of
-the tiles, the pending residual add in the prologue); greedy tokens equal to `generate`'s
-through the engine with preemption forced (CPU: the torch twin; CUDA: the kernel, PDL on and
-off, graphs off and on).
+the tiles, the pending residual add in the prologue). Through the engine (greedy tokens against
+transformers): tests/model/test_fused_rope_engine.py.
 
 ``test_interp_*`` run only in the TRITON_INTERPRET=1 child the parent test starts (Triton reads
 the variable at import). q is compared element by element and the caches whole: slots the
@@ -182,58 +181,6 @@ def test_interp_model_forward_with_rope_epilogue_matches_torch_path(family, kind
         assert rel_err(gk, wk) < 1e-5 and rel_err(gv, wv) < 1e-5
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="the torch path, not the interpreter")
-@pytest.mark.parametrize(("family", "kinds"),
-                         [("llama", "all"), ("qwen2", "all"), ("qwen3", "all"),
-                          ("mistral", "norm_rope"), ("qwen2", "norm_rope,residual"),
-                          ("llama", "norm_rope,norm_pair")])
-def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path, monkeypatch):
-    """Through the engine on CPU (the torch twin), preemption forced: greedy tokens equal
-    generate's with the qkv GEMM + rotary + KV write as one op. "all": mode six (the epilogue
-    everywhere it fits; Qwen3's q/k norm keeps the two kernels). Else mode auto with a stand-in
-    table: with a cuBLAS down before it, the residual add is pending and the op does it."""
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
-    from helpers import hf_greedy, mixed_prompts
-    from tiny_models import save_tiny_model
-
-    from engine import Engine, EngineConfig, SamplingParams
-    from engine.model import fused_rope, gemm_table
-
-    mode = "six"
-    if kinds != "all":
-        mode = "auto"
-        monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(kinds.split(",")))
-    calls = []
-    real = fused_rope.fused_qkv_rope_torch
-
-    def counted(h, add, *a, **kw):
-        calls.append(add is not None)
-        return real(h, add, *a, **kw)
-    monkeypatch.setattr(fused_rope, "fused_qkv_rope_torch", counted)
-    model_dir = save_tiny_model(family, tmp_path, **({"sliding_window": 16}
-                                                     if family == "mistral" else {}))
-    prompts = mixed_prompts(9)
-    expected = hf_greedy(model_dir, prompts, 12)
-    cfg = EngineConfig(model=str(model_dir), device="cpu", max_num_seqs=6,
-                       max_num_batched_tokens=16, block_size=4, num_blocks=25,
-                       max_model_len=96, async_batching=False, model_impl="gapless",
-                       fused_layer=mode)
-    with Engine(cfg) as eng:
-        outs = eng.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
-                                                    ignore_eos=True))
-        stats = eng.stats()
-    if family == "qwen3":
-        assert not calls, "the rotary epilogue ran for a model with a q/k norm"
-    else:
-        assert calls, "the rotary epilogue did not run"
-        # six: every down has the residual add in its epilogue, so no add is pending; auto
-        # with a cuBLAS down: layers after the first carry the pending add into the prologue
-        assert any(calls) == ("residual" not in kinds and kinds != "all")
-    assert stats["preemptions"] > 0
-    assert [o.token_ids for o in outs] == expected
-
-
 # (heads, kv heads, head_dim, K) of SmolLM2-135M, Llama-3.2-1B, Llama-3.1-8B
 MODEL_LAYOUTS = [(9, 3, 64, 576), (32, 8, 64, 2048), (32, 8, 128, 4096)]
 
@@ -258,42 +205,11 @@ def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
         _check_rope(torch.bfloat16, "cuda", m, 576, 9, 3, 64, bias=True, add=True,
                     config=GemmConfig(*config), pdl=True, tol=1e-2)
     _check_rope(torch.bfloat16, "cuda", 200, 2048, 32, 8, 64, add=True, pdl=True, tol=1e-2)
-
-
-@needs_cuda
-@pytest.mark.cuda
-@pytest.mark.parametrize(("mode", "pdl", "graphs"), [("six", False, False), ("six", True, True),
-                                                     ("auto", True, False), ("auto", True, True)])
-def test_cuda_greedy_with_rope_epilogue_equals_generate(mode, pdl, graphs, tiny_model_dir,
-                                                        monkeypatch):
-    """bf16, preemption forced by the tight cache: greedy tokens equal generate's with the
-    rotary epilogue in every layer. auto: a stand-in table picks it alone (cuBLAS o, gate_up,
-    down), so its prologue also does the residual add cuBLAS's down left pending."""
-    sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
-    from helpers import cuda_engine_outputs, hf_greedy, mixed_prompts
-
-    from engine.model import fused_rope, gemm_table
-
-    if mode == "auto":
-        monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(["norm_rope"]))
-    calls = []
-    real = fused_rope._fused_linear_rope_kernel
-
-    class Counted:
-        def __getitem__(self, grid):
-            calls.append(1)
-            return real[grid]
-    monkeypatch.setattr(fused_rope, "_fused_linear_rope_kernel", Counted())
-    model_dir = tiny_model_dir("llama")
-    prompts = mixed_prompts(9, seed=5)
-    expected = hf_greedy(model_dir, prompts, 12, "cuda", torch.bfloat16)
-    got, stats, settings = cuda_engine_outputs(model_dir, prompts, 12, async_batching=False,
-                                               cuda_graphs=graphs, model_impl="gapless",
-                                               fused_layer=mode, fused_pdl=pdl)
-    assert settings["model_impl"] == "gapless"
-    assert calls, "the rotary epilogue did not run"
-    assert stats["preemptions"] > 0
-    assert got == expected
+    # the tiny test model's layout (D 16) in the configurations the engine tests run it with:
+    # six's heuristic (interleaved, block_n 16) and the stand-in table's (two accumulators)
+    for config in ((16, 256, 4, 3), (32, 64, 4, 3)):
+        _check_rope(torch.bfloat16, "cuda", 16, 64, 4, 2, 16, add=True,
+                    config=GemmConfig(*config), tol=1e-2)
 
 
 @pytest.mark.slow
