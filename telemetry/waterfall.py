@@ -79,13 +79,15 @@ class KernelTimes:
     def of(self, r: StepRecord, span_ns: int) -> float | None:
         k = self.by_step.get(r.step)
         if k is None:
-            k = _at_context(self.by_key.get(_key(r)), context_of(r))
+            k = at_context(self.by_key.get(_key(r)), context_of(r))
         if k is None:
             return None if self.overall_share is None else self.overall_share * span_ns
         return float(min(k, span_ns))  # a step's kernels lie inside its compute span
 
 
-def _at_context(points: list[tuple[int, int]] | None, ctx: int) -> float | None:
+def at_context(points: list[tuple[int, int]] | None, ctx: int) -> float | None:
+    """Kernel ns at context ``ctx`` from (context, ns) points: linear between the two around
+    it, the nearest point's outside their range; None without points."""
     if not points:
         return None
     below = [p for p in points if p[0] <= ctx]

@@ -14,8 +14,11 @@ decodes:
 3. the waterfall of (2)'s window (telemetry.waterfall): byte floor at the size-aware
    bandwidth, kernels above it, in-step gaps, idle by cause, copies and sync; their sum
    against the window's wall time;
-4. kernel time per step from (1) and (2), and busy against (0)'s period from each, the
-   figures neither tracer perturbs (bench/suites/truth_busy.py says why).
+4. kernel time per step from (1) and (2) on the same steps, and busy against (0)'s period
+   from each, the figures neither tracer perturbs; the dashboard's kernel busy of (0)
+   against the reference's kernel time of (0)'s steps (bench/suites/truth_busy.py says why).
+   (1) and (2) run as many steps as (0) did (each window is a fresh batch of the same
+   prompts, so the same steps have the same contexts), at most 4 x ``--window-s``.
 
 Then, on the first shape: a step anatomy (async + graphs) against both floors per family;
 GPM's DRAM bandwidth over a decode-only window against the anatomy's bytes / time; the
@@ -45,12 +48,17 @@ from bench.harness.shapes import build_model
 from bench.harness.workload import default_device, random_prompts
 from bench.suites.truth_anatomy import anatomy_rows, contexts_of, step_reads
 from bench.suites.truth_busy import (
+    by_context,
     compute_spans,
     fair_busy,
     kernel_per_step,
+    matched_kernel,
     period_us,
     reference_busy,
+    run_until,
+    sampled_by_step,
     sampled_kernel_per_step,
+    truth_busy,
 )
 from bench.suites.truth_cost import add_cost_arguments, cost_pairs
 from bench.suites.truth_report import markdown
@@ -155,17 +163,27 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
 
     with StepCollector(eng.bus) as col:
         hs = fresh_batch()  # bare: no profiler at all (the period the tracers perturb)
+        s_bare = eng.loop.step_no
         tb0 = time.perf_counter_ns()
         time.sleep(args.window_s)
         tb1 = time.perf_counter_ns()
-        done(hs)
-        hs = fresh_batch()
-        # A discarded profiler window first: the first session after a mode switch pays
-        # CUPTI's start-up (H200, 2026-12-04: 8B sync + graphs read 32.6% in a first
-        # window, 86.1% and 85.4% in the next two, where the sampler read 86.2% and 85.4%).
+        n_bare = eng.loop.step_no - s_bare
+        # A discarded profiler window, on this batch's tail: the first session after a mode
+        # switch pays CUPTI's start-up (H200, 2026-12-04: 8B sync + graphs read 32.6% in a
+        # first window, 86.1% and 85.4% in the next two). Not on the reference's batch: it
+        # moved the reference's steps ~0.1 s later, to longer contexts than the sampler's.
         reference_busy(0.1, cuda)
+        done(hs)
+
+        def reached(s0: int) -> Any:
+            """The reference and sampled windows run the bare window's steps (the same
+            contexts: a step's kernel time grows with its context), however slow."""
+            return lambda: eng.loop.step_no - s0 >= n_bare
+
+        hs = fresh_batch()
         tr0 = time.perf_counter_ns()
-        ref, ref_iv = reference_busy(args.window_s, cuda)
+        ref, ref_iv = reference_busy(args.window_s, cuda, reached(eng.loop.step_no),
+                                     4 * args.window_s)
         tr1 = time.perf_counter_ns()
         done(hs)
         hs = fresh_batch()
@@ -173,7 +191,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         sampler.set_period(args.sample_period)
         sampler.next_at = 0.0
         t0 = time.perf_counter_ns()
-        time.sleep(args.window_s)
+        run_until(args.window_s, reached(first_decode), 4 * args.window_s)
         sampler.set_period(0)
         t1 = time.perf_counter_ns()
         deadline = time.monotonic() + 5
@@ -209,18 +227,25 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         out["diff_pp"] = 100 * (out["ours_busy"] - ref["busy"])
     bare, in_ref = compute_spans(records, tb0, tb1), compute_spans(records, tr0, tr1)
     kref = kernel_per_step(in_ref, ref_iv)
+    ref_ctx = by_context(records, kref["by_step"])
+    matched = matched_kernel(ref_ctx, by_context(records, sampled_by_step(samples)))
     out["fair"] = {"period_bare_us": period_us(bare), "period_ref_us": period_us(in_ref),
-                   "period_sampled_us": out.get("period_us_sampled"),
-                   "kernel_ref_us": kref["median_us"], "ref_steps_joined": kref["steps"],
-                   "ref_kernel_share_joined": kref["joined"],
-                   "kernel_ours_us": sampled_kernel_per_step(samples)}
-    out["fair"].update(fair_busy(out["fair"]["period_bare_us"], kref["median_us"],
-                                 out["fair"]["kernel_ours_us"]))
-    if bare and samples:  # the Live page between samples: shares of sampled steps (by key,
-        # from their records, as live), applied to the unsampled steps of the bare window
+                   "period_sampled_us": out.get("period_us_sampled"), **matched,
+                   "kernel_ref_all_us": kref["median_us"],
+                   "kernel_ours_all_us": sampled_kernel_per_step(samples),
+                   "ref_steps_joined": kref["steps"],
+                   "ref_kernel_share_joined": kref["joined"], "bare_steps": n_bare}
+    out["fair"].update(fair_busy(out["fair"]["period_bare_us"], matched["kernel_ref_us"],
+                                 matched["kernel_ours_us"]))
+    if bare and samples:  # the Live page between samples: kernel time per step of sampled
+        # steps (by key and context, as live), given to the unsampled steps of the bare window
         wb = waterfall(records, tb0, tb1, samples)
-        out["fair"]["dashboard_bare"] = (wb.kernel_ns / wb.window_ns if wb.kernel_ns
-                                         is not None and wb.window_ns else None)
+        dash = (wb.kernel_ns / wb.window_ns if wb.kernel_ns is not None and wb.window_ns
+                else None)
+        truth_bare = truth_busy(records, ref_ctx, tb0, tb1)
+        out["fair"].update(dashboard_bare=dash, truth_bare=truth_bare,
+                           dashboard_vs_truth_pp=100 * (dash - truth_bare) if dash is not None
+                           and truth_bare is not None else None)
     if window:
         comp = [s for r in window for s in r.spans if s.lane == "compute"]
         lo, hi = min(s.start_ns for s in comp), max(s.end_ns for s in comp)

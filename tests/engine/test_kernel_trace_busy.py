@@ -77,3 +77,39 @@ def test_busy_against_the_bare_period_from_each_tracer():
 def test_the_clock_offset_is_unix_time_less_the_perf_counter():
     off = tb.clock_offset_ns()
     assert abs(time.time_ns() - time.perf_counter_ns() - off) < 5_000_000
+
+
+def crec(step, ctx, start_us, end_us):
+    r = rec(step, start_us, end_us)
+    r.chunks = [("req-0", 1, ctx)]
+    return r
+
+
+def test_both_tracers_are_compared_on_the_same_contexts():
+    """Kernel time grows with context (H200, e105790: SmolLM2 b16 sync + graphs, 928 us at
+    decode step 3 and 949 us at step 141, 290 kernels each). A reference over later steps and
+    a sampler over earlier ones counted the same kernels yet read 2-7% apart in graph mode:
+    compared on the contexts both traced, the same kernels give the same time."""
+    kern = lambda ctx: 900_000 + 100 * ctx  # noqa: E731 (ns: 900 us + 0.1 us a token)
+    ref_recs = [crec(n, 300 + n, 1000 * n, 1000 * n + 990) for n in range(400)]
+    ours_recs = [crec(1000 + n, 100 + n, 0, 1) for n in range(0, 300, 10)]
+    ref = {r.step: kern(r.chunks[0][2]) for r in ref_recs}
+    ours = {r.step: kern(r.chunks[0][2]) for r in ours_recs}
+    by_ref = tb.by_context(ref_recs + ours_recs, ref)
+    by_ours = tb.by_context(ref_recs + ours_recs, ours)
+    # medians over each tracer's own steps differ, by context alone
+    assert sorted(ref.values())[200] - sorted(ours.values())[15] == 25_000
+    m = tb.matched_kernel(by_ref, by_ours)
+    assert m["matched_steps"] == 10  # contexts 300, 310 .. 390
+    assert m["kernel_ref_us"] == pytest.approx(m["kernel_ours_us"])
+    assert tb.matched_kernel(by_ref, {})["kernel_ref_us"] is None
+
+
+def test_the_truth_of_a_window_is_the_reference_kernel_time_at_each_step_context():
+    ref = {100: 40_000, 200: 60_000}  # ns at context 100 and 200
+    steps = [crec(0, 100, 0, 80), crec(1, 150, 100, 180), crec(2, 300, 200, 250)]
+    # 40 + 50 (interpolated) + min(60, 50: the span) us over 300 us
+    assert tb.truth_busy(steps, ref, 0, 300_000) == pytest.approx(140 / 300)
+    # half of step 1's span inside the window: half its kernel time
+    assert tb.truth_busy(steps, ref, 0, 140_000) == pytest.approx((40 + 25) / 140)
+    assert tb.truth_busy(steps, {}, 0, 300_000) is None
