@@ -140,15 +140,22 @@ def test_stopping_early_aborts_and_restores(engine):
 
 
 def test_a_run_longer_than_the_bus_ring_keeps_every_step(tiny_model_dir):
-    """The bus keeps 32 steps here; the run has ~80, and the caller takes its time between
-    progress items (as a dashboard does): the result still covers every step."""
+    """The bus keeps 96 steps here; the run has ~400, and the caller takes its time between
+    progress items (as a dashboard does): the result still covers every step.
+
+    The ring must still hold what arrives between two drains of the benchmark's collector
+    (every 50 ms): the tiny model's steps take 1.2-1.8 ms on this VM's CPU, so a 32-step ring
+    (which this test had) filled in 40-55 ms and lost steps whenever a drain came late (it
+    failed with one torch thread a process, as the suite now runs). 96 steps are ~150 ms."""
     from telemetry.bus import TelemetryBus
 
-    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), **SMALL))
+    ring, new_tokens = 96, 400
+    eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")),
+                              **{**SMALL, "max_model_len": 512}))
     try:
-        eng.bus = eng.loop.bus = TelemetryBus(step_capacity=32)
-        spec = BenchmarkSpec(num_requests=2, prompt_len=12, max_tokens=80, warmup=False,
-                             modes=[{"async_batching": False}])
+        eng.bus = eng.loop.bus = TelemetryBus(step_capacity=ring)
+        spec = BenchmarkSpec(num_requests=2, prompt_len=12, max_tokens=new_tokens,
+                             warmup=False, modes=[{"async_batching": False}])
         results = []
         for item in run_benchmark(eng, spec):
             if isinstance(item, BenchmarkResult):
@@ -159,7 +166,7 @@ def test_a_run_longer_than_the_bus_ring_keeps_every_step(tiny_model_dir):
     finally:
         eng.shutdown()
     steps = [rec.step for rec in r.records]
-    assert r.steps_dropped == 0 and r.num_steps == len(steps) > 32
+    assert r.steps_dropped == 0 and r.num_steps == len(steps) > 3 * ring
     assert steps == list(range(steps[0], steps[0] + len(steps)))  # no step missing
     assert sum(rec.prefill_tokens for rec in r.records) == 2 * 12
-    assert sum(rec.decode_tokens for rec in r.records) == 2 * 79
+    assert sum(rec.decode_tokens for rec in r.records) == 2 * (new_tokens - 1)
