@@ -3,21 +3,30 @@
 #   1. every test but the browser ones, on 2 pytest-xdist workers;
 #   2. the browser tests (tests/browser: one `streamlit run app.py` with its engine process,
 #      and headless Chromium), in one process, after phase 1.
-# Why two phases: pytest 9 no longer reads the group xdist 3.8 writes into a test's node id,
-# so `--dist loadgroup` spread the browser tests over both workers; each worker then started
-# its own Streamlit server, engine and Chromium on the 2-core VM (load average 18), and the
-# waits for the live charts timed out (CI of 2026-12-04). Run alone, they have the machine.
+# In phase 1, tests/conftest.py makes each test module one unit of work for the workers (its
+# module-scoped engines and compiled models are built once, not once per worker) and
+# tests/http one unit (one `engine serve`), longest first. Why the browser tests run alone:
+# beside phase 1 (tried 2026-12-04, one worker on them, the other on the rest) the load
+# average reached 6-12 on the 2 cores, and their waits failed or were re-run (a fresh tab's
+# live charts stayed hidden three times in a row); alone, they have the machine.
+# torch runs one CPU thread a process (OMP_NUM_THREADS=1, kept if set): two workers, each
+# starting engine processes, with 2 threads each on 2 cores slowed each other about 2x.
+# Each phase's junit XML goes to artifacts/junit/ (ignored by git); time per test folder:
+# `.venv/bin/python scripts/test_times.py artifacts/junit/phase1.xml`.
 # Extra arguments go to both phases (e.g. `-x`, `--lf`); the exit status is the first
 # failing phase's (a phase with no test selected counts as passed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }  # 5: no tests collected in that phase
+mkdir -p artifacts/junit
 echo "== phase 1 of 2: all tests but the browser ones (2 workers)"
-$PY -m pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder -m "not browser" "$@"
+$PY -m pytest -q -rs -n 2 --dist loadgroup --no-loadscope-reorder -m "not browser" \
+    --junitxml=artifacts/junit/phase1.xml "$@"
 one=$?
 echo "== phase 2 of 2: the browser tests (one process)"
-$PY -m pytest -q -rs -m browser "$@"
+$PY -m pytest -q -rs -m browser --junitxml=artifacts/junit/phase2.xml "$@"
 two=$?
 echo "== phase 1: exit $one; phase 2: exit $two"
 ok "$one" || exit "$one"

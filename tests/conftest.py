@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# One CPU thread per process for torch's (OpenMP's) intra-op work under pytest-xdist: each of
+# the 2 workers (and the engine processes they start, which inherit this) otherwise runs 2
+# threads on the 2 cores, and the spinning threads of 4+ pools slow each other: greedy
+# equality, fused greedy, prefix cache and async pipeline took 34 s on 2 workers, 17 s
+# with 1 thread each (2026-12-04 10:31 UTC, load average 2.7-3.7, another session's niced
+# job included). Set before torch is imported (it reads it then); a caller's value is kept.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -16,16 +26,36 @@ has_cuda = torch.cuda.is_available()
 
 
 # Folders whose tests share one session-long server (tests/http: `engine serve`; tests/browser:
-# `streamlit run` and Chromium). They are marked as one xdist group each, meant to keep each on
-# one worker. But pytest 9 ignores the group xdist 3.8 writes into the node id (it sets
-# `item._nodeid`; pytest 9 reads `item._id`), so under `-n 2` the tests of a group spread over
-# both workers and each worker starts its own server. scripts/test.sh therefore runs the
-# browser tests in a phase of their own, in one process; tests/http's server starting twice
-# costs time only.
+# `streamlit run`, its engine and Chromium): under `--dist loadgroup` each folder is one unit of
+# work, run whole by one xdist worker; every other test module is a unit of its own (its
+# module-scoped engines and compiled models are then built once, not once per worker).
+# pytest 9 ignores the group xdist 3.8 writes into the node id (xdist sets `item._nodeid`;
+# pytest 9 reads `item._id`), so the scheduler below derives the unit from the node id itself.
 SESSION_FOLDERS = ("http", "browser")
-# Started first under xdist (--dist loadgroup): the longest units, so they run beside the
-# rest instead of after it.
-FIRST = ("tests/browser", "tests/http")
+# Handed out first under xdist, in this order (a worker takes the next unit when it runs
+# dry): the units that took longest (seconds at 20280ab, 2 workers, quiet VM), so that no long
+# one starts last. scripts/test.sh runs the browser tests in a phase of their own; a plain
+# `-n 2 --dist loadgroup` run puts them first, on one worker, beside the rest.
+FIRST = (
+    "tests/browser",  # 416 s
+    "tests/http",  # 187 s, one `engine serve` for all of it
+    "tests/model/test_compiled_generic.py",  # 146 s (two compiles a family, one per worker)
+    "tests/ui/test_pages_engine.py",  # 39
+    "tests/process/test_process_hung.py",  # 38
+    "tests/kernel/test_paged_attention.py",  # 33
+    "tests/parallel/test_tp_engine.py",  # 31
+    "tests/model/test_fused_gemm.py",  # 25
+    "tests/model/test_fused_rope.py",  # new after 20280ab: an interpreter child, as fused_gemm's
+    "tests/engine/test_client.py",  # 24
+    "tests/model/test_fused_greedy.py",  # 22
+    "tests/test_smollm2.py",  # 21
+    "tests/process/test_process_attach.py",  # 16
+    "tests/ui/test_playground_chat.py",  # 15
+    "tests/ui/test_pages_monitoring.py",  # 13
+    "tests/ui/test_playground_engine.py",  # 11
+    "tests/model/test_fused_ops.py",  # 11
+    "tests/engine/test_cli.py",  # 10
+)
 # Modules (or single tests, "path::name") that start engine processes (EngineClient,
 # `python -m engine [serve]`, TP workers): 10-60 s per start on a 2-core VM. Marked slow
 # here, so the everyday quick line (`-m "not slow and not browser"`, docs/testing.md) leaves
@@ -55,13 +85,32 @@ def starts_engine_processes(item: pytest.Item) -> bool:
             or (rel.startswith("tests/http/") and "server" in getattr(item, "fixturenames", ())))
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit one xdist worker runs whole: a session folder, or else the test's module."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    if len(parts) > 2 and parts[1] in SESSION_FOLDERS:
+        return "/".join(parts[:2])
+    return "/".join(parts)
+
+
 def xdist_group(item: pytest.Item) -> str:
-    """The unit one xdist worker runs whole: a session folder, or else the test's module
-    (its module-scoped engine or model is then built once)."""
-    rel = item.path.relative_to(Path(__file__).parent.parent)
-    if len(rel.parts) > 2 and rel.parts[1] in SESSION_FOLDERS:
-        return "/".join(rel.parts[:2])
-    return rel.as_posix()
+    return unit_of(item.path.relative_to(Path(__file__).parent.parent).as_posix())
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 (xdist's type)
+    """Under `--dist loadgroup`: xdist's group scheduler, with each test's unit read from its
+    node id (unit_of) where the node id carries no xdist group (pytest 9, see above)."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class UnitScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if "@" in nodeid:  # a pytest that keeps xdist's group in the node id
+                return super()._split_scope(nodeid)
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -82,6 +131,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# This process's own __main__ (pytest's, or an xdist worker's), as it was at start.
+MAIN_MODULE = sys.modules["__main__"]
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module():
+    """Put this process's own sys.modules["__main__"] back around each test. Streamlit's
+    script runner (AppTest, tests/ui) installs app.py as __main__ and leaves it there; a later
+    test in the same process that starts tensor-parallel workers (multiprocessing spawn
+    re-imports __main__ in each child) then ran app.py in the workers, which died (seen when
+    an xdist worker ran tests/ui before tests/parallel)."""
+    sys.modules["__main__"] = MAIN_MODULE
+    yield
+    sys.modules["__main__"] = MAIN_MODULE
 
 
 @pytest.fixture(scope="session")
