@@ -99,6 +99,13 @@ def _settings_version(tab) -> int:
     return int(found[-1])
 
 
+# The async toggle of settings version v is on the page (Streamlit gives a keyed widget's
+# element the class st-key-<key>, its non-alphanumerics as "-").
+TOGGLE_AT_VERSION_JS = """v => [...document.querySelectorAll('[class*="st-key-ctl-async-"]')]
+  .some(e => [...e.classList].some(c => c.startsWith('st-key-ctl-async-')
+                                       && c.endsWith('-' + v)))"""
+
+
 def test_two_tabs_toggling_async_in_turn_never_flip_the_engine(server, browser, page) -> None:
     """20 clicks on the async toggle, alternating between two Live tabs, each made once the
     clicking tab shows the engine's state: the engine ends every time on the last click, and
@@ -121,8 +128,12 @@ def test_two_tabs_toggling_async_in_turn_never_flip_the_engine(server, browser, 
                     arg=[f"mode {want}", start + i + 1], timeout=30_000)
             # The banner shows the new version first; the toggles' own row redraws on its
             # next second. A click before that lands on the previous version's toggle and is
-            # refused by design (compare-and-set); a person sees the toggle move first.
-            time.sleep(1.5)
+            # refused by design (compare-and-set); a person sees the toggle move first. So
+            # both tabs must hold the new version's toggle (keyed by it: ui/controls.py's
+            # widget_key, class st-key-ctl-async-<pid>-<version>) before the next click;
+            # waited for, not slept on (a fixed 1.5 s each, 30 s in all).
+            for t in tabs:
+                t.wait_for_function(TOGGLE_AT_VERSION_JS, arg=start + i + 1, timeout=30_000)
         time.sleep(3)  # a late stale push would show here
         for t in tabs:
             assert _settings_version(t) == start + 20, body_text(t)[:400]
