@@ -7,8 +7,12 @@ lays the numbers out. Pure functions: no streamlit, no engine, no clock reads.
 
 What each figure measures, as the gauges say: *step busy* is the union of compute spans
 (a CUDA-graph step from its first kernel to its last, an eager step from when the stream
-reached it); *kernel busy* (time inside kernels) needs a kernel recording (step anatomy) and
-is not measured live; *memory bandwidth used* is NVML GPM's DRAM_BW_UTIL (Hopper+).
+reached it); *kernel busy* (time inside kernels) is measured: the kernel time per step of
+the kernel sampler's sampled steps (telemetry.kernels), given to each step in the window by
+its key and context (telemetry.waterfall: the waterfall's kernel part, the same figure), over
+the window; the window's own steps are not traced, so it is the busy of unperturbed steps
+(without samples, a step anatomy's calibration gives an estimate, said so); *memory
+bandwidth used* is NVML GPM's DRAM_BW_UTIL (Hopper+).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import plotly.graph_objects as go
 
 from telemetry.anatomy import GapCalibration, kernel_busy_of_window
 from telemetry.gaps import CAUSE_LABELS, idle_by_cause
+from telemetry.kernels import KernelSample
 from telemetry.metrics import busy_fraction, spans_of, step_gauges, tokens_per_second
 from telemetry.records import StepRecord
+from telemetry.waterfall import waterfall
 
 # Records whose latest span is further than this from the dashboard's clock are taken to be
 # in another clock domain (an engine on another host): the window then ends at their end.
@@ -51,7 +57,9 @@ class GaugeValues:
     largest_gap_cause: str | None = None
     dram_bw_util_pct: float | None = None  # GPM memory bandwidth used, None without GPM
     gpm_reason: str | None = None
-    kernel_busy: float | None = None  # only from a kernel recording; None live
+    kernel_busy: float | None = None  # None: no kernel sample (nor anatomy calibration)
+    # "sampled" (measured from kernel samples) or "estimated" (an anatomy's calibration)
+    kernel_busy_source: str | None = None
     # Prefix cache: prompt tokens found cached / looked up (window's admissions, else since
     # start), and prefill tokens saved since start. None: caching off or nothing looked up.
     prefix_hit_rate: float | None = None
@@ -100,15 +108,29 @@ def gauge_values(
     nvml_reason: str | None = None,
     max_num_seqs: int = 0,
     calibration: GapCalibration | None = None,
+    samples: Sequence[KernelSample] = (),
+    sampled_records: Sequence[StepRecord] = (),
 ) -> GaugeValues:
     """Gauge values over ``window`` from the records, the engine's stats and NVML.
 
     ``stats`` (EngineClient.stats()) is preferred for running/waiting/KV because it is
     current even when no step ran lately; without it the newest record's gauges are used.
-    ``calibration`` (from a step-anatomy recording) turns step busy into an estimate of
-    kernel busy; without it kernel busy is None (not measured live).
+    Kernel busy is measured from ``samples`` (the kernel sampler's, from a longer stretch of
+    records than the window: one comes every kernel_sample_period_s; default: those the
+    window's records carry) with ``sampled_records`` (records holding the sampled steps, for
+    their key and context): the waterfall's kernel part over the window. Without samples,
+    ``calibration`` (from a step-anatomy recording) gives an estimate; else None.
     """
     start_ns, end_ns = window
+    kernel_busy, source = None, None
+    samples = list(samples) or [k for r in records for k in r.kernel_samples]
+    if samples and end_ns > start_ns:
+        wf = waterfall(records, start_ns, end_ns, samples, sampled_records=sampled_records)
+        if wf.kernel_ns is not None:
+            kernel_busy, source = wf.kernel_ns / (end_ns - start_ns), "sampled"
+    if kernel_busy is None and calibration is not None:
+        kernel_busy = kernel_busy_of_window(records, start_ns, end_ns, calibration)
+        source = "estimated"
     spans = spans_of(records)
     idle = idle_by_cause(records, start_ns, end_ns)
     largest = idle.largest()
@@ -151,8 +173,8 @@ def gauge_values(
         largest_gap_cause=largest.cause if largest else None,
         dram_bw_util_pct=None if dram is None else float(dram),
         gpm_reason=None if dram is not None else gpm_reason,
-        kernel_busy=None if calibration is None
-        else kernel_busy_of_window(records, start_ns, end_ns, calibration),
+        kernel_busy=kernel_busy,
+        kernel_busy_source=source,
         prefix_hit_rate=cached / queried if queried else None,
         prefill_tokens_saved=saved,
     )
@@ -255,8 +277,10 @@ def gauges_figure(v: GaugeValues, height_px: int = 440, device: str = "cuda") ->
     causes = top_causes(v)
     busy_sub = (f"first kernel to last (graphs), {window}" if gpu
                 else f"compute worker thread busy, {window}")
-    kernel_sub = ("estimated: step busy less the step anatomy's in-step gaps"
-                  if v.kernel_busy is not None else "not measured live: record a step anatomy")
+    kernel_sub = {
+        "sampled": f"measured: sampled steps' kernel time per step, {window}",
+        "estimated": "estimated: step busy less the step anatomy's in-step gaps",
+    }.get(v.kernel_busy_source or "", "no kernel sample yet (kernel_sample_period_s)")
     gpm_sub = v.gpm_reason if v.dram_bw_util_pct is None else "DRAM, % of peak"
     idle_name = "GPU idle" if gpu else "compute idle"
     indicators = [

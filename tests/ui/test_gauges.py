@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import plotly.graph_objects as go
 import pytest
 
@@ -103,7 +105,7 @@ def test_figure_shows_busy_beside_nvml_and_gpm_and_says_why_they_are_missing() -
     assert fig.data[0].value == pytest.approx(50.0)
     assert "no GPU: NVML library not found" in names[2]
     assert "no GPU: NVML library not found" in names[3]
-    assert "not measured live" in names[1]
+    assert "no kernel sample" in names[1]
     for k in (1, 2, 3):
         assert fig.data[k].mode == "gauge"  # no number drawn for a reading that does not exist
     for label in ("tokens/s", "KV cache", "running", "waiting", "idle"):
@@ -135,6 +137,42 @@ def test_kernel_busy_is_estimated_only_from_an_anatomy_calibration() -> None:
     v = gauge_values(recs, (0, 20 * MS), calibration=cal)
     assert v.gpu_busy == pytest.approx(1.0) and v.kernel_busy == pytest.approx(0.9)
     assert "estimated" in titles(gauges_figure(v))[1]
+
+
+# Recorded on the H200 (bench truth, main e105790, SmolLM2-135M b16, four modes): the step
+# records of each mode's bare, reference and sampled windows, and the kernel samples.
+H200_KERNELS = (Path(__file__).resolve().parents[2] / "bench" / "results"
+                / "2026-12-04-nvidia-h200-e105790" / "truth" / "truth"
+                / "recording-smollm2-135m.jsonl")
+
+
+def test_kernel_busy_is_measured_from_recorded_kernel_samples() -> None:
+    """On unsampled graph steps (the sync + graphs bare window, no profiler) the gauge gives
+    each step the sampled steps' kernel time (928-950 us a step, 290 kernels) over the
+    window: between the fewest and the most sampled kernel time per step times the steps in
+    it; and it says it is measured. (The sampled share of a stretched sampled span, used
+    before, read 51% on the H200 where the reference's kernels gave 68%.)"""
+    from ui.recordings import load_recording
+
+    steps = load_recording(H200_KERNELS).steps
+    samples = [k for r in steps for k in r.kernel_samples]
+    first = next(i for i, r in enumerate(steps) if r.kernel_samples)
+    bare = [r for r in steps[:first] if r.mode == "sync" and r.graph_bucket is not None
+            and r.decode_tokens and not r.prefill_tokens][:200]
+    comp = [next(s for s in r.spans if s.lane == "compute") for r in bare]
+    window = (comp[0].start_ns, comp[-1].end_ns)
+    v = gauge_values(bare, window, samples=samples, sampled_records=steps)
+    per_step = [st.kernel_ns for k in samples for st in k.steps if st.kernels[0].family
+                == "marker"]  # graph steps
+    span = window[1] - window[0]
+    assert v.kernel_busy_source == "sampled"
+    assert min(per_step) * 0.99 * len(bare) / span <= v.kernel_busy
+    assert v.kernel_busy <= max(per_step) * len(bare) / span
+    assert v.kernel_busy < v.gpu_busy
+    assert titles(gauges_figure(v))[1].startswith("kernel busy") and "measured" in titles(
+        gauges_figure(v))[1]
+    none = gauge_values(bare, window)  # no sample in the window's records, none given
+    assert none.kernel_busy is None and "no kernel sample" in titles(gauges_figure(none))[1]
 
 
 def test_nice_ceiling() -> None:
