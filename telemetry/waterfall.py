@@ -222,12 +222,21 @@ class WaterfallMeter:
         self.totals_ns: dict[str, int] = dict.fromkeys((*COMPONENTS, UNSPLIT), 0)
         self._end: int | None = None
         self._tail: list[StepRecord] = []
+        # the records of sampled steps (a sample rides on a later record than its steps):
+        # they give the samples' key and context (KernelTimes)
+        self._sampled: dict[int, StepRecord] = {}
+        self._recent: dict[int, StepRecord] = {}
 
     def add(self, records: Sequence[StepRecord]) -> dict[str, int]:
         """Account a batch (step order); returns ns added per component."""
         for r in records:
+            self._recent[r.step] = r
             self.samples += r.kernel_samples
         self.samples = self.samples[-self.keep:]
+        wanted = {st.step for k in self.samples for st in k.steps}
+        self._sampled = {n: r for n, r in {**self._sampled, **self._recent}.items()
+                         if n in wanted}
+        self._recent = {n: self._recent[n] for n in sorted(self._recent)[-256:]}
         comp = [s for r in records for s in r.spans if s.lane == "compute"]
         if not comp:
             return {}
@@ -238,7 +247,8 @@ class WaterfallMeter:
         self._end = max(hi, lo)
         if hi <= lo:
             return {}
-        wf = waterfall(ctx, lo, hi, self.samples, self.floor_ns)
+        wf = waterfall(ctx, lo, hi, self.samples, self.floor_ns,
+                       sampled_records=list(self._sampled.values()))
         added: dict[str, int] = {}
         for k, v in wf.parts_ns.items():
             if v is None:  # no kernel samples: the busy time is not split

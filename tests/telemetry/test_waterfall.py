@@ -124,3 +124,17 @@ def test_the_meter_accumulates_batches_to_the_wall_time():
     empty = WaterfallMeter()
     empty.add([step(0, 0, (50, 150)), step(1, 200, (250, 350))])
     assert empty.totals_ns[UNSPLIT] == 200
+
+
+def test_the_meter_gives_unsampled_steps_the_kernel_time_of_earlier_sampled_ones():
+    """A sample rides on a later record than its steps, often in a later batch: the meter
+    keeps the sampled steps' records for their key, so the next batch's steps get the
+    sampled kernel time per step (60 ns) and not the sampled share of their span."""
+    steps = [step(n, 300 * n, (300 * n + 50, 300 * n + 250)) for n in range(3)]  # span 200
+    steps += [step(n, 300 * n, (300 * n + 50, 300 * n + 150)) for n in range(3, 5)]  # 100
+    steps[2].kernel_samples = [make_sample([sampled(0, [(50, 80), (200, 230)])], None)]
+    meter = WaterfallMeter()
+    meter.add(steps[:3])  # step 0's record leaves the meter's two-record tail here
+    added = meter.add(steps[3:])
+    kernel = added["floor"] + added["kernels_above_floor"]
+    assert kernel == 120  # 2 steps x 60 ns (the share would give 2 x 30)
