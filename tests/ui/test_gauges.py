@@ -175,5 +175,23 @@ def test_kernel_busy_is_measured_from_recorded_kernel_samples() -> None:
     assert none.kernel_busy is None and "no kernel sample" in titles(gauges_figure(none))[1]
 
 
+def test_kernel_busy_from_the_fake_engines_recorded_kernel_samples() -> None:
+    """The fake engine publishes steps as a GPU engine does, with a kernel sample riding on
+    the record after each fifth step (three kernels, 73,998 ns of its 80,000 ns compute span):
+    every step of the window gets that kernel time, sampled or not."""
+    from tests.ui.fake_engine import FakeEngineClient
+    from ui.kernel_lane import samples_of
+
+    client = FakeEngineClient(graphs_available=True)
+    client.publish_steps(40)
+    recs = client.telemetry().snapshot_steps(1000)
+    comp = [next(s for s in r.spans if s.lane == "compute") for r in recs]
+    window = (comp[0].start_ns, comp[-1].end_ns)
+    v = gauge_values(recs[20:], window, samples=samples_of(recs), sampled_records=recs)
+    assert v.kernel_busy_source == "sampled"
+    assert v.kernel_busy == pytest.approx(20 * 73_998 / (window[1] - window[0]), rel=1e-3)
+    assert "measured" in titles(gauges_figure(v))[1]
+
+
 def test_nice_ceiling() -> None:
     assert [nice_ceiling(x) for x in (1, 3, 7, 100, 101, 2500)] == [1, 5, 10, 100, 200, 5000]
