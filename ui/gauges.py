@@ -99,6 +99,25 @@ def steps_in_flight(records: Sequence[StepRecord], stats: Mapping[str, Any] | No
     return int(stats.get("steps", 0)) > newest + 1
 
 
+KEEP_SAMPLES = 16
+
+
+def keep_samples(records: Sequence[StepRecord],
+                 kept: tuple[list[KernelSample], list[StepRecord]] | None = None,
+                 keep: int = KEEP_SAMPLES) -> tuple[list[KernelSample], list[StepRecord]]:
+    """The latest ``keep`` kernel samples and the records of their sampled steps, from
+    ``records`` (a refresh's snapshot) and what an earlier refresh ``kept``: a sample comes
+    every kernel_sample_period_s (10 s by default), often less often than a snapshot of
+    recent steps reaches back, so the page keeps them between refreshes for gauge_values."""
+    old_samples, old_records = kept if kept is not None else ([], [])
+    new = [k for r in records for k in r.kernel_samples]
+    seen = {id(k) for k in old_samples}
+    samples = ([*old_samples, *(k for k in new if id(k) not in seen)])[-keep:]
+    wanted = {st.step for k in samples for st in k.steps}
+    by_step = {r.step: r for r in (*old_records, *records) if r.step in wanted}
+    return samples, [by_step[n] for n in sorted(by_step)]
+
+
 def gauge_values(
     records: Sequence[StepRecord],
     window: tuple[int, int],

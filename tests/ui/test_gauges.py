@@ -193,5 +193,29 @@ def test_kernel_busy_from_the_fake_engines_recorded_kernel_samples() -> None:
     assert "measured" in titles(gauges_figure(v))[1]
 
 
+def test_samples_are_kept_between_refreshes_with_their_steps_records() -> None:
+    """A later snapshot without any sample still measures kernel busy from the kept ones."""
+    from tests.ui.fake_engine import FakeEngineClient
+    from ui.gauges import keep_samples
+
+    client = FakeEngineClient(graphs_available=True)
+    client.publish_steps(12)  # a sample of each fifth step, on the next step's record
+    snap = client.telemetry().snapshot_steps(1000)
+    kept = keep_samples(snap)
+    sampled = [st.step for k in kept[0] for st in k.steps]
+    assert sampled and all(n % 5 == 0 for n in sampled)
+    assert [k for r in snap for k in r.kernel_samples][-16:] == kept[0]
+    assert [r.step for r in kept[1]] == sampled
+    client.publish_steps(3)  # steps 12..14: no sample rides on them
+    later = client.telemetry().snapshot_steps(1000)[-3:]
+    assert not any(r.kernel_samples for r in later)
+    again = keep_samples(later, kept)
+    assert again == kept and keep_samples(later, kept, keep=1)[0] == kept[0][-1:]
+    comp = [next(s for s in r.spans if s.lane == "compute") for r in later]
+    v = gauge_values(later, (comp[0].start_ns, comp[-1].end_ns), samples=again[0],
+                     sampled_records=again[1])
+    assert v.kernel_busy_source == "sampled" and v.kernel_busy is not None
+
+
 def test_nice_ceiling() -> None:
     assert [nice_ceiling(x) for x in (1, 3, 7, 100, 101, 2500)] == [1, 5, 10, 100, 200, 5000]
