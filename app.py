@@ -29,7 +29,7 @@ from telemetry.records import StepRecord
 from ui.banner import status_banner
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import engine_controls, load_generator, load_switch
-from ui.gauges import gauge_values, gauges_figure, live_window, steps_in_flight
+from ui.gauges import gauge_values, gauges_figure, keep_samples, live_window, steps_in_flight
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.kernel_lane import kernel_lane_figure, samples_of
 from ui.lanes import ASYNC_NOTE
@@ -128,12 +128,25 @@ def draw_kernels(shown: list[StepRecord], source: list[StepRecord], window_ms: f
     waterfall of the steps shown (issue 20)."""
     end = window_end_ns(shown) or 0
     samples = samples_of(source)
-    lane = kernel_lane_figure(shown, samples, end_ns=end, window_ms=window_ms, device=device,
-                              width_px=TIMELINE_WIDTH_PX, height_px=KERNEL_LANE_HEIGHT_PX)
+    kept = kept_samples(source)
+    lane = kernel_lane_figure(shown, kept[0] or samples, end_ns=end, window_ms=window_ms,
+                              device=device, width_px=TIMELINE_WIDTH_PX,
+                              height_px=KERNEL_LANE_HEIGHT_PX, sampled_records=kept[1])
     lane.update_layout(uirevision="live.timeline")
     live_plot(lane, key="live.kernels", height_px=KERNEL_LANE_HEIGHT_PX)
-    live_plot(waterfall_figure(shown, samples, device=device, height_px=WATERFALL_HEIGHT_PX),
+    live_plot(waterfall_figure(shown, kept[0] or samples, device=device,
+                               height_px=WATERFALL_HEIGHT_PX, sampled_records=kept[1]),
               key="live.waterfall", height_px=WATERFALL_HEIGHT_PX)
+
+
+def kept_samples(records: list[StepRecord]) -> tuple[list, list[StepRecord]]:
+    """The latest kernel samples and their sampled steps' records, kept between refreshes
+    (one comes every kernel_sample_period_s, 10 s by default, while a snapshot of recent
+    steps of a small model reaches back a few seconds): the waterfall and the kernel busy
+    gauge give unsampled steps the sampled steps' kernel time per step (issue 20)."""
+    kept = keep_samples(records, st.session_state.get("live.kernel_samples"))
+    st.session_state["live.kernel_samples"] = kept
+    return kept
 
 
 def frozen_records(client: EngineClient) -> list[StepRecord]:
@@ -203,6 +216,7 @@ def controls(client: EngineClient) -> None:
             # A step still in flight (or still on the wire) is not idle time.
             window = live_window(records[-16:], time.perf_counter_ns(), GAUGE_WINDOW_MS,
                                  in_flight=steps_in_flight(records[-16:], stats))
+            kept = kept_samples(records)
             values = gauge_values(
                 recent_window(records, GAUGE_WINDOW_MS, end_ns=window[1]),
                 window,
@@ -212,6 +226,8 @@ def controls(client: EngineClient) -> None:
                 max_num_seqs=int(settings.get("max_num_seqs", 0)),
                 # In-step gaps from the Step anatomy page's latest recording, if any.
                 calibration=(st.session_state.get("anatomy.result") or {}).get("calibration"),
+                samples=kept[0],
+                sampled_records=kept[1],
             )
             # Drawn in place like the charts above (a plain st.plotly_chart was rebuilt on
             # every refresh and showed blank for one frame in forty).

@@ -41,8 +41,11 @@ def samples_of(records: Sequence[StepRecord]) -> list[KernelSample]:
 
 def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSample], *,
                        end_ns: int, window_ms: float, device: str = "cuda",
-                       height_px: int = 120, width_px: int = 1600) -> go.Figure:
-    """The lane for the window [end_ns - window_ms, end_ns] (x: ms before end_ns)."""
+                       height_px: int = 120, width_px: int = 1600,
+                       sampled_records: Sequence[StepRecord] = ()) -> go.Figure:
+    """The lane for the window [end_ns - window_ms, end_ns] (x: ms before end_ns).
+    ``sampled_records``: the sampled steps' records kept across refreshes (for the hover's
+    kernel time of unsampled steps)."""
     lo = end_ns - int(window_ms * 1e6)
     px_ns = max(end_ns - lo, 1) / width_px
     by_step = {st.step: st for s in samples for st in s.steps}
@@ -59,7 +62,7 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
         if not comp or comp[0].end_ns < lo or comp[0].start_ns > end_ns:
             continue
         c = comp[0]
-        parts = step_parts_text(rec, records, samples, index)
+        parts = step_parts_text(rec, records, samples, index, sampled_records)
         st = by_step.get(rec.step)
         if st is None:
             pale_base.append((c.start_ns - end_ns) / 1e6)

@@ -45,9 +45,12 @@ def window_bounds(records: Sequence[StepRecord]) -> tuple[int, int] | None:
 
 
 def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSample],
-                     *, device: str = "cuda", height_px: int = 120) -> go.Figure:
+                     *, device: str = "cuda", height_px: int = 120,
+                     sampled_records: Sequence[StepRecord] = ()) -> go.Figure:
     """One stacked bar: the window's wall time (first compute start to last compute end)
-    by waterfall part, or by host phase without samples. Hover gives ms and share."""
+    by waterfall part, or by host phase without samples. Hover gives ms and share.
+    ``sampled_records``: records of the sampled steps (kept across refreshes), whose kernel
+    time per step the unsampled steps of the window are given."""
     fig = go.Figure()
     bounds = window_bounds(records)
     note = None
@@ -57,7 +60,7 @@ def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSamp
         labels: dict[str, str] = {}
     else:
         lo, hi = bounds
-        wf = waterfall(records, lo, hi, samples)
+        wf = waterfall(records, lo, hi, samples, sampled_records=sampled_records)
         if wf.kernel_ns is not None:
             parts = {k: float(v or 0) for k, v in wf.parts_ns.items()}
             labels = LABELS
@@ -89,7 +92,8 @@ def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSamp
 
 def step_parts_text(rec: StepRecord, records: Sequence[StepRecord],
                     samples: Sequence[KernelSample],
-                    index: dict[int, StepRecord] | None = None) -> str:
+                    index: dict[int, StepRecord] | None = None,
+                    sampled_records: Sequence[StepRecord] = ()) -> str:
     """One step's waterfall for its hover: its compute span split into kernels and gaps
     (measured when sampled, else by the sampled share), and the idle before it by cause.
     ``index`` (step -> record of `records`) spares a scan of `records` per step."""
@@ -97,7 +101,8 @@ def step_parts_text(rec: StepRecord, records: Sequence[StepRecord],
     if not comp:
         return ""
     c = comp[0]
-    wf: Waterfall = waterfall([rec], c.start_ns, c.end_ns, samples)
+    wf: Waterfall = waterfall([rec], c.start_ns, c.end_ns, samples,
+                              sampled_records=sampled_records or records)
     lines = []
     if wf.kernel_ns is not None:
         lines.append(f"kernels {wf.kernel_ns / 1e3:.1f} us · gaps "
