@@ -88,11 +88,15 @@ def lookup(kind: str, n: int, k: int, m: int, device_name: str | None) -> dict |
 def choose(mode: str, kind: str, n: int, k: int, m: int, device_name: str | None,
            pdl: bool = False) -> GemmConfig | None:
     """None: cuBLAS and the separate ops; else the fused kernel with this configuration.
-    mode "six": always the fused kernel; "auto": the fused kernel where the table measured it
-    faster than cuBLAS + ops (its PDL time when `pdl`)."""
+    mode "five": always the fused kernel, the qkv GEMM with the rotary epilogue included;
+    "six": the same but never the rotary epilogue (kind "norm_rope": None, so the qkv GEMM
+    keeps its separate rope+cache kernel); "auto": the fused kernel where the table measured
+    it faster than cuBLAS + ops (its PDL time when `pdl`)."""
     assert kind in KINDS, kind
     entry = lookup(kind, n, k, m, device_name)
-    if mode == "six":
+    if mode == "six" and kind == "norm_rope":
+        return None
+    if mode in ("five", "six"):
         return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k)
     if mode != "auto" or not entry:
         return None

@@ -46,7 +46,7 @@ from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from engine.model.fused_rope import fused_qkv_rope, rope_epilogue_fits
 from engine.model.gemm_table import GemmConfig
 
-FUSED_LAYER_MODES = ("plain", "epilogues", "six", "auto")
+FUSED_LAYER_MODES = ("plain", "epilogues", "six", "five", "auto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +55,14 @@ class FusedPath:
 
     layer: "plain" the present path (add+norm, qkv, rope+cache, attention, o, add+norm, gate_up,
     SiLU*up, down); "epilogues" only SiLU*up in the gate_up GEMM's epilogue; "six" the fused
-    Triton kernel for every GEMM: norm-prologue qkv with rotary + the KV write in its epilogue
-    (engine/model/fused_rope.py; models with a q/k norm keep norm-prologue qkv + rope+cache),
-    attention, o + residual, norm-prologue gate_up + SiLU, down + residual: five kernels a
-    layer (six with a q/k norm); "auto" per GEMM shape whichever engine/model/gemm_table.py
-    measured faster: the fused kernel (for qkv: with or without the rotary epilogue), or cuBLAS
-    and the separate ops. pdl: launch the fused kernels with programmatic dependent launch
-    (Hopper+).
+    Triton kernel for every GEMM: norm-prologue qkv, rope+cache, attention, o + residual,
+    norm-prologue gate_up + SiLU, down + residual (six kernels a layer); "five" the same with
+    rotary + the KV write in the qkv GEMM's epilogue (engine/model/fused_rope.py; models with
+    a q/k norm keep the six): its bf16 rounding of q/k differs from the split path's (H200,
+    2026-12-04: up to 41 bf16 units), enough to flip near-tied greedy tokens; "auto" per GEMM
+    shape whichever engine/model/gemm_table.py measured faster: the fused kernel (for qkv:
+    with or without the rotary epilogue), or cuBLAS and the separate ops. pdl: launch the
+    fused kernels with programmatic dependent launch (Hopper+).
     """
 
     layer: str = "plain"
@@ -133,7 +134,7 @@ class FusedDecoderLayer(nn.Module):
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
-        if self.path.layer in ("six", "auto") and self.tp is None:
+        if self.path.layer in ("six", "five", "auto") and self.tp is None:
             return self._forward_six(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
         h, residual = add_rms_norm(x, residual, self.input_norm, eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)

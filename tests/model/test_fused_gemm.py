@@ -20,7 +20,8 @@ import torch
 from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MODES = {"FUSED_EPILOGUES": "epilogues", "FUSED_LAYER": "six"}  # the config key's values
+# the config key's values
+MODES = {"FUSED_EPILOGUES": "epilogues", "FUSED_LAYER": "six", "FUSED_FIVE": "five"}
 
 
 @pytest.mark.slow
@@ -124,7 +125,7 @@ def test_interp_fused_add_norm_linear(m, k, n, pair) -> None:
 
 
 @interp_only
-@pytest.mark.parametrize("flag", ["FUSED_EPILOGUES", "FUSED_LAYER"])
+@pytest.mark.parametrize("flag", ["FUSED_EPILOGUES", "FUSED_LAYER", "FUSED_FIVE"])
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
 def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, monkeypatch):
     """A mixed prefill+decode flat batch: the epilogue on (Triton ops, interpreted) vs the
@@ -183,7 +184,7 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, mon
     # the fused kernels ran in every layer: 1 (gate_up+SiLU), or o, gate_up, down and the qkv
     # GEMM with rotary + the KV write in its epilogue (Qwen3's q/k norm: the plain fused qkv)
     layers = hf.config.num_hidden_layers
-    rope = flag == "FUSED_LAYER" and family != "qwen3"
+    rope = flag == "FUSED_FIVE" and family != "qwen3"
     per_layer = 1 if flag == "FUSED_EPILOGUES" else (3 if rope else 4)
     assert len(calls) == per_layer * layers
     assert len(rope_calls) == (layers if rope else 0)

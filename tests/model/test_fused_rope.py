@@ -206,7 +206,7 @@ def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
                     config=GemmConfig(*config), pdl=True, tol=1e-2)
     _check_rope(torch.bfloat16, "cuda", 200, 2048, 32, 8, 64, add=True, pdl=True, tol=1e-2)
     # the tiny test model's layout (D 16) in the configurations the engine tests run it with:
-    # six's heuristic (interleaved, block_n 16) and the stand-in table's (two accumulators)
+    # five's heuristic (interleaved, block_n 16) and the stand-in table's (two accumulators)
     for config in ((16, 256, 4, 3), (32, 64, 4, 3)):
         _check_rope(torch.bfloat16, "cuda", 16, 64, 4, 2, 16, add=True,
                     config=GemmConfig(*config), tol=1e-2)
@@ -258,7 +258,7 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave) -> Non
 @pytest.mark.skipif(IN_INTERPRETER, reason="host-side only")
 def test_gemm_table_rope_choice(tmp_path, monkeypatch) -> None:
     """auto takes the rotary epilogue only where it beat both two-kernel ways (cuBLAS + norm +
-    rope_and_cache, and the fused qkv + rope_and_cache); six always."""
+    rope_and_cache, and the fused qkv + rope_and_cache); five always."""
     import json
 
     from engine.model import gemm_table as gt
@@ -276,7 +276,10 @@ def test_gemm_table_rope_choice(tmp_path, monkeypatch) -> None:
         assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X") is None  # split faster
         assert gt.choose("auto", "norm_rope", 960, 576, 1, "GPU X", pdl=True) is None  # cuBLAS
         assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU Y", pdl=True) is None
-        assert gt.choose("six", "norm_rope", 960, 576, 1, "GPU Y") == gt.heuristic_config(
+        assert gt.choose("five", "norm_rope", 960, 576, 1, "GPU Y") == gt.heuristic_config(
             960, 576)
+        # six keeps the split qkv + rope+cache (exact greedy = generate in bf16 on the H200)
+        assert gt.choose("six", "norm_rope", 960, 576, 1, "GPU Y") is None
+        assert gt.choose("six", "norm", 960, 576, 1, "GPU Y") == gt.heuristic_config(960, 576)
     finally:
         gt.load_table.cache_clear()

@@ -95,7 +95,7 @@ def greedy_within_ties(model_dir, prompts, got, device) -> list[tuple[int, int, 
                           ("llama", "norm_rope,norm_pair")])
 def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path, monkeypatch):
     """Through the engine on CPU (the torch twin), preemption forced: greedy tokens equal
-    generate's with the qkv GEMM + rotary + KV write as one op. "all": mode six (the epilogue
+    generate's with the qkv GEMM + rotary + KV write as one op. "all": mode five (the epilogue
     everywhere it fits; Qwen3's q/k norm keeps the two kernels). Else mode auto with a stand-in
     table: with a cuBLAS down before it, the residual add is pending and the op does it."""
     from helpers import hf_greedy, mixed_prompts
@@ -104,7 +104,7 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
     from engine import Engine, EngineConfig, SamplingParams
     from engine.model import fused_rope, gemm_table
 
-    mode = "six"
+    mode = "five"
     if kinds != "all":
         mode = "auto"
         monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(kinds.split(",")))
@@ -131,7 +131,7 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
         assert not calls, "the rotary epilogue ran for a model with a q/k norm"
     else:
         assert calls, "the rotary epilogue did not run"
-        # six: every down has the residual add in its epilogue, so no add is pending; auto
+        # five: every down has the residual add in its epilogue, so no add is pending; auto
         # with a cuBLAS down: layers after the first carry the pending add into the prologue
         assert any(calls) == ("residual" not in kinds and kinds != "all")
     assert stats["preemptions"] > 0
@@ -139,11 +139,11 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
 
 
 @interp_only
-@pytest.mark.parametrize("mode", ["six", "auto"])
+@pytest.mark.parametrize("mode", ["five", "auto"])
 def test_interp_engine_rope_kernel_greedy_equals_generate(mode, tmp_path, monkeypatch):
     """The real Triton kernel (interpreter, fp32) inside the engine, with the CUDA test's cache
     (block 16, 8 usable blocks: preemption and recompute) and prompts: greedy tokens equal
-    generate's. six: the heuristic tiles (block_n 16, the interleaved accumulator); auto: the
+    generate's. five: the heuristic tiles (block_n 16, the interleaved accumulator); auto: the
     stand-in table's (two accumulators), the pending residual add in the prologue from the
     second layer on. Every other op runs its torch twin, so the kernel is what is tested."""
     from helpers import hf_greedy, mixed_prompts
@@ -218,7 +218,7 @@ def test_cuda_rope_kernel_against_the_split_path() -> None:
 
 @needs_cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize(("mode", "pdl", "graphs"), [("six", False, False), ("six", True, True),
+@pytest.mark.parametrize(("mode", "pdl", "graphs"), [("five", False, False), ("five", True, True),
                                                      ("auto", True, False), ("auto", True, True)])
 def test_cuda_greedy_with_rope_epilogue_within_ties(mode, pdl, graphs, tiny_model_dir,
                                                     monkeypatch):
