@@ -89,3 +89,18 @@ def cuda_engine_outputs(model_dir: Path, prompts: list[list[int]], max_new_token
         stats, settings = eng.stats(), eng.settings()
         assert_all_blocks_free(eng)
     return [o.token_ids for o in outs], stats, settings
+
+
+# On the CPU, sync, our forward: a cache small enough that the 9 mixed prompts preempt.
+TIGHT_CPU = dict(device="cpu", max_num_seqs=6, max_num_batched_tokens=16, block_size=4,
+                 num_blocks=25, max_model_len=96, async_batching=False, model_impl="gapless")
+
+
+def cpu_engine_outputs(model_dir: Path, prompts: list[list[int]], max_new_tokens: int,
+                       **config: object) -> tuple[list[list[int]], dict]:
+    """Greedy tokens (EOS ignored) of an engine on TIGHT_CPU with `config` over it, and its
+    stats."""
+    with Engine(EngineConfig(model=str(model_dir), **{**TIGHT_CPU, **config})) as eng:
+        outs = eng.generate(prompts, SamplingParams(max_tokens=max_new_tokens, temperature=0.0,
+                                                    ignore_eos=True))
+        return [o.token_ids for o in outs], eng.stats()

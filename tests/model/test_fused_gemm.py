@@ -10,14 +10,12 @@ the variable at import). Outputs are poisoned with NaN, so an element left unwri
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err
+from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err, run_interpreter_child
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # the config key's values
@@ -27,12 +25,7 @@ MODES = {"FUSED_EPILOGUES": "epilogues", "FUSED_LAYER": "six", "FUSED_FIVE": "fi
 @pytest.mark.slow
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
 def test_gate_up_silu_in_interpreter_subprocess() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-k", "test_interp_",
-           "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    proc, report = run_interpreter_child(__file__)
     assert proc.returncode == 0, report
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
 
@@ -222,10 +215,9 @@ def test_six_kernel_layer_torch_path_greedy_equals_generate(family, fused_kinds,
     prologue, which `fused_add_norm_linear` must then run)."""
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
-    from helpers import hf_greedy, mixed_prompts
+    from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
-    from engine import Engine, EngineConfig, SamplingParams
     from engine.model import fused_gemm, gemm_table, llama
 
     mode = "six"
@@ -245,18 +237,11 @@ def test_six_kernel_layer_torch_path_greedy_equals_generate(family, fused_kinds,
                                                      if family == "mistral" else {}))
     prompts = mixed_prompts(9)
     expected = hf_greedy(model_dir, prompts, 12)
-    cfg = EngineConfig(model=str(model_dir), device="cpu", max_num_seqs=6,
-                       max_num_batched_tokens=16, block_size=4, num_blocks=25,
-                       max_model_len=96, async_batching=False, model_impl="gapless",
-                       fused_layer=mode)
-    with Engine(cfg) as eng:
-        outs = eng.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
-                                                    ignore_eos=True))
-        stats = eng.stats()
+    tokens, stats = cpu_engine_outputs(model_dir, prompts, 12, fused_layer=mode)
     assert calls, "the six-kernel layer did not run"
     assert bool(add_calls) == (fused_kinds != "all"), "the pending add took the wrong path"
     assert stats["preemptions"] > 0
-    assert [o.token_ids for o in outs] == expected
+    assert tokens == expected
 
 
 @needs_cuda

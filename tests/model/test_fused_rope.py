@@ -12,14 +12,12 @@ kernel must not touch have to stay bit-equal.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err
+from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err, run_interpreter_child
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,12 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
 def test_qkv_rope_in_interpreter_subprocess() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-k", "test_interp_",
-           "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    proc, report = run_interpreter_child(__file__)
     assert proc.returncode == 0, report
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
 

@@ -17,15 +17,13 @@ the async-correctness sentinel does; a wrong K/V write or rotary puts tokens far
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err
+from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err, run_interpreter_child
 from test_fused_rope import _stand_in_choose
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +34,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
 @pytest.mark.slow
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
 def test_rope_engine_in_interpreter_subprocess() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-k", "test_interp_",
-           "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    proc, report = run_interpreter_child(__file__)
     assert proc.returncode == 0, report
     assert re.search(r"\b2 passed", proc.stdout) and "skipped" not in proc.stdout, report
 
@@ -98,10 +91,9 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
     generate's with the qkv GEMM + rotary + KV write as one op. "all": mode five (the epilogue
     everywhere it fits; Qwen3's q/k norm keeps the two kernels). Else mode auto with a stand-in
     table: with a cuBLAS down before it, the residual add is pending and the op does it."""
-    from helpers import hf_greedy, mixed_prompts
+    from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
-    from engine import Engine, EngineConfig, SamplingParams
     from engine.model import fused_rope, gemm_table
 
     mode = "five"
@@ -119,14 +111,7 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
                                                      if family == "mistral" else {}))
     prompts = mixed_prompts(9)
     expected = hf_greedy(model_dir, prompts, 12)
-    cfg = EngineConfig(model=str(model_dir), device="cpu", max_num_seqs=6,
-                       max_num_batched_tokens=16, block_size=4, num_blocks=25,
-                       max_model_len=96, async_batching=False, model_impl="gapless",
-                       fused_layer=mode)
-    with Engine(cfg) as eng:
-        outs = eng.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
-                                                    ignore_eos=True))
-        stats = eng.stats()
+    tokens, stats = cpu_engine_outputs(model_dir, prompts, 12, fused_layer=mode)
     if family == "qwen3":
         assert not calls, "the rotary epilogue ran for a model with a q/k norm"
     else:
@@ -135,7 +120,7 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
         # with a cuBLAS down: layers after the first carry the pending add into the prologue
         assert any(calls) == ("residual" not in kinds and kinds != "all")
     assert stats["preemptions"] > 0
-    assert [o.token_ids for o in outs] == expected
+    assert tokens == expected
 
 
 @interp_only
@@ -146,10 +131,9 @@ def test_interp_engine_rope_kernel_greedy_equals_generate(mode, tmp_path, monkey
     generate's. five: the heuristic tiles (block_n 16, the interleaved accumulator); auto: the
     stand-in table's (two accumulators), the pending residual add in the prologue from the
     second layer on. Every other op runs its torch twin, so the kernel is what is tested."""
-    from helpers import hf_greedy, mixed_prompts
+    from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
-    from engine import Engine, EngineConfig, SamplingParams
     from engine.model import fused_gemm, fused_ops, fused_rope, gemm_table, llama
 
     assert fused_rope.use_triton(torch.zeros(1)), "the kernel must run, not its twin"
@@ -168,18 +152,12 @@ def test_interp_engine_rope_kernel_greedy_equals_generate(mode, tmp_path, monkey
     model_dir = save_tiny_model("llama", tmp_path)
     prompts = mixed_prompts(9, seed=5)
     expected = hf_greedy(model_dir, prompts, 12)
-    cfg = EngineConfig(model=str(model_dir), device="cpu", max_num_seqs=6,
-                       max_num_batched_tokens=16, block_size=16, num_blocks=9,
-                       max_model_len=96, async_batching=False, model_impl="gapless",
-                       fused_layer=mode)
-    with Engine(cfg) as eng:
-        outs = eng.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0,
-                                                    ignore_eos=True))
-        stats = eng.stats()
+    tokens, stats = cpu_engine_outputs(model_dir, prompts, 12, fused_layer=mode,
+                                       block_size=16, num_blocks=9)
     assert launches and len(launches) == len(adds), "the Triton kernel did not run each time"
     assert any(adds) == (mode == "auto")
     assert stats["preemptions"] > 0
-    assert [o.token_ids for o in outs] == expected
+    assert tokens == expected
 
 
 @needs_cuda
