@@ -21,7 +21,8 @@ DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 MODEL_IMPLS = ("auto", "gapless", "transformers")
-FUSED_LAYERS = ("plain", "epilogues", "six", "five", "auto")  # engine.model.llama.FusedPath
+# engine.model.llama.FusedPath
+FUSED_LAYERS = ("plain", "epilogues", "six", "five", "auto", "persistent")
 NUM_SLOTS = (1, 2, 3)
 MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it

@@ -58,6 +58,7 @@ from bench.suites.truth_busy import (
     run_until,
     sampled_by_step,
     sampled_kernel_per_step,
+    step_differences,
     truth_busy,
 )
 from bench.suites.truth_cost import add_cost_arguments, cost_pairs
@@ -66,6 +67,8 @@ from bench.suites.truth_report import markdown
 DESCRIPTION = ("kernel busy sampled vs torch.profiler in 4 modes, sampler cost, the step "
                "waterfall vs wall time, size-aware floor curve, GPM check")
 MODES = ("sync-graphs", "async-graphs", "sync-eager", "async-eager")
+STEADY_STEPS = 3  # decode steps run before a window starts (graph capture is behind them)
+MIN_BARE_STEPS = 8  # a bare window runs at least these steps (up to 3 more windows' time)
 H200_DRAM_BW = 4.8e12  # bytes/s, the H200's specified HBM3e bandwidth (GPM's 100%)
 T0 = time.perf_counter()
 
@@ -147,6 +150,12 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         hs = [eng.submit(p, params(eng.config.max_model_len - args.prompt - 33))
               for p in prompts]
         wait_decoding(eng, batch)
+        # ... and a few decode steps more: the first graph-mode decode steps after a mode
+        # switch capture the batch's graphs, which can outlast a whole window (H200,
+        # 2026-12-04, 1405657: 8B sync + graphs, the first mode of its engine, ran 0 steps in
+        # its 0.5 s bare window, and every figure of the row read n/a).
+        s = eng.loop.step_no
+        run_until(0, lambda: eng.loop.step_no - s >= STEADY_STEPS, 180)
         deadline = time.monotonic() + 5
         while (sampler.open or unsaved()) and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -166,6 +175,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         s_bare = eng.loop.step_no
         tb0 = time.perf_counter_ns()
         time.sleep(args.window_s)
+        run_until(0, lambda: eng.loop.step_no - s_bare >= MIN_BARE_STEPS, 3 * args.window_s)
         tb1 = time.perf_counter_ns()
         n_bare = eng.loop.step_no - s_bare
         # A discarded profiler window, on this batch's tail: the first session after a mode
@@ -243,6 +253,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         dash = (wb.kernel_ns / wb.window_ns if wb.kernel_ns is not None and wb.window_ns
                 else None)
         truth_bare = truth_busy(records, ref_ctx, tb0, tb1)
+        out["bare_steps_compared"] = step_differences(records, ref_ctx, samples, tb0, tb1)
         out["fair"].update(dashboard_bare=dash, truth_bare=truth_bare,
                            dashboard_vs_truth_pp=100 * (dash - truth_bare) if dash is not None
                            and truth_bare is not None else None)

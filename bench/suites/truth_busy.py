@@ -164,6 +164,36 @@ def truth_busy(records: Sequence[Any], ref: dict[int, int], lo: int, hi: int) ->
     return k / (hi - lo)
 
 
+def step_differences(records: Sequence[Any], ref: dict[int, int], samples: Sequence[Any],
+                     lo: int, hi: int, worst: int = 6) -> dict[str, Any]:
+    """Per step of [lo, hi): the kernel time the dashboard gives it (telemetry.waterfall's
+    KernelTimes from the samples) against the truth's (the reference's at its context), both
+    capped at the step's compute span as both figures are, us; the steps that differ most,
+    and how many were capped. Says which steps a dashboard-vs-truth difference comes from."""
+    from telemetry.waterfall import kernel_times
+
+    times, points, rows = kernel_times(records, samples), sorted(ref.items()), []
+    for r in records:
+        for s in r.spans:
+            if s.lane != "compute" or s.end_ns <= s.start_ns or not lo <= s.start_ns < hi:
+                continue
+            full = s.end_ns - s.start_ns
+            dash, at = times.of(r, full), at_context(points, context_of(r))
+            rows.append({"step": r.step, "context": context_of(r), "span_us": full / 1e3,
+                         "dash_us": None if dash is None else dash / 1e3,
+                         "truth_us": None if at is None else min(at, full) / 1e3,
+                         "truth_uncapped_us": None if at is None else at / 1e3,
+                         "exact_context": context_of(r) in ref})
+    both = [x for x in rows if x["dash_us"] is not None and x["truth_us"] is not None]
+    both.sort(key=lambda x: -abs(x["dash_us"] - x["truth_us"]))
+    return {"steps": len(rows), "capped": sum(1 for x in both if x["truth_us"] <
+                                              x["truth_uncapped_us"]),
+            "exact_context": sum(1 for x in rows if x["exact_context"]),
+            "dash_minus_truth_us_total": sum(x["dash_us"] - x["truth_us"] for x in both),
+            "worst": [{k: round(v, 1) if isinstance(v, float) else v for k, v in x.items()}
+                      for x in both[:worst]]}
+
+
 def sampled_kernel_per_step(samples: Sequence[Any]) -> float | None:
     """Median over sampled steps of their kernels' union (marker left out), us."""
     per = [union_ns((k.start_ns, k.end_ns) for k in st.work) for s in samples for st in s.steps

@@ -67,10 +67,37 @@ def _paged_attention_kernel(
     HAS_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
     TABLE_AHEAD: tl.constexpr, SPLIT: tl.constexpr,
 ):
+    """Grid (T, KVH, num_splits): program (t, kvh, s) runs `_attention_tile`."""
+    _attention_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
+                    q_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr, part_acc_ptr,
+                    part_ml_ptr, sem_ptr, T, max_blocks, num_splits, min_tiles, stride_qt,
+                    stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd, stride_vb,
+                    stride_vs, stride_vh, stride_vd, stride_btr, stride_btb, stride_ot, stride_oh,
+                    stride_od, scale_log2, window, H, G, G_PAD, BLOCK_Q, D, BLOCK_SIZE, BLOCK_N,
+                    HAS_WINDOW, IEEE_DOT, USE_PDL, TABLE_AHEAD, SPLIT)
+
+
+@triton.jit
+def _attention_tile(
+    t0, kvh, split, num_kvh,
+    q_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, pos_ptr, out_ptr, part_acc_ptr, part_ml_ptr, sem_ptr,
+    T, max_blocks, num_splits, min_tiles,
+    stride_qt, stride_qh, stride_qd,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_btr, stride_btb,
+    stride_ot, stride_oh, stride_od,
+    scale_log2,
+    window,
+    H: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+    D: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr, USE_PDL: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """Query block t0 (if t0 leads one), kv head kvh, split `split` of the launch: the body of
+    `_paged_attention_kernel` (module docstring), also run by the persistent decode layer
+    (engine/model/persistent_layer.py) with one split. num_kvh: the grid's kv-head extent."""
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
-    t0 = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
 
     # Rows of the tile: m = qi * G_PAD + g, query token t0 + qi, query head kvh * G + g.
     offs_m = tl.arange(0, BLOCK_M)
@@ -199,7 +226,7 @@ def _paged_attention_kernel(
         tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=st_mask)
         # Every thread's partial is stored before the one release below publishes them.
         tl.debug_barrier()
-        sem = sem_ptr + t0 * tl.num_programs(1) + kvh
+        sem = sem_ptr + t0 * num_kvh + kvh
         arrived = tl.atomic_add(sem, 1, sem="acq_rel", scope="gpu")
         if arrived == n_active - 1:  # last split of this block: merge all partials
             m_all = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -243,8 +243,22 @@ if triton is not None:
         see _mainloop), SiLU(gate)*up of a fused [2N, K] weight (PAIR), residual add
         (RESIDUAL). One pass over K per program, each program owns BLOCK_N output columns
         (no split-K, so no reduce kernel)."""
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+        _linear_tile(
+            tl.program_id(0), tl.program_id(1), h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr,
+            a_ptr, s_ptr, M, N, K, eps, stride_h, stride_w, stride_r, stride_o, stride_a,
+            stride_s, NORM, PAIR, RESIDUAL, ADD_IN, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K,
+            NORM_BK, USE_GDC)
+
+    @triton.jit
+    def _linear_tile(
+        pid_m, pid_n, h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr, a_ptr, s_ptr, M, N, K, eps,
+        stride_h, stride_w, stride_r, stride_o, stride_a, stride_s,
+        NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr, ADD_IN: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
+    ):
+        """The tile (pid_m, pid_n) of `_fused_linear_kernel` (also run by the persistent decode
+        layer, engine/model/persistent_layer.py, for its o, gate_up and down phases)."""
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_mask = rm < M

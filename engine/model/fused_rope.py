@@ -53,8 +53,27 @@ if triton is not None:
         cache), the rest v (to the v cache). INTERLEAVE: one accumulator of 2 BLOCK_N columns,
         each pair's two halves side by side, split after the K loop (for BLOCK_N 8: tl.dot
         needs 16 columns); else one accumulator per half."""
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
+        _qkv_rope_tile(
+            tl.program_id(0), tl.program_id(1), h_ptr, nw_ptr, w_ptr, b_ptr, a_ptr, s_ptr,
+            cs_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, M, N2, K, H, KVH, eps,
+            stride_h, stride_w, stride_a, stride_s, stride_cs, stride_q,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            HALF, CACHE_BLOCK, NORM, ADD_IN, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BK,
+            USE_GDC, INTERLEAVE)
+
+    @triton.jit
+    def _qkv_rope_tile(
+        pid_m, pid_n, h_ptr, nw_ptr, w_ptr, b_ptr, a_ptr, s_ptr, cs_ptr, pos_ptr, slot_ptr,
+        q_ptr, k_ptr, v_ptr, M, N2, K, H, KVH, eps,
+        stride_h, stride_w, stride_a, stride_s, stride_cs, stride_q,
+        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        HALF: tl.constexpr, CACHE_BLOCK: tl.constexpr, NORM: tl.constexpr,
+        ADD_IN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr,
+        USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
+    ):
+        """The tile (pid_m, pid_n) of `_fused_linear_rope_kernel` (also run by the persistent
+        decode layer, engine/model/persistent_layer.py, for its qkv phase)."""
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_mask = rm < M

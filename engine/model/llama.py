@@ -46,7 +46,7 @@ from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from engine.model.fused_rope import fused_qkv_rope, rope_epilogue_fits
 from engine.model.gemm_table import GemmConfig
 
-FUSED_LAYER_MODES = ("plain", "epilogues", "six", "five", "auto")
+FUSED_LAYER_MODES = ("plain", "epilogues", "six", "five", "auto", "persistent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,9 @@ class FusedPath:
     a q/k norm keep the six): its bf16 rounding of q/k differs from the split path's (H200,
     2026-12-04: up to 41 bf16 units), enough to flip near-tied greedy tokens; "auto" per GEMM
     shape whichever engine/model/gemm_table.py measured faster: the fused kernel (for qkv:
-    with or without the rotary epilogue), or cuBLAS and the separate ops. pdl: launch the
+    with or without the rotary epilogue), or cuBLAS and the separate ops; "persistent" the
+    five layer's phases in one Triton launch a layer, grid barriers between them, where a
+    forward fits (engine/model/persistent_step.py), else "five". pdl: launch the
     fused kernels with programmatic dependent launch (Hopper+).
     """
 
@@ -71,7 +73,8 @@ class FusedPath:
     def pick(self, kind: str, n: int, k: int, x: torch.Tensor) -> GemmConfig | None:
         """The fused kernel's configuration for this GEMM, or None for cuBLAS + separate ops."""
         name = gemm_table.device_name(x.device.index or 0) if x.is_cuda else None
-        return gemm_table.choose(self.layer, kind, n, k, x.shape[0], name, self.pdl)
+        mode = "five" if self.layer == "persistent" else self.layer  # its fallback
+        return gemm_table.choose(mode, kind, n, k, x.shape[0], name, self.pdl)
 
 
 @dataclass(slots=True)
@@ -134,7 +137,7 @@ class FusedDecoderLayer(nn.Module):
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
-        if self.path.layer in ("six", "five", "auto") and self.tp is None:
+        if self.path.layer in ("six", "five", "auto", "persistent") and self.tp is None:
             return self._forward_six(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
         h, residual = add_rms_norm(x, residual, self.input_norm, eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
@@ -267,6 +270,7 @@ class FusedLlamaForCausalLM(nn.Module):
         self.num_heads = num_heads
         self.eps = eps
         self.tp: Any = None  # engine.parallel.comm.TPComm on a tensor-parallel rank
+        self.persistent: Any = None  # engine.model.persistent_step.PersistentStep, if selected
 
     def set_fused_path(self, path: FusedPath) -> None:
         """Select the decode layer (config keys fused_layer / fused_pdl) for every layer."""
@@ -275,6 +279,11 @@ class FusedLlamaForCausalLM(nn.Module):
                              f"got {path.layer!r}")
         for layer in self.layers:
             layer.path = path
+        self.persistent = None
+        if path.layer == "persistent":
+            from engine.model.persistent_step import PersistentStep
+
+            self.persistent = PersistentStep(self)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -299,9 +308,12 @@ class FusedLlamaForCausalLM(nn.Module):
         tp = self.tp
         x = self.embed_tokens(ids) if tp is None else tp.embed(self.embed_tokens.weight, ids)
         residual: torch.Tensor | None = None
-        for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, positions, gapless, gapless.kv_caches[i],
-                                self.cos_sin, self.num_heads, self.eps)
+        if self.persistent is not None and self.persistent.fits(x, gapless):
+            x = self.persistent.run(x, positions, gapless)
+        else:
+            for i, layer in enumerate(self.layers):
+                x, residual = layer(x, residual, positions, gapless, gapless.kv_caches[i],
+                                    self.cos_sin, self.num_heads, self.eps)
         if isinstance(logits_to_keep, torch.Tensor):
             x = x[logits_to_keep]
             residual = None if residual is None else residual[logits_to_keep]
