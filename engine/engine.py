@@ -120,6 +120,8 @@ class Engine(LiveControl):
             from engine.model.llama import FusedPath
 
             model.set_fused_path(FusedPath(config.fused_layer, config.fused_pdl))
+        self.fused_layer = model.fused_path_summary() if hasattr(model, "set_fused_path") \
+            else None
         self.model, self.tokenizer = model, tokenizer
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
         n_tp = config.tensor_parallel_size

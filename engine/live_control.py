@@ -77,6 +77,7 @@ class LiveControl:
             "model": self.config.model,
             "attention_backend": self.backend_name,
             "model_impl": self.model_impl,
+            "fused_layer": self.fused_layer,
             "tensor_parallel_size": self.config.tensor_parallel_size,
             "torch_compile": self.torch_compile,
             "max_num_seqs": self.config.max_num_seqs,

@@ -285,6 +285,15 @@ class FusedLlamaForCausalLM(nn.Module):
 
             self.persistent = PersistentStep(self)
 
+    def fused_path_summary(self) -> str:
+        """The decode layer in use, in words (the engine's settings)."""
+        path = self.layers[0].path
+        if self.persistent is not None:
+            from engine.model.persistent_step import SUMMARY
+
+            return SUMMARY + (" (fused_pdl on the fallback)" if path.pdl else "")
+        return path.layer + (" + PDL" if path.pdl else "")
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
 
