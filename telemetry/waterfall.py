@@ -16,14 +16,15 @@ The idle parts are telemetry.gaps' causes (window - step busy); step busy (the u
 compute spans) is split into kernel time and gaps by the measured kernels of sampled steps
 (telemetry.kernels): a sampled step by its own kernels, any other step by the kernel *time*
 per step of sampled steps of the same key (graph bucket, or eager token count) at its
-context (`KernelTimes`), else by the kernel share of all samples. Kernel time per step, not
-a share of the span: a sampled graph step's span is stretched by the profiler (its body
-starts up to a few hundred us after the marker) while its kernels are not, so a share
-taken there and applied to an unsampled step read half the kernel busy of unperturbed steps
-(H200, e105790: tiny model sync + graphs 10.95% against 22.6%). The kernel parts over a
-window are so the kernel busy of the window's own (unsampled, unperturbed) steps.
-So the parts sum to the window by construction; without samples (a CPU, or none yet) the
-kernel parts are None and `host_phases` gives the CPU's side instead.
+context (`KernelTimes`), else of the same token count, else by the kernel share of all
+samples. Kernel time per step, not a share of the span: a sampled graph step's span is
+stretched by the profiler (its body starts up to a few hundred us after the marker) while
+its kernels are not, so a share taken there and applied to an unsampled step read half the
+kernel busy of unperturbed steps (H200, e105790: tiny model sync + graphs 10.95% against
+22.6%). The kernel parts over a window are so the kernel busy of the window's own
+(unsampled, unperturbed) steps. So the parts sum to the window by construction; without
+samples (a CPU, or none yet) the kernel parts are None and `host_phases` gives the CPU's
+side instead.
 
 Pure: no clocks, no torch, nothing of ours beyond telemetry.
 """
@@ -70,16 +71,26 @@ class KernelTimes:
     (interpolated between the two around it, the nearest one outside their range: a step's
     attention time grows with its context; SmolLM2 b16 sync + graphs on the H200, e105790:
     928 us at decode step 3, 949 us at step 141, the same 290 kernels each); else the kernel
-    share of all sampled steps' compute spans times its own span."""
+    share of all sampled steps' compute spans times its own span.
+
+    A step whose key no sample has (the eager step that captures a batch's graphs, a step of
+    a bucket not sampled yet) takes the sampled steps with its token count, graph or eager:
+    they run the same kernels (H200, 1405657: 8B batch 32, 5,100 us a graph step, 5,070 an
+    eager one). Before that fallback such a step got the share of all samples' spans times
+    its own span, and a 30 ms capture step read as 29 ms of kernels: the 8B graph rows'
+    dashboard read +1.8 and +3.4 pp against the reference there."""
 
     by_step: dict[int, int] = field(default_factory=dict)
     by_key: dict[object, list[tuple[int, int]]] = field(default_factory=dict)  # (ctx, ns)
+    by_tokens: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # (ctx, ns)
     overall_share: float | None = None
 
     def of(self, r: StepRecord, span_ns: int) -> float | None:
         k = self.by_step.get(r.step)
         if k is None:
             k = at_context(self.by_key.get(_key(r)), context_of(r))
+        if k is None:
+            k = at_context(self.by_tokens.get(r.num_tokens), context_of(r))
         if k is None:
             return None if self.overall_share is None else self.overall_share * span_ns
         return float(min(k, span_ns))  # a step's kernels lie inside its compute span
@@ -106,6 +117,7 @@ def kernel_times(records: Iterable[StepRecord], samples: Iterable[KernelSample],
     rec_by_step = {r.step: r for r in records}
     out = KernelTimes()
     pooled: dict[object, dict[int, list[int]]] = {}
+    tokens: dict[int, dict[int, list[int]]] = {}
     tot_k = tot_s = 0
     for sample in samples:
         for st in sample.steps:
@@ -121,10 +133,13 @@ def kernel_times(records: Iterable[StepRecord], samples: Iterable[KernelSample],
                 if comp and comp[0].duration_ns > 0:
                     span = comp[0].duration_ns
                 pooled.setdefault(_key(r), {}).setdefault(context_of(r), []).append(k)
+                tokens.setdefault(r.num_tokens, {}).setdefault(context_of(r), []).append(k)
             tot_k += k
             tot_s += span
     out.by_key = {key: sorted((c, round(sum(v) / len(v))) for c, v in by_ctx.items())
                   for key, by_ctx in pooled.items()}
+    out.by_tokens = {n: sorted((c, round(sum(v) / len(v))) for c, v in by_ctx.items())
+                     for n, by_ctx in tokens.items()}
     out.overall_share = min(1.0, tot_k / tot_s) if tot_s else None
     return out
 

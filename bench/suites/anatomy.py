@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated model_impl values")
     parser.add_argument("--fused-layer", default="plain",
                         help="config key fused_layer of the gapless rows: plain | epilogues | "
-                             "six | five | auto (issue 22)")
+                             "six | five | auto | persistent (issue 22)")
     parser.add_argument("--fused-pdl", action="store_true",
                         help="config key fused_pdl: the fused kernels with programmatic "
                              "dependent launch")

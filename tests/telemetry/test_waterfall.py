@@ -82,6 +82,23 @@ def test_kernel_time_follows_the_context_between_sampled_steps():
     assert at(50) == 60 and at(400) == 80  # outside: the nearest sampled context
 
 
+def test_a_step_of_an_unsampled_key_takes_the_sampled_steps_of_its_token_count():
+    """The eager step that captures a batch's graphs (or any step of a key not sampled yet)
+    runs the same kernels as the batch's graph steps: it gets their kernel time at its
+    context, not the share of all samples times its long span (H200, 1405657: a ~30 ms
+    capture step in the 8B bare window read as ~29 ms of kernels, the dashboard +3.4 pp)."""
+    a = with_context(step(0, 0, (50, 250)), 100)  # sampled graph step (bucket 1), span 200
+    sample = make_sample([sampled(0, [(50, 60), (200, 250)])], next_start_ns=None)  # 60 ns
+    capture = with_context(step(1, 300, (350, 1350)), 100)  # eager, 1000 ns span
+    capture.graph_bucket = None
+    wf = waterfall([capture], 300, 1400, [sample], sampled_records=[a])
+    assert wf.kernel_ns == 60 and wf.parts_ns["in_step_gaps"] == 940
+    # another token count has no sampled step: the share of all samples (60/200 of 1000)
+    other = with_context(step(2, 300, (350, 1350)), 100)
+    other.graph_bucket, other.decode_tokens = None, 2
+    assert waterfall([other], 300, 1400, [sample], sampled_records=[a]).kernel_ns == 300
+
+
 def test_without_samples_the_kernel_parts_are_unknown_and_the_host_is_split():
     a, b = step(0, 0, (50, 150)), step(1, 170, (220, 320))
     wf = waterfall([a, b], 0, 400)
