@@ -1,0 +1,47 @@
+"""The grid-wide barrier of the persistent decode layer (engine/model/persistent_layer.py).
+
+Owns `grid_sync`, a @triton.jit device function: every program of a launch arrives on one
+int32 counter in global memory and waits until all have arrived, so that what the programs
+wrote before it (the q rows, the K/V cache rows, the attention output, the residual stream)
+is visible to every program after it.
+
+- Arrive: `tl.debug_barrier()` (bar.sync: every thread of the program has issued its stores),
+  then one atomic add with release semantics at GPU scope (a scalar atomic runs in one thread).
+- Wait: spin on volatile loads (they go to L2, no atomic traffic on the counter while others
+  arrive) until the counter reaches `target`, then one acquire atomic at GPU scope (the fence
+  that makes the other programs' writes visible, L1 included) and bar.sync for the rest of
+  the program's threads.
+
+Replay safety inside a CUDA graph: the counter only grows within a step; the owner zeroes it
+once per step, before the step's first persistent launch (`new_counter` / a memset node in the
+graph), and barrier i of the step waits for (i + 1) * num_programs arrivals.
+
+Deadlock: every program of the launch must be resident at once (grid <= SMs, one program per
+SM fits: the launcher keeps the grid at most the SM count and nothing else runs on the stream).
+Under TRITON_INTERPRET=1 programs run one after another, so the barrier is never compiled in
+there: the launcher runs the phases as separate launches instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.model.fused_ops import tl, triton
+
+if triton is not None:
+
+    @triton.jit
+    def grid_sync(bar_ptr, target):
+        """Arrive on the counter at bar_ptr, then wait until it reaches target."""
+        tl.debug_barrier()
+        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+        cur = tl.load(bar_ptr, volatile=True)
+        while cur < target:
+            cur = tl.load(bar_ptr, volatile=True)
+        tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+
+
+def new_counter(device: torch.device) -> torch.Tensor:
+    """A zeroed int32 barrier counter (one per model: steps never run concurrently)."""
+    return torch.zeros(1, dtype=torch.int32, device=device)

@@ -1,0 +1,112 @@
+"""Which forwards run the persistent decode layer (`fused_layer: persistent`, issue 22), and
+the per-step state it needs.
+
+Owns `PersistentStep`: attached to a FusedLlamaForCausalLM when the mode is selected, it says
+whether a forward fits (`fits`: shapes only, so a CUDA graph captured for a token bucket stays
+valid), picks the launch's tiles per token count (`tiles`), and runs every decoder layer with
+`persistent_layer` (`run`), after zeroing the step's barrier counter (one memset, captured in
+the graph with the rest).
+
+What fits: Triton runs the model (CUDA, or the interpreter in tests); no tensor parallelism;
+no per-head q/k norm (Qwen3), as for the rotary epilogue; a power-of-two head_dim >= 16 and
+cache block; at most MAX_TOKENS tokens (decode-sized steps; the kernel is correct for any
+flat batch, prefill chunks included, but one program per SM is the wrong shape for long
+prefills). Anything else runs the `five` layer, per forward.
+
+Never branches on tensor values, never syncs with the host.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.attention.triton_paged import resolve_config
+from engine.model import gemm_table
+from engine.model.fused_ops import use_triton
+from engine.model.fused_rope import rope_epilogue_fits
+from engine.model.persistent_barrier import new_counter
+from engine.model.persistent_layer import (
+    BARRIERS_PER_LAYER,
+    LayerTiles,
+    max_programs,
+    persistent_layer,
+    phase_items,
+)
+
+MAX_TOKENS = 64  # the fused GEMMs' largest BLOCK_M (engine/model/fused_gemm.py `_blocks`)
+
+SUMMARY = ("persistent: one Triton launch a decoder layer (grid barriers between its phases) "
+           f"for steps of at most {MAX_TOKENS} tokens; larger steps, tensor parallelism and "
+           "models with a q/k norm run the five-kernel layer")
+
+
+class PersistentStep:
+    """The persistent path of one model (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        first = model.layers[0]
+        self.hidden = first.qkv.shape[1]
+        self.inter = first.gate_up.shape[0] // 2
+        self.qkv_rows = first.qkv.shape[0]
+        self.counter = new_counter(first.qkv.device)
+        self.contiguous = all(p.is_contiguous() for p in model.layers.parameters())
+        self.phased = False  # True: one launch a phase (the CUDA tests' oracle)
+
+    def fits(self, x: torch.Tensor, gapless) -> bool:
+        """Whether this forward (flat batch x [T, HID]) runs the persistent layer."""
+        t = x.shape[0]
+        if not (0 < t <= MAX_TOKENS and use_triton(x) and self.model.tp is None):
+            return False
+        k_cache, v_cache = gapless.kv_caches[0]
+        d, block = k_cache.shape[3], k_cache.shape[1]
+        return (x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+                and d >= 16 and d & (d - 1) == 0 and block & (block - 1) == 0
+                and all(rope_epilogue_fits(layer.qk_norm, *kv, self.model.cos_sin)
+                        for layer, kv in zip(self.model.layers, gapless.kv_caches, strict=True))
+                and self.contiguous)
+
+    def tiles(self, t: int, x: torch.Tensor, k_cache: torch.Tensor) -> LayerTiles:
+        """The launch's tiles for t tokens: each GEMM phase takes the fused kernel's table
+        entry for its shape (mode five, the heuristic where unmeasured), attention one split
+        with choose_config's key tile; the grid is the largest phase, at most one per SM."""
+        return _tiles(t, x.device, x.dtype, self.hidden, self.inter, self.qkv_rows,
+                      self.model.num_heads, k_cache.shape[2], k_cache.shape[3],
+                      k_cache.element_size())
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, gapless) -> torch.Tensor:
+        """Every decoder layer on the hidden state x (whole: no pending residual)."""
+        x = x.contiguous()
+        tiles = self.tiles(x.shape[0], x, gapless.kv_caches[0][0])
+        self.counter.zero_()
+        m = self.model
+        for i, layer in enumerate(m.layers):
+            x = persistent_layer(layer, x, positions, gapless, gapless.kv_caches[i], m.cos_sin,
+                                 m.num_heads, m.eps, tiles, self.counter,
+                                 i * BARRIERS_PER_LAYER, phased=self.phased)
+        return x
+
+
+@functools.cache
+def _tiles(t: int, device: torch.device, dtype: torch.dtype, hidden: int, inter: int,
+           qkv_rows: int, heads: int, kv_heads: int, head_dim: int, elem: int) -> LayerTiles:
+    from engine.model.fused_gemm import _blocks
+
+    name = gemm_table.device_name(device.index or 0) if device.type == "cuda" else None
+
+    def pick(kind: str, n: int, k: int) -> tuple[int, int]:
+        cfg = gemm_table.choose("five", kind, n, k, t, name)
+        return cfg.block_n, cfg.block_k
+
+    att = resolve_config(tokens=t, kv_heads=kv_heads, group=heads // kv_heads,
+                         head_dim=head_dim, elem_size=elem, device=device, num_splits=1)
+    tiles = LayerTiles(
+        block_m=_blocks(t)[0], qkv=pick("norm_rope", qkv_rows, hidden),
+        o=pick("residual", hidden, heads * head_dim), gate_up=pick("norm_pair", inter, hidden),
+        down=pick("residual", hidden, inter), att_block_n=att.block_n,
+        table_ahead=att.table_ahead, programs=1)
+    items = phase_items(t, tiles, hidden=hidden, inter=inter, qkv_rows=qkv_rows,
+                        kv_heads=kv_heads)
+    return tiles._replace(programs=min(max_programs(device), max(items)))

@@ -1,0 +1,282 @@
+"""The persistent decode layer (engine/model/persistent_layer.py, `fused_layer: persistent`,
+issue 22): one Triton launch a decoder layer with grid barriers between its phases.
+
+- Interpreter (CPU, fp32; ``test_interp_*`` run in the TRITON_INTERPRET=1 child the parent test
+  starts): the whole model on a mixed prefill + decode + padding flat batch, each layer run
+  phase by phase (programs striding over several tiles), against the torch path; logits and
+  every K/V cache.
+- Host only: a real sm_90 compile of the one-launch kernel (the barrier's release add, spin
+  and acquire are in it, and not in the phased kernel; shared memory for one program per SM).
+- CUDA (bf16, SmolLM2-135M and Llama-3.2-1B layer shapes): the one-launch kernel over three
+  layers against the same kernel one phase a launch (bit-equal: the same tiles, the barrier
+  only orders them), against the `five` layer's kernels (within bf16 rounding), and replayed
+  from a CUDA graph (the barrier counter reset each replay).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_fused_ops import (
+    IN_INTERPRETER,
+    _ptxas_available,
+    interp_only,
+    needs_cuda,
+    rel_err,
+    run_interpreter_child,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
+def test_persistent_layer_in_interpreter_subprocess() -> None:
+    proc, report = run_interpreter_child(__file__)
+    assert proc.returncode == 0, report
+    assert re.search(r"\b3 passed", proc.stdout) and "skipped" not in proc.stdout, report
+
+
+def count_launches(monkeypatch) -> list[tuple[int, int, bool]]:
+    """Wraps the persistent kernel: one (FIRST, LAST, SYNC) entry per launch."""
+    from engine.model import persistent_layer
+
+    calls: list[tuple[int, int, bool]] = []
+    real = persistent_layer._persistent_layer_kernel
+
+    class Counted:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                calls.append((kw["FIRST"], kw["LAST"], kw["SYNC"]))
+                return real[grid](*args, **kw)
+            return launch
+    monkeypatch.setattr(persistent_layer, "_persistent_layer_kernel", Counted())
+    return calls
+
+
+@interp_only
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_interp_model_forward_matches_torch_path(family, monkeypatch) -> None:
+    """A flat batch of a 5-token prefill chunk, one decode at position 9 and a padding token
+    through the whole model in mode persistent (every layer phase by phase, 3 programs striding
+    over the tiles) against the torch path (torch twins and the reference attention): logits
+    and every layer's K/V cache. Mistral with a sliding window of 4 (the decode sees 4 keys);
+    Qwen2 with the qkv bias."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from tiny_models import make_config
+    from transformers import AutoModelForCausalLM
+
+    from engine.attention.interface import AttnContext
+    from engine.attention.reference import paged_attention as ref_attention
+    from engine.model import fused_gemm, fused_ops, fused_rope, llama, persistent_step
+    from engine.model.weights import build_fused_model
+
+    torch.manual_seed(0)
+    extra = {"sliding_window": 4} if family == "mistral" else {}
+    hf = AutoModelForCausalLM.from_config(make_config(family, **extra)).eval()
+    model = build_fused_model(hf)
+    c = hf.config
+    kvh, d = c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+    pos = torch.tensor([0, 1, 2, 3, 4, 9, 0], dtype=torch.int32)
+    req = torch.tensor([0, 0, 0, 0, 0, 1, -1], dtype=torch.int32)
+    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    slots = torch.tensor([0, 1, 2, 3, 4, 4 * 4 + 9 - 8, 6 * 4], dtype=torch.int64)
+    ids = torch.randint(1, 300, (1, 7))
+
+    def run():
+        torch.manual_seed(1)
+        kv = [(torch.randn(7, 4, kvh, d), torch.randn(7, 4, kvh, d))
+              for _ in range(c.num_hidden_layers)]
+        ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
+                          token_pos=pos, backend=ref_attention)
+        with torch.inference_mode():
+            logits = model(input_ids=ids, position_ids=pos[None],
+                           logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
+        return logits, kv
+
+    model.set_fused_path(llama.FusedPath("persistent"))
+    launches = count_launches(monkeypatch)
+    got, got_kv = run()
+    assert launches == [(p, p, False) for p in range(5)] * c.num_hidden_layers
+    assert persistent_step._tiles(7, torch.device("cpu"), torch.float32, c.hidden_size,
+                                  c.intermediate_size, (c.num_attention_heads + 2 * kvh) * d,
+                                  c.num_attention_heads, kvh, d, 4).programs == 3
+    for mod in (fused_ops, fused_gemm, fused_rope, persistent_step):
+        monkeypatch.setattr(mod, "use_triton", lambda x: False)
+    model.set_fused_path(llama.FusedPath("plain"))
+    want, want_kv = run()
+    assert got.shape == want.shape == (1, 2, c.vocab_size)
+    assert rel_err(got, want) < 1e-4
+    for (gk, gv), (wk, wv) in zip(got_kv, want_kv, strict=True):
+        assert rel_err(gk, wk) < 1e-5 and rel_err(gv, wv) < 1e-5
+
+
+SM90_SHAPES = {  # H, KVH, D: SmolLM2-135M, Llama-3.2-1B
+    "smollm2": (9, 3, 64),
+    "llama1b": (32, 8, 64),
+}
+
+
+def compile_sm90(heads: int, kvh: int, d: int, sync: bool):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.model import persistent_layer as pl
+
+    kernel = pl._persistent_layer_kernel
+    g = heads // kvh
+    g_pad = triton.next_power_of_2(g)
+    const = dict(H=heads, KVH=kvh, D=d, CACHE_BLOCK=16, G=g, G_PAD=g_pad,
+                 BLOCK_Q=max(1, 16 // g_pad), ATT_BN=64, HAS_WINDOW=False, IEEE_DOT=False,
+                 TABLE_AHEAD=True, QKV_BIAS=False, O_BIAS=False, GU_BIAS=False, DN_BIAS=False,
+                 BLOCK_M=16, NORM_BK=512, QKV_BN=8, QKV_BK=256, QKV_IL=True, O_BN=16, O_BK=256,
+                 GU_BN=16, GU_BK=256, DN_BN=16, DN_BK=256,
+                 FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync)
+    ints = {"rope_pos_ptr", "tok_pos_ptr", "req_ptr", "bt_ptr", "bar_ptr"}
+    sig = {}
+    for n in kernel.arg_names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = "*i64" if n == "slot_ptr" else "*i32" if n in ints else "*bf16"
+        else:
+            sig[n] = "fp32" if n in ("eps", "scale_log2") else "i32"
+    unaligned = ("T", "bar_base", "eps", "scale_log2", "window", "max_blocks")
+    aligned = [n for n in kernel.arg_names if sig[n] != "constexpr" and n not in unaligned]
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(kernel, sig, const, attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "num_stages": 3})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
+                    reason="on a GPU the cuda tests compile and run the kernel for real")
+@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+@pytest.mark.parametrize("shape", sorted(SM90_SHAPES))
+def test_one_launch_kernel_compiles_for_sm90_with_its_barrier(shape) -> None:
+    """The real compile: the barrier's release add, volatile spin and acquire load are there
+    (4 barriers: one a phase boundary), the phased kernel has none, and one program fits an
+    SM's shared memory with room (the grid must be co-resident)."""
+    one = compile_sm90(*SM90_SHAPES[shape], sync=True)
+    ptx = one.asm["ptx"]
+    assert len(re.findall(r"red\.global\.gpu\.release\.add", ptx)) == 4
+    assert len(re.findall(r"ld\.global\.gpu\.acquire", ptx)) == 4
+    assert "ld.volatile.global" in ptx
+    assert "ld.global.nc" not in ptx  # activations written by other programs: never non-coherent
+    assert one.metadata.shared <= 100 * 1024
+    phased = compile_sm90(*SM90_SHAPES[shape], sync=False).asm["ptx"]
+    assert "release" not in phased and "acquire" not in phased
+
+
+# ----------------------------------------------------------------------------------- CUDA
+
+CUDA_SHAPES = {  # hidden, heads, kv heads, head_dim, intermediate, tokens, context
+    "smollm2-135m-b16": (576, 9, 3, 64, 1536, 16, 264),
+    "llama-3.2-1b-b1": (2048, 32, 8, 64, 8192, 1, 264),
+}
+
+
+def _cuda_layer_case(hidden, heads, kvh, d, inter, t, context, layers=3):
+    from engine.attention.interface import AttnContext
+    from engine.attention.triton_paged import paged_attention
+    from engine.model.llama import FusedDecoderLayer
+
+    g = torch.Generator(device="cuda").manual_seed(hidden + t)
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=g, device="cuda")  # noqa: E731
+                                 * scale).bfloat16()
+    mk = lambda: FusedDecoderLayer(  # noqa: E731
+        input_norm=1 + rnd(hidden, scale=0.1), qkv=rnd((heads + 2 * kvh) * d, hidden,
+                                                       scale=hidden ** -0.5),
+        qkv_bias=None, qk_norm=None, o=rnd(hidden, heads * d, scale=(heads * d) ** -0.5),
+        o_bias=None, post_norm=1 + rnd(hidden, scale=0.1),
+        gate_up=rnd(2 * inter, hidden, scale=hidden ** -0.5), gate_up_bias=None,
+        down=rnd(hidden, inter, scale=inter ** -0.5), down_bias=None, sliding_window=None,
+        scaling=d ** -0.5)
+    stack = [mk() for _ in range(layers)]
+    block, per_req = 16, -(-(context + 1) // 16)
+    blocks = t * per_req + 1
+    kv = [(rnd(blocks, block, kvh, d), rnd(blocks, block, kvh, d)) for _ in range(layers)]
+    bt = torch.arange(t * per_req, dtype=torch.int32, device="cuda").view(t, per_req)
+    pos = torch.full((t,), context, dtype=torch.int32, device="cuda")
+    slots = (bt[:, context // block].long() * block + context % block)
+    ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt,
+                      token_req=torch.arange(t, dtype=torch.int32, device="cuda"),
+                      token_pos=pos, backend=paged_attention)
+    cos_sin = rnd(context + 8, 2, d // 2)
+    return stack, ctx, cos_sin, rnd(t, hidden)
+
+
+def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter):
+    from engine.model.persistent_layer import BARRIERS_PER_LAYER, persistent_layer
+    from engine.model.persistent_step import _tiles
+
+    k0 = ctx.kv_caches[0][0]
+    t, hidden = x.shape
+    tiles = _tiles(t, x.device, x.dtype, hidden, stack[0].gate_up.shape[0] // 2,
+                   stack[0].qkv.shape[0], heads, k0.shape[2], k0.shape[3], 2)
+    counter.zero_()
+    for i, layer in enumerate(stack):
+        x = persistent_layer(layer, x, ctx.token_pos, ctx, ctx.kv_caches[i], cos_sin, heads,
+                             1e-5, tiles, counter, i * BARRIERS_PER_LAYER, phased=phased)
+    return x
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", sorted(CUDA_SHAPES))
+def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
+    """bf16, three layers: the one-launch kernel (barriers) and one launch a phase give the
+    same bits (hidden state and caches); both within bf16 rounding of the `five` layer's
+    kernels; a CUDA graph of the one-launch step replays to the same bits twice."""
+    from engine.model.llama import FusedPath
+    from engine.model.persistent_barrier import new_counter
+
+    hidden, heads, kvh, d, inter, t, context = CUDA_SHAPES[shape]
+    stack, ctx, cos_sin, x0 = _cuda_layer_case(hidden, heads, kvh, d, inter, t, context)
+    caches0 = [(k.clone(), v.clone()) for k, v in ctx.kv_caches]
+    counter = new_counter(x0.device)
+
+    def fresh():
+        for (k, v), (k0, v0) in zip(ctx.kv_caches, caches0, strict=True):
+            k.copy_(k0)
+            v.copy_(v0)
+        return x0.clone()
+
+    phased = _run_persistent(stack, ctx, cos_sin, fresh(), heads, True, counter)
+    phased_kv = [(k.clone(), v.clone()) for k, v in ctx.kv_caches]
+    one = _run_persistent(stack, ctx, cos_sin, fresh(), heads, False, counter)
+    torch.cuda.synchronize()
+    assert torch.equal(one, phased), f"max diff {(one.float() - phased.float()).abs().max()}"
+    for (k, v), (pk, pv) in zip(ctx.kv_caches, phased_kv, strict=True):
+        assert torch.equal(k, pk) and torch.equal(v, pv)
+    x, residual = fresh(), None
+    for i, layer in enumerate(stack):
+        layer.path = FusedPath("five")
+        x, residual = layer(x, residual, ctx.token_pos, ctx, ctx.kv_caches[i], cos_sin, heads,
+                            1e-5)
+    assert residual is None
+    err = rel_err(one, x)
+    print(f"{shape}: persistent vs five rel err {err:.2e}")
+    assert err < 2e-2
+    graph, x_in = torch.cuda.CUDAGraph(), fresh()
+    out_ref = _run_persistent(stack, ctx, cos_sin, x_in.clone(), heads, False, counter)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fresh()
+        buf = x_in.clone()
+        with torch.cuda.graph(graph, stream=stream):
+            out = _run_persistent(stack, ctx, cos_sin, buf, heads, False, counter)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        fresh()
+        buf.copy_(x_in)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, out_ref)
