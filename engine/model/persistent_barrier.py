@@ -29,19 +29,35 @@ import torch
 from engine.model.fused_ops import tl, triton
 
 if triton is not None:
+    MAX_SPINS = tl.constexpr(1 << 21)  # volatile L2 polls (~0.5 us each) before giving up
 
     @triton.jit
     def grid_sync(bar_ptr, target):
-        """Arrive on the counter at bar_ptr, then wait until it reaches target."""
+        """Arrive on the counter at bar_ptr[0], then wait until it reaches target. A wait
+        longer than MAX_SPINS polls (about a second: the grid was not co-resident) gives up
+        and raises the flag bar_ptr[1]; once it is up no barrier waits, so a broken launch
+        ends with wrong results and a flag (`timed_out`) instead of hanging the GPU."""
         tl.debug_barrier()
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
         cur = tl.load(bar_ptr, volatile=True)
-        while cur < target:
+        ok = tl.load(bar_ptr + 1, volatile=True) == 0
+        spins = 0
+        while (cur < target) & (spins < MAX_SPINS) & ok:
             cur = tl.load(bar_ptr, volatile=True)
+            spins += 1
+        if spins >= MAX_SPINS:
+            tl.atomic_xchg(bar_ptr + 1, 1)
         tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
 
 
 def new_counter(device: torch.device) -> torch.Tensor:
-    """A zeroed int32 barrier counter (one per model: steps never run concurrently)."""
-    return torch.zeros(1, dtype=torch.int32, device=device)
+    """A zeroed barrier counter: [0] the arrivals (zero it before each step's first launch,
+    `counter[:1].zero_()`), [1] the timeout flag (never reset: see `timed_out`). One per model:
+    steps never run concurrently."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
+
+
+def timed_out(counter: torch.Tensor) -> bool:
+    """Whether a barrier on this counter ever gave up waiting (a host sync: tests only)."""
+    return bool(counter[1].item())

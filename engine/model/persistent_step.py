@@ -80,7 +80,7 @@ class PersistentStep:
         """Every decoder layer on the hidden state x (whole: no pending residual)."""
         x = x.contiguous()
         tiles = self.tiles(x.shape[0], x, gapless.kv_caches[0][0])
-        self.counter.zero_()
+        self.counter[:1].zero_()  # the arrivals; [1], the timeout flag, stays
         m = self.model
         for i, layer in enumerate(m.layers):
             x = persistent_layer(layer, x, positions, gapless, gapless.kv_caches[i], m.cos_sin,

@@ -103,6 +103,12 @@ def test_cuda_persistent_greedy_within_ties(graphs, tiny_model_dir, monkeypatch)
     from helpers import cuda_engine_outputs, mixed_prompts
     from test_fused_rope_engine import greedy_within_ties
 
+    from engine.model import persistent_barrier, persistent_step
+
+    counters = []
+    monkeypatch.setattr(persistent_step, "new_counter",
+                        lambda dev: counters.append(persistent_barrier.new_counter(dev))
+                        or counters[-1])
     launches = count_launches(monkeypatch)
     model_dir = tiny_model_dir("llama")
     prompts = mixed_prompts(9, seed=5)
@@ -111,6 +117,7 @@ def test_cuda_persistent_greedy_within_ties(graphs, tiny_model_dir, monkeypatch)
                                                fused_layer="persistent")
     assert settings["fused_layer"].startswith("persistent")
     assert launches and set(launches) == {(0, 4, True)}
+    assert counters and not any(persistent_barrier.timed_out(c) for c in counters)
     assert stats["preemptions"] > 0
     assert [len(t) for t in got] == [12] * len(prompts)
     ties = greedy_within_ties(model_dir, prompts, got, "cuda")

@@ -220,7 +220,7 @@ def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter):
     t, hidden = x.shape
     tiles = _tiles(t, x.device, x.dtype, hidden, stack[0].gate_up.shape[0] // 2,
                    stack[0].qkv.shape[0], heads, k0.shape[2], k0.shape[3], 2)
-    counter.zero_()
+    counter[:1].zero_()
     for i, layer in enumerate(stack):
         x = persistent_layer(layer, x, ctx.token_pos, ctx, ctx.kv_caches[i], cos_sin, heads,
                              1e-5, tiles, counter, i * BARRIERS_PER_LAYER, phased=phased)
@@ -235,7 +235,7 @@ def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
     same bits (hidden state and caches); both within bf16 rounding of the `five` layer's
     kernels; a CUDA graph of the one-launch step replays to the same bits twice."""
     from engine.model.llama import FusedPath
-    from engine.model.persistent_barrier import new_counter
+    from engine.model.persistent_barrier import new_counter, timed_out
 
     hidden, heads, kvh, d, inter, t, context = CUDA_SHAPES[shape]
     stack, ctx, cos_sin, x0 = _cuda_layer_case(hidden, heads, kvh, d, inter, t, context)
@@ -252,6 +252,7 @@ def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
     phased_kv = [(k.clone(), v.clone()) for k, v in ctx.kv_caches]
     one = _run_persistent(stack, ctx, cos_sin, fresh(), heads, False, counter)
     torch.cuda.synchronize()
+    assert not timed_out(counter), "a barrier gave up waiting: the grid was not co-resident"
     assert torch.equal(one, phased), f"max diff {(one.float() - phased.float()).abs().max()}"
     for (k, v), (pk, pv) in zip(ctx.kv_caches, phased_kv, strict=True):
         assert torch.equal(k, pk) and torch.equal(v, pv)
@@ -280,3 +281,4 @@ def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, out_ref)
+    assert not timed_out(counter)
