@@ -50,6 +50,22 @@ if triton is not None:
         tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         tl.debug_barrier()
 
+    @triton.jit
+    def prefetch_l2(base_ptr, nbytes, pid, progs, LINES: tl.constexpr):
+        """Ask L2 for the bytes [0, nbytes) after base_ptr (weights of a later phase, which
+        no phase writes), this program's share of them in 128-byte lines, LINES at a time;
+        fire and forget (`prefetch.global.L2`: no register waits for it)."""
+        lines = tl.cdiv(nbytes, 128)
+        per = tl.cdiv(lines, progs)
+        lo = pid * per
+        hi = tl.minimum(lo + per, lines)
+        base = base_ptr.to(tl.pointer_type(tl.int8))
+        for first in range(lo, hi, LINES):
+            idx = first + tl.arange(0, LINES)
+            ptrs = base + tl.where(idx < hi, idx, lo).to(tl.int64) * 128
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
+                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
 
 def new_counter(device: torch.device) -> torch.Tensor:
     """A zeroed barrier counter: [0] the arrivals (zero it before each step's first launch,

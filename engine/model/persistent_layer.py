@@ -42,7 +42,7 @@ if triton is not None:
     from engine.attention.triton_paged import _attention_tile
     from engine.model.fused_gemm import _linear_tile
     from engine.model.fused_rope import _qkv_rope_tile
-    from engine.model.persistent_barrier import grid_sync
+    from engine.model.persistent_barrier import grid_sync, prefetch_l2
 
     @triton.jit
     def _sync_after(phase: tl.constexpr, bar_ptr, bar_base, FIRST: tl.constexpr,
@@ -59,6 +59,7 @@ if triton is not None:
         in_norm_ptr, qkv_ptr, qkv_b_ptr, o_ptr, o_b_ptr, post_norm_ptr, gu_ptr, gu_b_ptr,
         dn_ptr, dn_b_ptr,
         cs_ptr, rope_pos_ptr, slot_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr,
+        next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv,
         T, HID, INTER, max_blocks, bar_base, eps, scale_log2, window,
         stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_btr,
@@ -70,12 +71,14 @@ if triton is not None:
         QKV_BN: tl.constexpr, QKV_BK: tl.constexpr, QKV_IL: tl.constexpr,
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr,
-        FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr,
+        FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         """Phases FIRST..LAST of one decoder layer (module docstring). Buffers contiguous:
         x [T, HID], q and attn [T, H, D], act [T, INTER]; weights row-major. QKV_BN counts
         half columns (the rotary kernel's BLOCK_N). bar_base: barriers of this step before
-        this launch (the counter's target is (bar_base + i) * programs)."""
+        this launch (the counter's target is (bar_base + i) * programs). PREFETCH: each phase
+        first asks L2 for the next GEMM phase's weights (pf_* bytes of them; the down phase:
+        the next layer's qkv at next_qkv_ptr), so they load from L2 after the barrier."""
         pid = tl.program_id(0)
         progs = tl.num_programs(0)
         HALF: tl.constexpr = D // 2
@@ -83,6 +86,8 @@ if triton is not None:
         n_m = tl.cdiv(T, BLOCK_M)
         if FIRST <= 0:
             if LAST >= 0:
+                if PREFETCH:
+                    prefetch_l2(o_ptr, pf_o, pid, progs, 512)
                 n2 = (H + 2 * KVH) * HALF
                 n_n = tl.cdiv(n2, QKV_BN)
                 for w in range(pid, n_m * n_n, progs):
@@ -95,6 +100,8 @@ if triton is not None:
         _sync_after(0, bar_ptr, bar_base, FIRST, LAST, SYNC)
         if FIRST <= 1:
             if LAST >= 1:
+                if PREFETCH:
+                    prefetch_l2(gu_ptr, pf_gu, pid, progs, 512)
                 for w in range(pid, T * KVH, progs):
                     _attention_tile(
                         w // KVH, w % KVH, 0, KVH, q_ptr, k_ptr, v_ptr, bt_ptr, req_ptr,
@@ -106,6 +113,8 @@ if triton is not None:
         _sync_after(1, bar_ptr, bar_base, FIRST, LAST, SYNC)
         if FIRST <= 2:
             if LAST >= 2:
+                if PREFETCH:
+                    prefetch_l2(dn_ptr, pf_dn, pid, progs, 512)
                 n_n = tl.cdiv(HID, O_BN)
                 for w in range(pid, n_m * n_n, progs):
                     _linear_tile(
@@ -125,6 +134,8 @@ if triton is not None:
         _sync_after(3, bar_ptr, bar_base, FIRST, LAST, SYNC)
         if FIRST <= 4:
             if LAST >= 4:
+                if PREFETCH:
+                    prefetch_l2(next_qkv_ptr, pf_qkv, pid, progs, 512)
                 n_n = tl.cdiv(HID, DN_BN)
                 for w in range(pid, n_m * n_n, progs):
                     _linear_tile(
@@ -170,10 +181,13 @@ def persistent_layer(
     layer, x: torch.Tensor, positions: torch.Tensor, ctx, kv: tuple[torch.Tensor, torch.Tensor],
     cos_sin: torch.Tensor, num_heads: int, eps: float, tiles: LayerTiles,
     counter: torch.Tensor, bar_base: int, *, phased: bool = False,
+    next_qkv: torch.Tensor | None = None, prefetch_bytes: int = 0,
 ) -> torch.Tensor:
     """One decoder layer over the whole hidden state x [T, HID] (updated in place and
     returned); `layer` a FusedDecoderLayer. One launch on CUDA (unless `phased`), one a phase
-    under the interpreter. bar_base: the barriers this step has passed on `counter`."""
+    under the interpreter. bar_base: the barriers this step has passed on `counter`.
+    prefetch_bytes > 0 (one launch only): each phase asks L2 for up to that many bytes of the
+    next GEMM's weights (the down phase: of next_qkv, the next layer's)."""
     k_cache, v_cache = kv
     t, hid = x.shape
     d, kvh, cache_block = k_cache.shape[3], k_cache.shape[2], k_cache.shape[1]
@@ -190,6 +204,8 @@ def persistent_layer(
         _or(layer.o_bias, w), layer.post_norm, layer.gate_up, _or(layer.gate_up_bias, w),
         layer.down, _or(layer.down_bias, w), cos_sin, positions, ctx.slot_mapping, k_cache,
         v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos, counter,
+        w if next_qkv is None else next_qkv, *(min(prefetch_bytes, _bytes(p)) for p in (
+            layer.o, layer.gate_up, layer.down, w if next_qkv is None else next_qkv)),
         t, hid, inter, ctx.block_tables.shape[1], bar_base, eps,
         layer.scaling * 1.4426950408889634, window or 0,
         cos_sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -210,8 +226,13 @@ def persistent_layer(
     one_launch = x.is_cuda and not phased
     for first, last in ([(0, PHASES - 1)] if one_launch else [(p, p) for p in range(PHASES)]):
         _persistent_layer_kernel[(tiles.programs,)](
-            *args, FIRST=first, LAST=last, SYNC=one_launch, **const)
+            *args, FIRST=first, LAST=last, SYNC=one_launch,
+            PREFETCH=one_launch and prefetch_bytes > 0, **const)
     return x
+
+
+def _bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _or(t: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:

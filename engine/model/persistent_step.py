@@ -19,6 +19,7 @@ Never branches on tensor values, never syncs with the host.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -36,6 +37,9 @@ from engine.model.persistent_layer import (
 )
 
 MAX_TOKENS = 64  # the fused GEMMs' largest BLOCK_M (engine/model/fused_gemm.py `_blocks`)
+# Experiment switch (issue 22, not a config key until measured): megabytes of the next GEMM's
+# weights each phase asks L2 for (persistent_layer's PREFETCH); 0 or unset: off.
+PREFETCH_ENV = "GAPLESS_PERSISTENT_PREFETCH_MB"
 
 SUMMARY = ("persistent: one Triton launch a decoder layer (grid barriers between its phases) "
            f"for steps of at most {MAX_TOKENS} tokens; larger steps, tensor parallelism and "
@@ -54,6 +58,7 @@ class PersistentStep:
         self.counter = new_counter(first.qkv.device)
         self.contiguous = all(p.is_contiguous() for p in model.layers.parameters())
         self.phased = False  # True: one launch a phase (the CUDA tests' oracle)
+        self.prefetch_bytes = int(float(os.environ.get(PREFETCH_ENV) or 0) * 2 ** 20)
 
     def fits(self, x: torch.Tensor, gapless) -> bool:
         """Whether this forward (flat batch x [T, HID]) runs the persistent layer."""
@@ -82,10 +87,13 @@ class PersistentStep:
         tiles = self.tiles(x.shape[0], x, gapless.kv_caches[0][0])
         self.counter[:1].zero_()  # the arrivals; [1], the timeout flag, stays
         m = self.model
+        n = len(m.layers)
         for i, layer in enumerate(m.layers):
             x = persistent_layer(layer, x, positions, gapless, gapless.kv_caches[i], m.cos_sin,
                                  m.num_heads, m.eps, tiles, self.counter,
-                                 i * BARRIERS_PER_LAYER, phased=self.phased)
+                                 i * BARRIERS_PER_LAYER, phased=self.phased,
+                                 next_qkv=m.layers[i + 1].qkv if i + 1 < n else None,
+                                 prefetch_bytes=self.prefetch_bytes)
         return x
 
 

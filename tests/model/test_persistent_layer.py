@@ -136,7 +136,7 @@ def compile_sm90(heads: int, kvh: int, d: int, sync: bool):
                  TABLE_AHEAD=True, QKV_BIAS=False, O_BIAS=False, GU_BIAS=False, DN_BIAS=False,
                  BLOCK_M=16, NORM_BK=512, QKV_BN=8, QKV_BK=256, QKV_IL=True, O_BN=16, O_BK=256,
                  GU_BN=16, GU_BK=256, DN_BN=16, DN_BK=256,
-                 FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync)
+                 FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync, PREFETCH=sync)
     ints = {"rope_pos_ptr", "tok_pos_ptr", "req_ptr", "bt_ptr", "bar_ptr"}
     sig = {}
     for n in kernel.arg_names:
@@ -168,10 +168,11 @@ def test_one_launch_kernel_compiles_for_sm90_with_its_barrier(shape) -> None:
     assert len(re.findall(r"red\.global\.gpu\.release\.add", ptx)) == 4
     assert len(re.findall(r"ld\.global\.gpu\.acquire", ptx)) == 4
     assert "ld.volatile.global" in ptx
+    assert "prefetch.global.L2" in ptx  # PREFETCH (compiled in with the barrier here)
     assert "ld.global.nc" not in ptx  # activations written by other programs: never non-coherent
     assert one.metadata.shared <= 100 * 1024
     phased = compile_sm90(*SM90_SHAPES[shape], sync=False).asm["ptx"]
-    assert "release" not in phased and "acquire" not in phased
+    assert "release" not in phased and "acquire" not in phased and "prefetch" not in phased
 
 
 # ----------------------------------------------------------------------------------- CUDA
@@ -212,7 +213,7 @@ def _cuda_layer_case(hidden, heads, kvh, d, inter, t, context, layers=3):
     return stack, ctx, cos_sin, rnd(t, hidden)
 
 
-def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter):
+def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter, prefetch_bytes=0):
     from engine.model.persistent_layer import BARRIERS_PER_LAYER, persistent_layer
     from engine.model.persistent_step import _tiles
 
@@ -223,7 +224,9 @@ def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter):
     counter[:1].zero_()
     for i, layer in enumerate(stack):
         x = persistent_layer(layer, x, ctx.token_pos, ctx, ctx.kv_caches[i], cos_sin, heads,
-                             1e-5, tiles, counter, i * BARRIERS_PER_LAYER, phased=phased)
+                             1e-5, tiles, counter, i * BARRIERS_PER_LAYER, phased=phased,
+                             next_qkv=stack[(i + 1) % len(stack)].qkv,
+                             prefetch_bytes=prefetch_bytes)
     return x
 
 
@@ -231,9 +234,10 @@ def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter):
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", sorted(CUDA_SHAPES))
 def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
-    """bf16, three layers: the one-launch kernel (barriers) and one launch a phase give the
-    same bits (hidden state and caches); both within bf16 rounding of the `five` layer's
-    kernels; a CUDA graph of the one-launch step replays to the same bits twice."""
+    """bf16, three layers: the one-launch kernel (barriers; with and without the L2 weight
+    prefetch) and one launch a phase give the same bits (hidden state and caches); both within
+    bf16 rounding of the `five` layer's kernels; a CUDA graph of the one-launch step replays
+    to the same bits twice."""
     from engine.model.llama import FusedPath
     from engine.model.persistent_barrier import new_counter, timed_out
 
@@ -250,12 +254,13 @@ def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
 
     phased = _run_persistent(stack, ctx, cos_sin, fresh(), heads, True, counter)
     phased_kv = [(k.clone(), v.clone()) for k, v in ctx.kv_caches]
-    one = _run_persistent(stack, ctx, cos_sin, fresh(), heads, False, counter)
-    torch.cuda.synchronize()
-    assert not timed_out(counter), "a barrier gave up waiting: the grid was not co-resident"
-    assert torch.equal(one, phased), f"max diff {(one.float() - phased.float()).abs().max()}"
-    for (k, v), (pk, pv) in zip(ctx.kv_caches, phased_kv, strict=True):
-        assert torch.equal(k, pk) and torch.equal(v, pv)
+    for prefetch in (0, 64 << 20):
+        one = _run_persistent(stack, ctx, cos_sin, fresh(), heads, False, counter, prefetch)
+        torch.cuda.synchronize()
+        assert not timed_out(counter), "a barrier gave up waiting: grid not co-resident"
+        assert torch.equal(one, phased), f"max diff {(one.float() - phased.float()).abs().max()}"
+        for (k, v), (pk, pv) in zip(ctx.kv_caches, phased_kv, strict=True):
+            assert torch.equal(k, pk) and torch.equal(v, pv)
     x, residual = fresh(), None
     for i, layer in enumerate(stack):
         layer.path = FusedPath("five")
