@@ -39,6 +39,7 @@ from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
 from engine.step.sentinel import Sentinel
+from engine.step.step_floor import live_floor
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 
@@ -198,6 +199,9 @@ class Engine(LiveControl):
                 chunk_tokens=config.max_num_batched_tokens, block_size=config.block_size,
                 sample_every=config.sentinel_sample_every),
         )
+        # (under TP the leader's model is its shard, and each rank reads its KV share)
+        self.loop.byte_floor = live_floor(model, self.kv_bytes_per_token / max(1, n_tp),
+                                          self.floor_curve)
         # Measured kernels of a few steps every period (engine/step/kernel_trace.py).
         self.loop.pipeline.kernels.set_period(config.kernel_sample_period_s)
 

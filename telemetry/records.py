@@ -87,6 +87,10 @@ class StepRecord:
     # Measured kernels (telemetry.kernels.KernelSample) of sampled steps that finished since
     # the last record: the kernel sampler's output rides on the next record published.
     kernel_samples: list[Any] = field(default_factory=list)
+    # The step's byte floor, ns: the weights it reads once and its requests' KV over their
+    # contexts, at the peak copy bandwidth the engine measured at start (the waterfall's
+    # "byte floor" part); 0 where unknown (a CPU, telemetry off, a recording made before it).
+    floor_ns: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -165,7 +165,8 @@ def waterfall(records: Sequence[StepRecord], lo: int, hi: int,
               floor_ns: Callable[[StepRecord], float] | None = None,
               sampled_records: Iterable[StepRecord] = ()) -> Waterfall:
     """Split [lo, hi) (host ns) into COMPONENTS. ``samples`` are kernel samples (default:
-    those carried by ``records``); ``floor_ns(record)`` the step's byte floor in ns;
+    those carried by ``records``); ``floor_ns(record)`` the step's byte floor in ns (default:
+    the record's own ``floor_ns``, 0 where the engine did not know it);
     ``sampled_records``: more records (the sampled steps' own, where ``records`` lacks them)
     that give sampled steps their key and context."""
     samples = list(samples) or [s for r in records for s in r.kernel_samples]
@@ -190,8 +191,9 @@ def waterfall(records: Sequence[StepRecord], lo: int, hi: int,
                 continue
             k = k_step * inside / s.duration_ns
             kernel += k
-            if floor_ns is not None:
-                floor += min(k, floor_ns(r) * inside / s.duration_ns)
+            f = floor_ns(r) if floor_ns is not None else r.floor_ns
+            if f:
+                floor += min(k, f * inside / s.duration_ns)
     if not known:
         parts["floor"] = parts["kernels_above_floor"] = parts["in_step_gaps"] = None
         return Waterfall(hi - lo, parts, busy, None)
@@ -225,9 +227,8 @@ def host_phases(records: Sequence[StepRecord], lo: int, hi: int) -> dict[str, in
 class WaterfallMeter:
     """Running totals of the waterfall for a stream of step records (a /metrics exporter
     feeds each batch it reads): each batch's stretch, from where the last one ended to its
-    last compute end, is split with the latest kernel samples (the last ``keep``). Floors
-    are not known to a reader of records alone: their time counts in kernels_above_floor
-    (the floor part stays 0 unless ``floor_ns`` is given)."""
+    last compute end, is split with the latest kernel samples (the last ``keep``). The floor
+    part is the records' own ``floor_ns`` (set by an engine on a GPU), or ``floor_ns``'s."""
 
     def __init__(self, keep: int = 16,
                  floor_ns: Callable[[StepRecord], float] | None = None) -> None:

@@ -131,7 +131,6 @@ def wait_decoding(eng: Any, batch: int, timeout_s: float = 180.0) -> None:
 def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode: str,
                args: argparse.Namespace, curve: Any, nvml: Any) -> tuple[dict, list]:
     from telemetry.collect import StepCollector
-    from telemetry.floor import size_aware_seconds
     from telemetry.kernels import kernel_busy, sampled_step_periods
     from telemetry.waterfall import waterfall
 
@@ -263,9 +262,12 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         floor = ByteFloor.of(model) if model is not None else None
 
         def floor_ns(rec: Any) -> float:
+            """At the measured peak copy rate, as the engine's records carry it (StepRecord.
+            floor_ns): the size-aware floor is above a measured 8B step (its small reads are
+            single cold-L2 kernels), and as the waterfall's floor it took all kernel time."""
             reads = step_reads(model, floor, contexts_of(rec, args.prompt, first_decode))
-            sa = size_aware_seconds(reads, curve) if curve is not None else None
-            return (sa if sa is not None else sum(reads) / COPY_BW) * 1e9
+            bw = curve.peak_copy_bw if curve is not None and curve.peak_copy_bw else COPY_BW
+            return sum(reads) / bw * 1e9
 
         wf = waterfall(window, lo, hi, samples, floor_ns if cuda and floor else None)
         out["waterfall"] = {"wall_s": wf.window_ns / 1e9, "sum_s": wf.total_ns / 1e9,

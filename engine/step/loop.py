@@ -70,6 +70,9 @@ class StepLoop:
         self.runner = runner
         self.followers = followers
         self.sentinel = sentinel  # the async-correctness check (engine.step.sentinel)
+        # A step's byte floor (ns) from its total context (engine/step/step_floor.py
+        # live_floor), set by the engine on a GPU; None: records carry floor_ns 0.
+        self.byte_floor: Callable[[int], int] | None = None
         self.scheduler = scheduler
         self.streams = streams
         self.settings = settings
@@ -233,6 +236,8 @@ class StepLoop:
         if self.bus is not None:  # for the request ledger: who rode this step, and how far
             record.chunks = [(c.request.request_id, c.num_tokens, c.start + c.num_tokens)
                              for c in sched.chunks]
+            if self.byte_floor is not None:
+                record.floor_ns = self.byte_floor(sum(c[2] for c in record.chunks))
         if slot.inflight is not None:
             # One slot in async mode: the slot's last step must be read before reuse.
             self._complete(slot.inflight)

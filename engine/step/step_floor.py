@@ -12,7 +12,7 @@ bench/suites/truth_anatomy.py counts them. The step anatomy's summary reads it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -60,3 +60,28 @@ def engine_step_floors(engine: Any, records: Iterable[Any]) -> dict[int, dict[st
         return {}
     return {r.step: step_floor(weights, int(kv), layers, (c for _, _, c in r.chunks), curve)
             for r in records if r.chunks}
+
+
+def live_floor(model: torch.nn.Module, kv_bytes_per_token: float,
+               curve: BandwidthCurve | None) -> Callable[[int], int] | None:
+    """The byte floor (ns) of a step from its requests' total context, for the step records
+    the loop publishes (``StepRecord.floor_ns``, the waterfall's floor part): every weight of
+    ``model`` once plus ``kv_bytes_per_token`` per token of context, at the curve's peak copy
+    bandwidth. Under tensor parallelism pass the leader's shard and one rank's KV share:
+    every rank reads its own share at the same time. The peak-copy floor, not the
+    size-aware one: the curve's small reads are single cold-L2 kernels, and a step's GEMMs
+    read their weight tiles faster (H200: the 8B step's size-aware floor 7,297 us against a
+    measured 5,196 us), so the size-aware floor would swallow all kernel time. None without
+    a measured copy bandwidth (a CPU)."""
+    bw = curve.peak_copy_bw if curve is not None else None
+    if not bw:
+        return None
+    try:
+        weights = sum(weight_reads(model))
+    except (AttributeError, TypeError):
+        return None
+
+    def floor_ns(context_tokens: int) -> int:
+        return int((weights + kv_bytes_per_token * context_tokens) / bw * 1e9)
+
+    return floor_ns

@@ -77,3 +77,52 @@ def test_the_anatomy_summary_puts_each_step_against_both_floors():
     assert shown["x peak-copy floor"] == 2.0 and shown["x size-aware floor"] == 1.25
     rec.floors = {}
     assert "x_size_aware_floor" not in anatomy_summary(rec)["steps"][0]
+
+
+def test_the_live_floor_is_the_weights_and_the_context_s_kv_at_peak_copy():
+    """StepRecord.floor_ns, the waterfall's byte floor on the Live page and /metrics: the
+    weights once plus the KV of the step's total context, at the curve's peak copy rate
+    (not the size-aware one, which is above a measured 8B step on the H200)."""
+    from engine.step.step_floor import live_floor
+
+    f = live_floor(_Tiny(False), 4096, CURVE)
+    assert f(0) == int(272_384 / 2e12 * 1e9)
+    assert f(1000) == int((272_384 + 4096 * 1000) / 2e12 * 1e9)
+    assert live_floor(_Tiny(False), 4096, None) is None  # a CPU: no curve, no floor
+    no_copy = BandwidthCurve("Test GPU", ((MB, 1e11),))
+    assert live_floor(_Tiny(False), 4096, no_copy) is None
+
+
+def test_an_engine_with_a_curve_publishes_each_step_s_byte_floor(tiny_model_dir, monkeypatch):
+    """The loop sets every published record's floor_ns from its chunks' contexts; without a
+    curve (a CPU) it stays 0 and the waterfall's floor part with it."""
+    from engine import Engine, EngineConfig, SamplingParams
+    from engine import engine as engine_module
+    from engine.step.step_floor import live_floor, weight_reads
+    from telemetry.collect import StepCollector
+    from telemetry.waterfall import waterfall
+
+    def run(curve):
+        monkeypatch.setattr(engine_module, "engine_curve", lambda device: curve)
+        eng = Engine(EngineConfig(model=str(tiny_model_dir("llama")), device="cpu", dtype="float32",
+                                  max_num_seqs=2, max_num_batched_tokens=32, num_blocks=64,
+                                  block_size=16, async_batching=False, cuda_graphs=False))
+        try:
+            with StepCollector(eng.bus) as col:
+                eng.generate([[1, 2, 3, 4], [5, 6, 7]], SamplingParams(max_tokens=4,
+                                                                        temperature=0.0,
+                                                                        ignore_eos=True))
+            return eng, [r for r in col.records if r.num_tokens]
+        finally:
+            eng.shutdown()
+
+    eng, recs = run(CURVE)
+    assert recs
+    weights = sum(weight_reads(eng.model))
+    for r in recs:
+        ctx = sum(c[2] for c in r.chunks)
+        assert r.floor_ns == int((weights + eng.kv_bytes_per_token * ctx) / 2e12 * 1e9) > 0
+    assert live_floor(eng.model, eng.kv_bytes_per_token, CURVE)(7) == recs[0].floor_ns
+    _, plain = run(None)
+    assert plain and all(r.floor_ns == 0 for r in plain)
+    assert waterfall(plain, 0, 1 << 62).parts_ns["floor"] is None  # no samples: unknown

@@ -44,6 +44,22 @@ def test_parts_add_up_and_kernels_are_the_measured_ones():
     assert idle == 200
 
 
+def test_the_floor_part_comes_from_the_records_own_floor_by_default():
+    """An engine on a GPU puts each step's byte floor on its record (StepRecord.floor_ns):
+    the Live page and /metrics split kernel time by it without knowing the model."""
+    a, b = step(0, 0, (50, 150)), step(1, 170, (220, 320))
+    a.floor_ns = b.floor_ns = 20
+    sample = make_sample([sampled(0, [(50, 80), (100, 130)])], next_start_ns=None)
+    wf = waterfall([a, b], 0, 400, [sample])
+    assert wf.parts_ns["floor"] == 40 and wf.parts_ns["kernels_above_floor"] == 80
+    b.floor_ns = 0  # a step whose floor is unknown adds none
+    assert waterfall([a, b], 0, 400, [sample]).parts_ns["floor"] == 20
+    a.kernel_samples = [sample]  # /metrics' meter reads samples from the records
+    meter = WaterfallMeter()
+    assert meter.add([a])["floor"] == 20
+    assert meter.add([b])["floor"] == 0 and meter.totals_ns["floor"] == 20
+
+
 def with_context(r: StepRecord, ctx: int) -> StepRecord:
     r.chunks = [("req-0", 1, ctx)]
     return r
