@@ -106,7 +106,11 @@ def _tiles(t: int, device: torch.device, dtype: torch.dtype, hidden: int, inter:
 
     def pick(kind: str, n: int, k: int) -> tuple[int, int]:
         cfg = gemm_table.choose("five", kind, n, k, t, name)
-        return cfg.block_n, cfg.block_k
+        # One program an SM (the table's kernels ran 2+): longer K tiles where K is long, so
+        # each program keeps ~48 KB of weights in flight (3 of 4 stages) at 1B's shapes; the
+        # sm_90 compile of that mix (qkv, o, down at 512, gate_up at 128) spills no register.
+        long_k = k >= 2048 and kind != "norm_pair"
+        return cfg.block_n, max(cfg.block_k, 512) if long_k else cfg.block_k
 
     att = resolve_config(tokens=t, kv_heads=kv_heads, group=heads // kv_heads,
                          head_dim=head_dim, elem_size=elem, device=device, num_splits=1)
