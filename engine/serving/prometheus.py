@@ -95,7 +95,8 @@ class EngineMetrics:
         for mode in ("sync", "async"):
             self._steps.labels(mode, "false")
         # The step waterfall (telemetry/waterfall.py): wall time by component, kernel time
-        # split by the engine's kernel samples; the floor needs the model's bytes: 0 here.
+        # split by the engine's kernel samples; the floor from each record's floor_ns (the
+        # engine's byte floor of the step at its measured peak copy rate; 0 on a CPU).
         self._waterfall = WaterfallMeter()
         self._components = Counter("gapless:step_seconds", "Wall time by waterfall "
                                    "component: floor, kernels_above_floor, in_step_gaps "

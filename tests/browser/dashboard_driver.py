@@ -128,9 +128,16 @@ def steps_on_the_timeline(page: sync_api.Page, limit_s: float = 60) -> None:
     if start.count():
         start.click()
         page.get_by_role("button", name="Stop load").wait_for()
-    frame = timeline_frame(page)
     deadline = time.monotonic() + limit_s
-    while plot_state(frame)["bars"] == 0:
+    while True:
+        # The timeline's frame read afresh each time: right after the click's rerun the
+        # iframes can be missing or replaced (a fresh tab's screenshot run failed at once,
+        # twice, on CI 2026-12-04, and was re-run).
+        try:
+            if plot_state(timeline_frame(page))["bars"] > 0:
+                return
+        except (IndexError, sync_api.Error):
+            pass
         assert time.monotonic() < deadline, f"no steps on the timeline after {limit_s} s of load"
         time.sleep(0.5)
 

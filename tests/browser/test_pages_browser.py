@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from dashboard_driver import (  # skips this module where there is no browser
     BROWSER_MARKS,
     ENGINE_START_S,
@@ -43,11 +42,15 @@ def shoot_whole_page(page: sync_api.Page, name: str) -> None:
     tall = int(page.evaluate(
         """() => { const m = document.querySelector('[data-testid="stMain"]');
                    return m ? m.scrollHeight : document.body.scrollHeight; }"""))
-    page.set_viewport_size({"width": size["width"],
-                            "height": min(max(tall, size["height"]), WHOLE_PAGE_MAX_PX)})
-    page.wait_for_timeout(1500)  # charts redraw at the new height
+    height = min(max(tall, size["height"]), WHOLE_PAGE_MAX_PX)
+    path = SHOT_DIR / f"{name}-whole-{size['width']}x{size['height']}.png"
     SHOT_DIR.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOT_DIR / f"{name}-whole-{size['width']}x{size['height']}.png"))
+    if height == size["height"]:  # the page fits the window: no resize, no redraw to await
+        page.screenshot(path=str(path))
+        return
+    page.set_viewport_size({"width": size["width"], "height": height})
+    page.wait_for_timeout(1500)  # charts redraw at the new height
+    page.screenshot(path=str(path))
     page.set_viewport_size(size)
     page.wait_for_timeout(500)
 
@@ -167,12 +170,14 @@ def test_requests_page_lists_the_requests(page: sync_api.Page) -> None:
 
 
 PAGES = ("Live", "Playground", "Benchmark", "A/B", "Recordings", "Requests", "Step anatomy")
+SIZES = (WIDE, SMALL)
 
 
-@pytest.mark.parametrize("viewport", [WIDE, SMALL], ids=["1600x1000", "1280x800"])
-def test_screenshots_of_every_page(server, browser, page, viewport) -> None:
-    """Every page as a window of that size shows it, for the README (artifacts/ only)."""
-    tab = new_tab(browser, server[0], viewport)
+def test_screenshots_of_every_page(server, browser, page) -> None:
+    """Every page as a window of each size shows it, for the README (artifacts/ only). One
+    pass over the pages, both sizes shot on each (until 2026-12-04 one pass per size: each
+    page was opened, and the A/B comparison run, twice; 145 s -> see docs/testing.md)."""
+    tab = new_tab(browser, server[0], WIDE)
     try:
         # The page's own state first ("mode ..." comes from the engine), not the timeline's
         # iframe: on CI (2026-12-04) a fresh tab right after the benchmark test held both
@@ -188,7 +193,7 @@ def test_screenshots_of_every_page(server, browser, page, viewport) -> None:
                 f"the live timeline stayed hidden; the page said: {body_text(tab)[:2000]}"
             ) from None
         scroll_top(tab)  # the Live page's wait is the loop's, below
-        for title in PAGES:
+        for i, title in enumerate(PAGES):
             if title != "Live":
                 goto_page(tab, title)
             if title == "A/B":  # the page with its figures, not only its buttons
@@ -196,15 +201,21 @@ def test_screenshots_of_every_page(server, browser, page, viewport) -> None:
             # Tables and charts draw a moment after the page (a shot, not a check; 4 s
             # until 2026-12-04, when the whole suite's time was cut to fit CI's 8 minutes).
             tab.wait_for_timeout(2500)
-            scroll_top(tab)
             name = title.lower().replace("/", "").replace(" ", "-")
-            shoot(tab, f"page-{name}")
-            shoot_whole_page(tab, f"page-{name}")
+            # Both sizes here, the window's size alternating (wide first, then small first
+            # on the next page), so that each page needs one resize between its shots.
+            for size in SIZES if i % 2 == 0 else SIZES[::-1]:
+                if tab.viewport_size != size:
+                    tab.set_viewport_size(size)
+                    tab.wait_for_timeout(1500)  # charts redraw at the new width
+                scroll_top(tab)
+                shoot(tab, f"page-{name}")
+                shoot_whole_page(tab, f"page-{name}")
             scroll_top(tab)
         goto_page(tab, "Live")
         tab.get_by_role("button", name="Stop load").click()
         # Done before the tab closes: closing it at once can drop the click's rerun (seen
-        # under load), leave the load running, and the next size finds no "Start load".
+        # under load), leave the load running, and the next test finds no "Start load".
         tab.get_by_role("button", name="Start load").wait_for()
     finally:
         tab.close()
