@@ -73,14 +73,44 @@ if triton is not None:
         DN_BN: tl.constexpr, DN_BK: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr, PREFETCH: tl.constexpr,
     ):
+        """One decoder layer, phases FIRST..LAST (`_layer_phases`), one program an SM."""
+        _layer_phases(
+            tl.program_id(0), tl.num_programs(0), x_ptr, q_ptr, attn_ptr, act_ptr, in_norm_ptr,
+            qkv_ptr, qkv_b_ptr, o_ptr, o_b_ptr, post_norm_ptr, gu_ptr, gu_b_ptr, dn_ptr, dn_b_ptr,
+            cs_ptr, rope_pos_ptr, slot_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr,
+            next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv, T, HID, INTER, max_blocks, bar_base, eps,
+            scale_log2, window, stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
+            stride_vh, stride_btr, H, KVH, D, CACHE_BLOCK, G, G_PAD, BLOCK_Q, ATT_BN, HAS_WINDOW,
+            IEEE_DOT, TABLE_AHEAD, QKV_BIAS, O_BIAS, GU_BIAS, DN_BIAS, BLOCK_M, NORM_BK, QKV_BN,
+            QKV_BK, QKV_IL, O_BN, O_BK, GU_BN, GU_BK, DN_BN, DN_BK, FIRST, LAST, SYNC, PREFETCH)
+
+    @triton.jit
+    def _layer_phases(
+        pid, progs,
+        x_ptr, q_ptr, attn_ptr, act_ptr,
+        in_norm_ptr, qkv_ptr, qkv_b_ptr, o_ptr, o_b_ptr, post_norm_ptr, gu_ptr, gu_b_ptr,
+        dn_ptr, dn_b_ptr,
+        cs_ptr, rope_pos_ptr, slot_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr,
+        next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv,
+        T, HID, INTER, max_blocks, bar_base, eps, scale_log2, window,
+        stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        stride_btr,
+        H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, CACHE_BLOCK: tl.constexpr,
+        G: tl.constexpr, G_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, ATT_BN: tl.constexpr,
+        HAS_WINDOW: tl.constexpr, IEEE_DOT: tl.constexpr, TABLE_AHEAD: tl.constexpr,
+        QKV_BIAS: tl.constexpr, O_BIAS: tl.constexpr, GU_BIAS: tl.constexpr,
+        DN_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, NORM_BK: tl.constexpr,
+        QKV_BN: tl.constexpr, QKV_BK: tl.constexpr, QKV_IL: tl.constexpr,
+        O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
+        DN_BN: tl.constexpr, DN_BK: tl.constexpr,
+        FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr, PREFETCH: tl.constexpr,
+    ):
         """Phases FIRST..LAST of one decoder layer (module docstring). Buffers contiguous:
         x [T, HID], q and attn [T, H, D], act [T, INTER]; weights row-major. QKV_BN counts
         half columns (the rotary kernel's BLOCK_N). bar_base: barriers of this step before
         this launch (the counter's target is (bar_base + i) * programs). PREFETCH: each phase
         first asks L2 for the next GEMM phase's weights (pf_* bytes of them; the down phase:
         the next layer's qkv at next_qkv_ptr), so they load from L2 after the barrier."""
-        pid = tl.program_id(0)
-        progs = tl.num_programs(0)
         HALF: tl.constexpr = D // 2
         QD: tl.constexpr = H * D
         n_m = tl.cdiv(T, BLOCK_M)
@@ -177,6 +207,57 @@ def max_programs(device: torch.device) -> int:
     return sm_count(device) if device.type == "cuda" else 3
 
 
+class LaunchParts(NamedTuple):
+    """What a launch of the layer (or of the whole model, engine/model/persistent_model.py)
+    passes besides the layer's weights and caches, in the kernels' argument order."""
+
+    buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q, attn [T, H, D]; act [T, I]
+    prefetch: tuple[int, int, int, int]  # bytes asked of L2: o, gate_up, down, next qkv
+    sizes: tuple[int, int, int, int]  # T, HID, INTER, max_blocks
+    attention: tuple[float, int]  # scale * log2(e), window (0: none)
+    strides: tuple[int, ...]  # cos/sin row, K cache block/slot/head, V the same, block table
+    const: dict
+
+
+def launch_parts(layer, x: torch.Tensor, ctx, kv: tuple[torch.Tensor, torch.Tensor],
+                 cos_sin: torch.Tensor, num_heads: int, tiles: LayerTiles,
+                 next_qkv: torch.Tensor | None, prefetch_bytes: int) -> LaunchParts:
+    """The buffers, scalars and constexprs of a launch over x [T, HID] (layer: a
+    FusedDecoderLayer; its shapes, biases and window are every layer's)."""
+    k_cache, v_cache = kv
+    t, hid = x.shape
+    d, kvh, cache_block = k_cache.shape[3], k_cache.shape[2], k_cache.shape[1]
+    inter = layer.gate_up.shape[0] // 2
+    q = torch.empty((t, num_heads, d), dtype=x.dtype, device=x.device)
+    act = torch.empty((t, inter), dtype=x.dtype, device=x.device)
+    g_pad = triton.next_power_of_2(num_heads // kvh)
+    window = layer.sliding_window
+    nxt = layer.qkv if next_qkv is None else next_qkv
+    const = dict(
+        H=num_heads, KVH=kvh, D=d, CACHE_BLOCK=cache_block, G=num_heads // kvh, G_PAD=g_pad,
+        BLOCK_Q=max(1, 16 // g_pad), ATT_BN=tiles.att_block_n, HAS_WINDOW=window is not None,
+        IEEE_DOT=x.dtype == torch.float32, TABLE_AHEAD=tiles.table_ahead,
+        QKV_BIAS=layer.qkv_bias is not None, O_BIAS=layer.o_bias is not None,
+        GU_BIAS=layer.gate_up_bias is not None, DN_BIAS=layer.down_bias is not None,
+        BLOCK_M=tiles.block_m, NORM_BK=min(8192 // tiles.block_m, triton.next_power_of_2(hid)),
+        QKV_BN=tiles.qkv[0] // 2, QKV_BK=tiles.qkv[1], QKV_IL=tiles.qkv[0] == 16,
+        O_BN=tiles.o[0], O_BK=tiles.o[1], GU_BN=tiles.gate_up[0], GU_BK=tiles.gate_up[1],
+        DN_BN=tiles.down[0], DN_BK=tiles.down[1],
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+    return LaunchParts(
+        buffers=(q, torch.empty_like(q), act),
+        prefetch=tuple(min(prefetch_bytes, _bytes(w))
+                       for w in (layer.o, layer.gate_up, layer.down, nxt)),
+        sizes=(t, hid, inter, ctx.block_tables.shape[1]),
+        attention=(layer.scaling * 1.4426950408889634, window or 0),
+        strides=(cos_sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                 ctx.block_tables.stride(0)),
+        const=const,
+    )
+
+
 def persistent_layer(
     layer, x: torch.Tensor, positions: torch.Tensor, ctx, kv: tuple[torch.Tensor, torch.Tensor],
     cos_sin: torch.Tensor, num_heads: int, eps: float, tiles: LayerTiles,
@@ -188,46 +269,21 @@ def persistent_layer(
     under the interpreter. bar_base: the barriers this step has passed on `counter`.
     prefetch_bytes > 0 (one launch only): each phase asks L2 for up to that many bytes of the
     next GEMM's weights (the down phase: of next_qkv, the next layer's)."""
-    k_cache, v_cache = kv
-    t, hid = x.shape
-    d, kvh, cache_block = k_cache.shape[3], k_cache.shape[2], k_cache.shape[1]
-    inter = layer.gate_up.shape[0] // 2
-    q = torch.empty((t, num_heads, d), dtype=x.dtype, device=x.device)
-    attn = torch.empty_like(q)
-    act = torch.empty((t, inter), dtype=x.dtype, device=x.device)
-    group = num_heads // kvh
-    g_pad = triton.next_power_of_2(group)
-    window = layer.sliding_window
+    p = launch_parts(layer, x, ctx, kv, cos_sin, num_heads, tiles, next_qkv, prefetch_bytes)
     w = layer.qkv
     args = (
-        x, q, attn, act, layer.input_norm, w, _or(layer.qkv_bias, w), layer.o,
+        x, *p.buffers, layer.input_norm, w, _or(layer.qkv_bias, w), layer.o,
         _or(layer.o_bias, w), layer.post_norm, layer.gate_up, _or(layer.gate_up_bias, w),
-        layer.down, _or(layer.down_bias, w), cos_sin, positions, ctx.slot_mapping, k_cache,
-        v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos, counter,
-        w if next_qkv is None else next_qkv, *(min(prefetch_bytes, _bytes(p)) for p in (
-            layer.o, layer.gate_up, layer.down, w if next_qkv is None else next_qkv)),
-        t, hid, inter, ctx.block_tables.shape[1], bar_base, eps,
-        layer.scaling * 1.4426950408889634, window or 0,
-        cos_sin.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), ctx.block_tables.stride(0),
-    )
-    const = dict(
-        H=num_heads, KVH=kvh, D=d, CACHE_BLOCK=cache_block, G=group, G_PAD=g_pad,
-        BLOCK_Q=max(1, 16 // g_pad), ATT_BN=tiles.att_block_n, HAS_WINDOW=window is not None,
-        IEEE_DOT=x.dtype == torch.float32, TABLE_AHEAD=tiles.table_ahead,
-        QKV_BIAS=layer.qkv_bias is not None, O_BIAS=layer.o_bias is not None,
-        GU_BIAS=layer.gate_up_bias is not None, DN_BIAS=layer.down_bias is not None,
-        BLOCK_M=tiles.block_m, NORM_BK=min(8192 // tiles.block_m, triton.next_power_of_2(hid)),
-        QKV_BN=tiles.qkv[0] // 2, QKV_BK=tiles.qkv[1], QKV_IL=tiles.qkv[0] == 16,
-        O_BN=tiles.o[0], O_BK=tiles.o[1], GU_BN=tiles.gate_up[0], GU_BK=tiles.gate_up[1],
-        DN_BN=tiles.down[0], DN_BK=tiles.down[1],
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        layer.down, _or(layer.down_bias, w), cos_sin, positions, ctx.slot_mapping, *kv,
+        ctx.block_tables, ctx.token_req, ctx.token_pos, counter,
+        w if next_qkv is None else next_qkv, *p.prefetch, *p.sizes[:3], p.sizes[3], bar_base,
+        eps, *p.attention, *p.strides,
     )
     one_launch = x.is_cuda and not phased
-    for first, last in ([(0, PHASES - 1)] if one_launch else [(p, p) for p in range(PHASES)]):
+    for first, last in ([(0, PHASES - 1)] if one_launch else [(p_, p_) for p_ in range(PHASES)]):
         _persistent_layer_kernel[(tiles.programs,)](
             *args, FIRST=first, LAST=last, SYNC=one_launch,
-            PREFETCH=one_launch and prefetch_bytes > 0, **const)
+            PREFETCH=one_launch and prefetch_bytes > 0, **p.const)
     return x
 
 

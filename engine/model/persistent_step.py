@@ -35,11 +35,15 @@ from engine.model.persistent_layer import (
     persistent_layer,
     phase_items,
 )
+from engine.model.persistent_model import LayerTable, persistent_model
 
 MAX_TOKENS = 64  # the fused GEMMs' largest BLOCK_M (engine/model/fused_gemm.py `_blocks`)
 # Experiment switch (issue 22, not a config key until measured): megabytes of the next GEMM's
 # weights each phase asks L2 for (persistent_layer's PREFETCH); 0 or unset: off.
 PREFETCH_ENV = "GAPLESS_PERSISTENT_PREFETCH_MB"
+# Experiment switch: "1" runs every layer in ONE launch a step (engine/model/persistent_model.py)
+# where the tensors allow it, with a grid barrier between layers instead of a kernel boundary.
+WHOLE_MODEL_ENV = "GAPLESS_PERSISTENT_MODEL"
 
 SUMMARY = ("persistent: one Triton launch a decoder layer (grid barriers between its phases) "
            f"for steps of at most {MAX_TOKENS} tokens; larger steps, tensor parallelism and "
@@ -59,6 +63,8 @@ class PersistentStep:
         self.contiguous = all(p.is_contiguous() for p in model.layers.parameters())
         self.phased = False  # True: one launch a phase (the CUDA tests' oracle)
         self.prefetch_bytes = int(float(os.environ.get(PREFETCH_ENV) or 0) * 2 ** 20)
+        self.whole_model = os.environ.get(WHOLE_MODEL_ENV, "0") == "1"
+        self.table = LayerTable()
 
     def fits(self, x: torch.Tensor, gapless) -> bool:
         """Whether this forward (flat batch x [T, HID]) runs the persistent layer."""
@@ -87,6 +93,10 @@ class PersistentStep:
         tiles = self.tiles(x.shape[0], x, gapless.kv_caches[0][0])
         self.counter[:1].zero_()  # the arrivals; [1], the timeout flag, stays
         m = self.model
+        if (self.whole_model and x.is_cuda and not self.phased
+                and persistent_model(m, self.table, x, positions, gapless, tiles, self.counter,
+                                     self.prefetch_bytes)):
+            return x
         n = len(m.layers)
         for i, layer in enumerate(m.layers):
             x = persistent_layer(layer, x, positions, gapless, gapless.kv_caches[i], m.cos_sin,

@@ -129,16 +129,7 @@ def compile_sm90(heads: int, kvh: int, d: int, tiles: dict, sync: bool):
     from engine.model import persistent_layer as pl
 
     kernel = pl._persistent_layer_kernel
-    g = heads // kvh
-    g_pad = triton.next_power_of_2(g)
-    const = dict(H=heads, KVH=kvh, D=d, CACHE_BLOCK=16, G=g, G_PAD=g_pad,
-                 BLOCK_Q=max(1, 16 // g_pad), ATT_BN=64, HAS_WINDOW=False, IEEE_DOT=False,
-                 TABLE_AHEAD=True, QKV_BIAS=False, O_BIAS=False, GU_BIAS=False, DN_BIAS=False,
-                 BLOCK_M=16, NORM_BK=512, QKV_BN=tiles["qkv"][0] // 2, QKV_BK=tiles["qkv"][1],
-                 QKV_IL=tiles["qkv"][0] == 16, O_BN=tiles["o"][0], O_BK=tiles["o"][1],
-                 GU_BN=tiles["gate_up"][0], GU_BK=tiles["gate_up"][1], DN_BN=tiles["down"][0],
-                 DN_BK=tiles["down"][1],
-                 FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync, PREFETCH=sync)
+    const = _const(heads, kvh, d, tiles, sync)
     ints = {"rope_pos_ptr", "tok_pos_ptr", "req_ptr", "bt_ptr", "bar_ptr"}
     sig = {}
     for n in kernel.arg_names:
@@ -155,6 +146,21 @@ def compile_sm90(heads: int, kvh: int, d: int, tiles: dict, sync: bool):
                           target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4, "num_stages": pl.LayerTiles._field_defaults[
                               "num_stages"]})
+
+
+def _const(heads: int, kvh: int, d: int, tiles: dict, sync: bool) -> dict:
+    import triton
+
+    g = heads // kvh
+    g_pad = triton.next_power_of_2(g)
+    return dict(H=heads, KVH=kvh, D=d, CACHE_BLOCK=16, G=g, G_PAD=g_pad,
+                BLOCK_Q=max(1, 16 // g_pad), ATT_BN=64, HAS_WINDOW=False, IEEE_DOT=False,
+                TABLE_AHEAD=True, QKV_BIAS=False, O_BIAS=False, GU_BIAS=False, DN_BIAS=False,
+                BLOCK_M=16, NORM_BK=512, QKV_BN=tiles["qkv"][0] // 2, QKV_BK=tiles["qkv"][1],
+                QKV_IL=tiles["qkv"][0] == 16, O_BN=tiles["o"][0], O_BK=tiles["o"][1],
+                GU_BN=tiles["gate_up"][0], GU_BK=tiles["gate_up"][1], DN_BN=tiles["down"][0],
+                DN_BK=tiles["down"][1],
+                FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync, PREFETCH=sync)
 
 
 def _stack_bytes(cubin: bytes, tmp_path: Path) -> int | None:
@@ -192,6 +198,48 @@ def test_one_launch_kernel_compiles_for_sm90_with_its_barrier(shape, tmp_path) -
     assert _stack_bytes(one.asm["cubin"], tmp_path) in (0, None)
     phased = compile_sm90(*SM90_SHAPES[shape], sync=False).asm["ptx"]
     assert "release" not in phased and "acquire" not in phased and "prefetch" not in phased
+
+
+def compile_model_sm90(heads: int, kvh: int, d: int, tiles: dict):
+    """The whole-model kernel (engine/model/persistent_model.py) at the same constexprs."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from engine.model import persistent_layer as pl
+    from engine.model import persistent_model as pm
+
+    kernel = pm._persistent_model_kernel
+    const = {k: v for k, v in _const(heads, kvh, d, tiles, True).items()
+             if k not in ("FIRST", "LAST", "SYNC")}
+    const["NCOL"] = len(pm.COLUMNS)
+    kinds = {"tbl_ptr": "*i64", "slot_ptr": "*i64", "rope_pos_ptr": "*i32",
+             "tok_pos_ptr": "*i32", "req_ptr": "*i32", "bt_ptr": "*i32", "bar_ptr": "*i32"}
+    sig = {n: "constexpr" if n in const else kinds.get(n, "*bf16") if n.endswith("_ptr")
+           else "fp32" if n in ("eps", "scale_log2") else "i32" for n in kernel.arg_names}
+    unaligned = ("T", "L", "eps", "scale_log2", "window", "max_blocks")
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in kernel.arg_names
+             if sig[n] != "constexpr" and n not in unaligned}
+    return triton.compile(ASTSource(kernel, sig, const, attrs),
+                          target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "num_stages": pl.LayerTiles._field_defaults[
+                              "num_stages"]})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
+                    reason="on a GPU the cuda tests compile and run the kernel for real")
+@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+def test_whole_model_kernel_keeps_the_vector_loads() -> None:
+    """The pointers the whole-model kernel reads from its table (offsets declared multiples
+    of 8 elements) still give 16-byte cp.async weight loads, as many as the one-layer
+    kernel's; 5 barriers (4 in a layer, 1 between layers)."""
+    shape = SM90_SHAPES["smollm2"]
+    whole = compile_model_sm90(*shape).asm["ptx"]
+    layer = compile_sm90(*shape, sync=True).asm["ptx"]
+    cp16 = r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10"
+    assert len(re.findall(cp16, whole)) == len(re.findall(cp16, layer)) > 0
+    assert len(re.findall(r"red\.global\.gpu\.release\.add", whole)) == 5
 
 
 # ----------------------------------------------------------------------------------- CUDA
@@ -232,14 +280,19 @@ def _cuda_layer_case(hidden, heads, kvh, d, inter, t, context, layers=3):
     return stack, ctx, cos_sin, rnd(t, hidden)
 
 
-def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter, prefetch_bytes=0):
-    from engine.model.persistent_layer import BARRIERS_PER_LAYER, persistent_layer
+def _tiles_for(stack, ctx, x, heads):
     from engine.model.persistent_step import _tiles
 
     k0 = ctx.kv_caches[0][0]
     t, hidden = x.shape
-    tiles = _tiles(t, x.device, x.dtype, hidden, stack[0].gate_up.shape[0] // 2,
-                   stack[0].qkv.shape[0], heads, k0.shape[2], k0.shape[3], 2)
+    return _tiles(t, x.device, x.dtype, hidden, stack[0].gate_up.shape[0] // 2,
+                  stack[0].qkv.shape[0], heads, k0.shape[2], k0.shape[3], 2)
+
+
+def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter, prefetch_bytes=0):
+    from engine.model.persistent_layer import BARRIERS_PER_LAYER, persistent_layer
+
+    tiles = _tiles_for(stack, ctx, x, heads)
     counter[:1].zero_()
     for i, layer in enumerate(stack):
         x = persistent_layer(layer, x, ctx.token_pos, ctx, ctx.kv_caches[i], cos_sin, heads,
@@ -254,11 +307,15 @@ def _run_persistent(stack, ctx, cos_sin, x, heads, phased, counter, prefetch_byt
 @pytest.mark.parametrize("shape", sorted(CUDA_SHAPES))
 def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
     """bf16, three layers: the one-launch kernel (barriers; with and without the L2 weight
-    prefetch) and one launch a phase give the same bits (hidden state and caches); both within
-    bf16 rounding of the `five` layer's kernels; a CUDA graph of the one-launch step replays
-    to the same bits twice."""
+    prefetch), the one launch for all three layers (engine/model/persistent_model.py) and one
+    launch a phase give the same bits (hidden state and caches); all within bf16 rounding of
+    the `five` layer's kernels; a CUDA graph of the one-launch step replays to the same bits
+    twice."""
+    from types import SimpleNamespace
+
     from engine.model.llama import FusedPath
     from engine.model.persistent_barrier import new_counter, timed_out
+    from engine.model.persistent_model import LayerTable, persistent_model
 
     hidden, heads, kvh, d, inter, t, context = CUDA_SHAPES[shape]
     stack, ctx, cos_sin, x0 = _cuda_layer_case(hidden, heads, kvh, d, inter, t, context)
@@ -280,6 +337,16 @@ def test_cuda_one_launch_equals_phased_and_five(shape) -> None:
         assert torch.equal(one, phased), f"max diff {(one.float() - phased.float()).abs().max()}"
         for (k, v), (pk, pv) in zip(ctx.kv_caches, phased_kv, strict=True):
             assert torch.equal(k, pk) and torch.equal(v, pv)
+    model = SimpleNamespace(layers=stack, cos_sin=cos_sin, num_heads=heads, eps=1e-5)
+    whole = fresh()
+    counter[:1].zero_()
+    assert persistent_model(model, LayerTable(), whole, ctx.token_pos, ctx,
+                            _tiles_for(stack, ctx, whole, heads), counter, 0)
+    torch.cuda.synchronize()
+    assert not timed_out(counter), "a barrier of the whole-model launch gave up waiting"
+    assert torch.equal(whole, phased), f"whole: {(whole.float() - phased.float()).abs().max()}"
+    for (k, v), (pk, pv) in zip(ctx.kv_caches, phased_kv, strict=True):
+        assert torch.equal(k, pk) and torch.equal(v, pv)
     x, residual = fresh(), None
     for i, layer in enumerate(stack):
         layer.path = FusedPath("five")
