@@ -172,6 +172,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
     with StepCollector(eng.bus) as col:
         hs = fresh_batch()  # bare: no profiler at all (the period the tracers perturb)
         s_bare = eng.loop.step_no
+        bare_first = s_bare - STEADY_STEPS - 2  # about its batch's first decode step
         tb0 = time.perf_counter_ns()
         time.sleep(args.window_s)
         run_until(0, lambda: eng.loop.step_no - s_bare >= MIN_BARE_STEPS, 3 * args.window_s)
@@ -277,16 +278,23 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                             "kernel_busy": wf.kernel_ns / wf.window_ns if wf.kernel_ns
                             is not None and wf.window_ns else None}
         if nvml is not None and floor is not None:
-            gpm = [x.dram_bw_util_pct for x in nvml.history() if lo <= x.t_ns <= hi
-                   and x.dram_bw_util_pct is not None]
-            mid = window[len(window) // 2]
-            step_bytes = sum(step_reads(model, floor, contexts_of(mid, args.prompt,
-                                                                  first_decode)))
-            out["gpm"] = {"readings": len(gpm), "dram_bw_util_pct": statistics.fmean(gpm)
-                          if gpm else None, "anatomy_bytes_per_s":
-                          step_bytes * len(window) / ((hi - lo) / 1e9),
-                          "anatomy_pct_of_4p8": 100 * step_bytes * len(window)
-                          / ((hi - lo) / 1e9) / H200_DRAM_BW}
+            def gpm_check(steps: list[Any], a: int, b: int, first: int) -> dict[str, Any]:
+                """GPM's mean DRAM bandwidth over [a, b] against the bytes the steps in it
+                read (weights + KV at their contexts) over the same time, % of 4.8 TB/s."""
+                gpm = [x.dram_bw_util_pct for x in nvml.history() if a <= x.t_ns <= b
+                       and x.dram_bw_util_pct is not None]
+                read = sum(sum(step_reads(model, floor, contexts_of(r, args.prompt, first)))
+                           for r in steps)
+                bps = read / ((b - a) / 1e9) if b > a else None
+                return {"readings": len(gpm), "dram_bw_util_pct": statistics.fmean(gpm)
+                        if gpm else None, "anatomy_bytes_per_s": bps,
+                        "anatomy_pct_of_4p8": 100 * bps / H200_DRAM_BW if bps else None}
+
+            out["gpm"] = gpm_check(window, lo, hi, first_decode)  # the sampled window
+            # The bare window: decode only, no profiler (what the dashboard's gauge reads).
+            bare_steps = [r for r in records if any(s.lane == "compute" and tb0 <= s.start_ns
+                                                    <= tb1 for s in r.spans)]
+            out["gpm_bare"] = gpm_check(bare_steps, tb0, tb1, bare_first)
     return out, col.records
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from bench.harness.report import markdown_table
 from bench.suites.truth_anatomy import anatomy_markdown
 from bench.suites.truth_busy import fair_markdown
 from bench.suites.truth_cost import cost_markdown
@@ -66,13 +67,23 @@ def markdown(s: dict[str, Any]) -> str:
     c = first.get("sampler_cost")
     if c:
         lines += ["", *cost_markdown(c)]
+    rows = []
     for preset, sh in s["shapes"].items():
         for mode, r in sh["modes"].items():
-            g = r.get("gpm")
-            if g and g["readings"]:
-                lines.append(f"\nGPM {preset} {mode}: {g['readings']} readings, DRAM bandwidth "
-                             f"{num(g['dram_bw_util_pct'])}% of peak; anatomy bytes/time "
-                             f"{g['anatomy_bytes_per_s'] / 1e12:.2f} TB/s = "
-                             f"{g['anatomy_pct_of_4p8']:.1f}% of 4.8 TB/s")
+            for key, where in (("gpm_bare", "bare (decode, no profiler)"),
+                               ("gpm", "sampled")):
+                g = r.get(key)
+                if g and g["readings"] and g.get("anatomy_bytes_per_s"):
+                    gp, ap = g["dram_bw_util_pct"], g["anatomy_pct_of_4p8"]
+                    rows.append([preset, mode, where, g["readings"], f"{num(gp)}%",
+                                 f"{g['anatomy_bytes_per_s'] / 1e12:.2f}", f"{ap:.1f}%",
+                                 f"{gp - ap:+.1f}" if gp is not None else "n/a"])
+    if rows:
+        lines += ["", "## GPM's DRAM bandwidth against the steps' bytes over the same time", "",
+                  "GPM: NVML's DRAM_BW_UTIL, % of the H200's 4.8 TB/s, mean of its 0.1 s "
+                  "readings in the window; bytes: each step's weights + KV at its contexts.", "",
+                  markdown_table(["shape", "mode", "window", "GPM readings", "GPM",
+                                  "steps' bytes / time (TB/s)", "= % of 4.8 TB/s",
+                                  "GPM - bytes (pp)"], rows)]
     lines.append(f"\ntotal {s['total_s']:.0f} s")
     return "\n".join(lines) + "\n"
