@@ -14,8 +14,9 @@ graph captures the step: `persistent_model` returns False (the caller then launc
 layer) when a capture would have to build it, or when the tensors do not fit the scheme
 (different dtypes, 16-byte misalignment, layers with different biases or windows).
 
-CUDA only (the interpreter cannot turn an integer into a pointer); the phased per-layer launch
-is its oracle in the CUDA test. Never syncs with the host inside a step.
+Under the interpreter one program runs it without barriers (tests: it equals one launch a
+layer); on CUDA the phased per-layer launch is its oracle. Never syncs with the host inside a
+step.
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ if triton is not None:
         QKV_BN: tl.constexpr, QKV_BK: tl.constexpr, QKV_IL: tl.constexpr,
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr, PREFETCH: tl.constexpr,
-        NCOL: tl.constexpr,
+        NCOL: tl.constexpr, SYNC: tl.constexpr,
     ):
         """Every layer's five phases, barriers between them and between layers (barrier
-        l * PHASES + p + 1 after phase p of layer l)."""
+        l * PHASES + p + 1 after phase p of layer l). SYNC False: one program, no barrier
+        (the interpreter's way to run it)."""
         pid = tl.program_id(0)
         progs = tl.num_programs(0)
         for layer in range(L):
@@ -73,9 +75,10 @@ if triton is not None:
                 stride_vs, stride_vh, stride_btr, H, KVH, D, CACHE_BLOCK, G, G_PAD, BLOCK_Q,
                 ATT_BN, HAS_WINDOW, IEEE_DOT, TABLE_AHEAD, QKV_BIAS, O_BIAS, GU_BIAS, DN_BIAS,
                 BLOCK_M, NORM_BK, QKV_BN, QKV_BK, QKV_IL, O_BN, O_BK, GU_BN, GU_BK, DN_BN,
-                DN_BK, 0, 4, True, PREFETCH)
-            if layer + 1 < L:
-                grid_sync(bar_ptr, (layer * 5 + 5) * progs)
+                DN_BK, 0, 4, SYNC, PREFETCH)
+            if SYNC:
+                if layer + 1 < L:
+                    grid_sync(bar_ptr, (layer * 5 + 5) * progs)
 
 
 class LayerTable:
@@ -95,7 +98,7 @@ class LayerTable:
             return self.table
         base = layers[0].qkv
         capturing = base.is_cuda and torch.cuda.is_current_stream_capturing()
-        if not base.is_cuda or capturing or not _fits(layers, rows):
+        if capturing or not _fits(layers, rows):
             return None
         elem = base.element_size()
         offsets = [[((base if t is None else t).data_ptr() - base.data_ptr()) // elem
@@ -123,18 +126,20 @@ def _fits(layers, rows) -> bool:
 def persistent_model(model, table: LayerTable, x: torch.Tensor, positions: torch.Tensor,
                      ctx, tiles: LayerTiles, counter: torch.Tensor, prefetch_bytes: int) -> bool:
     """Every decoder layer of `model` on x in ONE launch (x updated in place); False when the
-    table cannot be had or x is not on CUDA (the caller launches layer by layer)."""
+    table cannot be had (the caller launches layer by layer). Off CUDA (the interpreter: its
+    pointers are addresses too) one program runs it without barriers."""
     layers = list(model.layers)
     tbl = table.get(layers, ctx.kv_caches)
     if tbl is None:
         return False
     p = launch_parts(layers[0], x, ctx, ctx.kv_caches[0], model.cos_sin, model.num_heads,
                      tiles, layers[1].qkv if len(layers) > 1 else None, prefetch_bytes)
-    _persistent_model_kernel[(tiles.programs,)](
+    _persistent_model_kernel[(tiles.programs if x.is_cuda else 1,)](
         tbl, len(layers), layers[0].qkv, x, *p.buffers, model.cos_sin, positions,
         ctx.slot_mapping, ctx.block_tables, ctx.token_req, ctx.token_pos, counter,
         *p.prefetch, *p.sizes, model.eps, *p.attention, *p.strides,
-        PREFETCH=prefetch_bytes > 0, NCOL=len(COLUMNS), **p.const)
+        PREFETCH=prefetch_bytes > 0 and x.is_cuda, NCOL=len(COLUMNS), SYNC=x.is_cuda,
+        **p.const)
     return True
 
 

@@ -93,7 +93,7 @@ class PersistentStep:
         tiles = self.tiles(x.shape[0], x, gapless.kv_caches[0][0])
         self.counter[:1].zero_()  # the arrivals; [1], the timeout flag, stays
         m = self.model
-        if (self.whole_model and x.is_cuda and not self.phased
+        if (self.whole_model and not self.phased
                 and persistent_model(m, self.table, x, positions, gapless, tiles, self.counter,
                                      self.prefetch_bytes)):
             return x

@@ -64,7 +64,8 @@ def test_interp_model_forward_matches_torch_path(family, monkeypatch) -> None:
     """A flat batch of a 5-token prefill chunk, one decode at position 9 and a padding token
     through the whole model in mode persistent (every layer phase by phase, 3 programs striding
     over the tiles) against the torch path (torch twins and the reference attention): logits
-    and every layer's K/V cache. Mistral with a sliding window of 4 (the decode sees 4 keys);
+    and every layer's K/V cache; the whole-model kernel (one program, no barrier here) equals
+    it bit for bit. Mistral with a sliding window of 4 (the decode sees 4 keys);
     Qwen2 with the qkv bias."""
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     from tiny_models import make_config
@@ -102,6 +103,13 @@ def test_interp_model_forward_matches_torch_path(family, monkeypatch) -> None:
     launches = count_launches(monkeypatch)
     got, got_kv = run()
     assert launches == [(p, p, False) for p in range(5)] * c.num_hidden_layers
+    monkeypatch.setenv(persistent_step.WHOLE_MODEL_ENV, "1")  # one launch, all layers
+    model.set_fused_path(llama.FusedPath("persistent"))
+    whole, whole_kv = run()
+    assert len(launches) == 5 * c.num_hidden_layers, "the whole-model kernel did not run"
+    assert torch.equal(whole, got)
+    for (gk, gv), (wk, wv) in zip(got_kv, whole_kv, strict=True):
+        assert torch.equal(gk, wk) and torch.equal(gv, wv)
     assert persistent_step._tiles(7, torch.device("cpu"), torch.float32, c.hidden_size,
                                   c.intermediate_size, (c.num_attention_heads + 2 * kvh) * d,
                                   c.num_attention_heads, kvh, d, 4).programs == 3
@@ -211,7 +219,7 @@ def compile_model_sm90(heads: int, kvh: int, d: int, tiles: dict):
 
     kernel = pm._persistent_model_kernel
     const = {k: v for k, v in _const(heads, kvh, d, tiles, True).items()
-             if k not in ("FIRST", "LAST", "SYNC")}
+             if k not in ("FIRST", "LAST")}
     const["NCOL"] = len(pm.COLUMNS)
     kinds = {"tbl_ptr": "*i64", "slot_ptr": "*i64", "rope_pos_ptr": "*i32",
              "tok_pos_ptr": "*i32", "req_ptr": "*i32", "bt_ptr": "*i32", "bar_ptr": "*i32"}
