@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from engine.attention.triton_paged import resolve_config
+from engine.attention.triton_config import DECODE_TOKENS, default_block_n
 from engine.model import gemm_table
 from engine.model.fused_ops import use_triton
 from engine.model.fused_rope import rope_epilogue_fits
@@ -122,13 +122,15 @@ def _tiles(t: int, device: torch.device, dtype: torch.dtype, hidden: int, inter:
         long_k = k >= 2048 and kind != "norm_pair"
         return cfg.block_n, max(cfg.block_k, 512) if long_k else cfg.block_k
 
-    att = resolve_config(tokens=t, kv_heads=kv_heads, group=heads // kv_heads,
-                         head_dim=head_dim, elem_size=elem, device=device, num_splits=1)
+    # Attention runs one split a (query block, kv head): choose_config's one-split decode launch
+    # (64-key tiles, block table a tile ahead) where its K/V rows allow, else its key tile.
+    ahead = t <= DECODE_TOKENS and head_dim * elem <= 256
+    att_block_n = 64 if ahead else default_block_n(head_dim, elem)
     tiles = LayerTiles(
         block_m=_blocks(t)[0], qkv=pick("norm_rope", qkv_rows, hidden),
         o=pick("residual", hidden, heads * head_dim), gate_up=pick("norm_pair", inter, hidden),
-        down=pick("residual", hidden, inter), att_block_n=att.block_n,
-        table_ahead=att.table_ahead, programs=1)
+        down=pick("residual", hidden, inter), att_block_n=att_block_n, table_ahead=ahead,
+        programs=1)
     items = phase_items(t, tiles, hidden=hidden, inter=inter, qkv_rows=qkv_rows,
                         kv_heads=kv_heads)
     return tiles._replace(programs=min(max_programs(device), max(items)))
