@@ -95,7 +95,6 @@ class KernelSampler:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"kernel sample steps must be an int >= 1, got {steps!r}")
         if enabled and torch.cuda.is_available():
-            keep_cupti_attached()
             try:
                 prime_profiler()  # on the thread that builds the engine (see there)
             except Exception as e:  # a profiler that cannot start: the sampler will say so
@@ -317,25 +316,6 @@ def _dump(job: tuple[Any, int, int, dict, int, dict], error: BaseException | Non
 
 
 _PRIMED = False
-# Kineto's switches, read when a session stops and starts (torch sets the same two itself
-# for CUDA < 12.6 with compiled CUDA graphs).
-CUPTI_ATTACHED_ENV = {"TEARDOWN_CUPTI": "0", "DISABLE_CUPTI_LAZY_REINIT": "1"}
-
-
-def keep_cupti_attached() -> None:
-    """Keep CUPTI attached between profiler sessions, unless the environment says otherwise.
-
-    With torch's default on CUDA >= 12.6, Kineto finalizes CUPTI at every session's end and
-    re-initialises it at the next: every sample of ours paid that, and eager windows on the
-    H200 came back with no kernel record at all, the runtime and driver calls kept (the 8B
-    shape's async-eager windows in three runs of five, from one session to the end of the
-    mode, the graph sessions after them whole again; every record of those sessions 40 bytes,
-    runtime calls only, where a whole eager session averages 73: CUPTI produced no kernel
-    record, and Kineto dropped none; bench/results/2026-12-04-nvidia-h200-9efa1b9/loss8b).
-    Whether re-initialisation is the cause is what the next run tells (A/B with
-    TEARDOWN_CUPTI=1). Set before the process's first session (the sampler's priming)."""
-    for key, value in CUPTI_ATTACHED_ENV.items():
-        os.environ.setdefault(key, value)
 
 
 def prime_profiler() -> None:

@@ -200,21 +200,3 @@ def test_bracket_time_counts_only_where_the_gpu_was_idle():
     # fully idle, half under a kernel, fully under a kernel, outside the window
     spans = [(50, 60), (190, 210), (320, 330), (500, 600)]
     assert idle_overlap_ns(spans, kernels, 0, 450) == 10 + 10 + 0 + 0
-
-
-def test_cupti_stays_attached_between_sessions_unless_the_environment_says_otherwise(
-        monkeypatch):
-    """The sampler keeps Kineto from finalizing CUPTI after each session (the H200's eager
-    windows that lost every kernel record ran with teardown on); a value set by the user
-    wins."""
-    from engine.step.kernel_trace import CUPTI_ATTACHED_ENV, keep_cupti_attached
-
-    for key in CUPTI_ATTACHED_ENV:
-        monkeypatch.delenv(key, raising=False)
-    keep_cupti_attached()
-    import os
-    assert os.environ["TEARDOWN_CUPTI"] == "0"
-    assert os.environ["DISABLE_CUPTI_LAZY_REINIT"] == "1"
-    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
-    keep_cupti_attached()
-    assert os.environ["TEARDOWN_CUPTI"] == "1"
