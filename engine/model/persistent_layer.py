@@ -45,13 +45,28 @@ if triton is not None:
     from engine.model.persistent_barrier import grid_sync, prefetch_l2
 
     @triton.jit
-    def _sync_after(phase: tl.constexpr, bar_ptr, bar_base, FIRST: tl.constexpr,
-                    LAST: tl.constexpr, SYNC: tl.constexpr):
-        """The barrier between `phase` and the next, where this launch runs both."""
+    def _stamp(clk_ptr, k: tl.constexpr, CLOCK: tl.constexpr):
+        """CLOCK: the global timer (ns) and the SM's cycle counter at point k of the layer
+        (engine/model/persistent_clock.py reads them)."""
+        if CLOCK:
+            ns = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [clk_ptr],
+                                           dtype=tl.int64, is_pure=False, pack=1)
+            cycles = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,l", [clk_ptr],
+                                               dtype=tl.int64, is_pure=False, pack=1)
+            tl.store(clk_ptr + 2 * k, ns)
+            tl.store(clk_ptr + 2 * k + 1, cycles)
+
+    @triton.jit
+    def _sync_after(phase: tl.constexpr, bar_ptr, bar_base, clk_ptr, FIRST: tl.constexpr,
+                    LAST: tl.constexpr, SYNC: tl.constexpr, CLOCK: tl.constexpr):
+        """The barrier between `phase` and the next, where this launch runs both (CLOCK:
+        stamps 2 phase + 1 before it and 2 phase + 2 after it)."""
         if SYNC:
             if phase < LAST:
                 if phase >= FIRST:
+                    _stamp(clk_ptr, 2 * phase + 1, CLOCK)
                     grid_sync(bar_ptr, (bar_base + phase - FIRST + 1) * tl.num_programs(0))
+                    _stamp(clk_ptr, 2 * phase + 2, CLOCK)
 
     @triton.jit(do_not_specialize=["T", "bar_base"])
     def _persistent_layer_kernel(
@@ -59,7 +74,7 @@ if triton is not None:
         in_norm_ptr, qkv_ptr, qkv_b_ptr, o_ptr, o_b_ptr, post_norm_ptr, gu_ptr, gu_b_ptr,
         dn_ptr, dn_b_ptr,
         cs_ptr, rope_pos_ptr, slot_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr,
-        next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv,
+        clk_ptr, next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv,
         T, HID, INTER, max_blocks, bar_base, eps, scale_log2, window,
         stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_btr,
@@ -72,17 +87,20 @@ if triton is not None:
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr, PREFETCH: tl.constexpr,
+        CLOCK: tl.constexpr,
     ):
         """One decoder layer, phases FIRST..LAST (`_layer_phases`), one program an SM."""
         _layer_phases(
             tl.program_id(0), tl.num_programs(0), x_ptr, q_ptr, attn_ptr, act_ptr, in_norm_ptr,
             qkv_ptr, qkv_b_ptr, o_ptr, o_b_ptr, post_norm_ptr, gu_ptr, gu_b_ptr, dn_ptr, dn_b_ptr,
             cs_ptr, rope_pos_ptr, slot_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr,
+            clk_ptr + ((bar_base // 4) * tl.num_programs(0) + tl.program_id(0)) * 20,
             next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv, T, HID, INTER, max_blocks, bar_base, eps,
             scale_log2, window, stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs,
             stride_vh, stride_btr, H, KVH, D, CACHE_BLOCK, G, G_PAD, BLOCK_Q, ATT_BN, HAS_WINDOW,
             IEEE_DOT, TABLE_AHEAD, QKV_BIAS, O_BIAS, GU_BIAS, DN_BIAS, BLOCK_M, NORM_BK, QKV_BN,
-            QKV_BK, QKV_IL, O_BN, O_BK, GU_BN, GU_BK, DN_BN, DN_BK, FIRST, LAST, SYNC, PREFETCH)
+            QKV_BK, QKV_IL, O_BN, O_BK, GU_BN, GU_BK, DN_BN, DN_BK, FIRST, LAST, SYNC, PREFETCH,
+            CLOCK)
 
     @triton.jit
     def _layer_phases(
@@ -91,7 +109,7 @@ if triton is not None:
         in_norm_ptr, qkv_ptr, qkv_b_ptr, o_ptr, o_b_ptr, post_norm_ptr, gu_ptr, gu_b_ptr,
         dn_ptr, dn_b_ptr,
         cs_ptr, rope_pos_ptr, slot_ptr, k_ptr, v_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr,
-        next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv,
+        clk_ptr, next_qkv_ptr, pf_o, pf_gu, pf_dn, pf_qkv,
         T, HID, INTER, max_blocks, bar_base, eps, scale_log2, window,
         stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
         stride_btr,
@@ -104,6 +122,7 @@ if triton is not None:
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr, PREFETCH: tl.constexpr,
+        CLOCK: tl.constexpr,
     ):
         """Phases FIRST..LAST of one decoder layer (module docstring). Buffers contiguous:
         x [T, HID], q and attn [T, H, D], act [T, INTER]; weights row-major. QKV_BN counts
@@ -114,6 +133,7 @@ if triton is not None:
         HALF: tl.constexpr = D // 2
         QD: tl.constexpr = H * D
         n_m = tl.cdiv(T, BLOCK_M)
+        _stamp(clk_ptr, 0, CLOCK)
         if FIRST <= 0:
             if LAST >= 0:
                 if PREFETCH:
@@ -127,7 +147,7 @@ if triton is not None:
                         eps, HID, HID, HID, HID, stride_cs, QD, stride_kb, stride_ks, stride_kh,
                         stride_vb, stride_vs, stride_vh, HALF, CACHE_BLOCK, True, False,
                         QKV_BIAS, BLOCK_M, QKV_BN, QKV_BK, NORM_BK, False, QKV_IL)
-        _sync_after(0, bar_ptr, bar_base, FIRST, LAST, SYNC)
+        _sync_after(0, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
         if FIRST <= 1:
             if LAST >= 1:
                 if PREFETCH:
@@ -140,7 +160,7 @@ if triton is not None:
                         stride_vh, 1, stride_btr, 1, QD, D, 1, scale_log2, window, H, G, G_PAD,
                         BLOCK_Q, D, CACHE_BLOCK, ATT_BN, HAS_WINDOW, IEEE_DOT, False,
                         TABLE_AHEAD, False)
-        _sync_after(1, bar_ptr, bar_base, FIRST, LAST, SYNC)
+        _sync_after(1, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
         if FIRST <= 2:
             if LAST >= 2:
                 if PREFETCH:
@@ -151,7 +171,7 @@ if triton is not None:
                         w // n_n, w % n_n, attn_ptr, attn_ptr, o_ptr, o_b_ptr, x_ptr, x_ptr,
                         attn_ptr, attn_ptr, T, HID, QD, eps, QD, QD, HID, HID, QD, QD,
                         False, False, True, False, O_BIAS, BLOCK_M, O_BN, O_BK, NORM_BK, False)
-        _sync_after(2, bar_ptr, bar_base, FIRST, LAST, SYNC)
+        _sync_after(2, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
         if FIRST <= 3:
             if LAST >= 3:
                 n_n = tl.cdiv(INTER, GU_BN)
@@ -161,7 +181,7 @@ if triton is not None:
                         act_ptr, x_ptr, x_ptr, T, INTER, HID, eps, HID, HID, INTER, INTER, HID,
                         HID, True, True, False, False, GU_BIAS, BLOCK_M, GU_BN, GU_BK, NORM_BK,
                         False)
-        _sync_after(3, bar_ptr, bar_base, FIRST, LAST, SYNC)
+        _sync_after(3, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
         if FIRST <= 4:
             if LAST >= 4:
                 if PREFETCH:
@@ -173,6 +193,7 @@ if triton is not None:
                         act_ptr, act_ptr, T, HID, INTER, eps, INTER, INTER, HID, HID, INTER,
                         INTER, False, False, True, False, DN_BIAS, BLOCK_M, DN_BN, DN_BK,
                         NORM_BK, False)
+        _stamp(clk_ptr, 9, CLOCK)
 
 
 class LayerTiles(NamedTuple):
@@ -263,12 +284,15 @@ def persistent_layer(
     cos_sin: torch.Tensor, num_heads: int, eps: float, tiles: LayerTiles,
     counter: torch.Tensor, bar_base: int, *, phased: bool = False,
     next_qkv: torch.Tensor | None = None, prefetch_bytes: int = 0,
+    clock: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decoder layer over the whole hidden state x [T, HID] (updated in place and
     returned); `layer` a FusedDecoderLayer. One launch on CUDA (unless `phased`), one a phase
     under the interpreter. bar_base: the barriers this step has passed on `counter`.
     prefetch_bytes > 0 (one launch only): each phase asks L2 for up to that many bytes of the
-    next GEMM's weights (the down phase: of next_qkv, the next layer's)."""
+    next GEMM's weights (the down phase: of next_qkv, the next layer's). clock (one launch
+    only): int64 [layers, programs, 10, 2] receiving each program's time stamps (see
+    engine/model/persistent_clock.py)."""
     p = launch_parts(layer, x, ctx, kv, cos_sin, num_heads, tiles, next_qkv, prefetch_bytes)
     w = layer.qkv
     args = (
@@ -276,14 +300,15 @@ def persistent_layer(
         _or(layer.o_bias, w), layer.post_norm, layer.gate_up, _or(layer.gate_up_bias, w),
         layer.down, _or(layer.down_bias, w), cos_sin, positions, ctx.slot_mapping, *kv,
         ctx.block_tables, ctx.token_req, ctx.token_pos, counter,
-        w if next_qkv is None else next_qkv, *p.prefetch, *p.sizes[:3], p.sizes[3], bar_base,
-        eps, *p.attention, *p.strides,
+        counter if clock is None else clock, w if next_qkv is None else next_qkv, *p.prefetch,
+        *p.sizes, bar_base, eps, *p.attention, *p.strides,
     )
     one_launch = x.is_cuda and not phased
     for first, last in ([(0, PHASES - 1)] if one_launch else [(p_, p_) for p_ in range(PHASES)]):
         _persistent_layer_kernel[(tiles.programs,)](
             *args, FIRST=first, LAST=last, SYNC=one_launch,
-            PREFETCH=one_launch and prefetch_bytes > 0, **p.const)
+            PREFETCH=one_launch and prefetch_bytes > 0,
+            CLOCK=one_launch and clock is not None, **p.const)
     return x
 
 

@@ -41,7 +41,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["T"])
     def _persistent_model_kernel(
         tbl_ptr, L, base_ptr, x_ptr, q_ptr, attn_ptr, act_ptr,
-        cs_ptr, rope_pos_ptr, slot_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr,
+        cs_ptr, rope_pos_ptr, slot_ptr, bt_ptr, req_ptr, tok_pos_ptr, bar_ptr, clk_ptr,
         pf_o, pf_gu, pf_dn, pf_qkv,
         T, HID, INTER, max_blocks, eps, scale_log2, window,
         stride_cs, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -54,7 +54,7 @@ if triton is not None:
         QKV_BN: tl.constexpr, QKV_BK: tl.constexpr, QKV_IL: tl.constexpr,
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr, PREFETCH: tl.constexpr,
-        NCOL: tl.constexpr, SYNC: tl.constexpr,
+        NCOL: tl.constexpr, SYNC: tl.constexpr, CLOCK: tl.constexpr,
     ):
         """Every layer's five phases, barriers between them and between layers (barrier
         l * PHASES + p + 1 after phase p of layer l). SYNC False: one program, no barrier
@@ -69,13 +69,14 @@ if triton is not None:
                 _at(base_ptr, row, 4), _at(base_ptr, row, 5), _at(base_ptr, row, 6),
                 _at(base_ptr, row, 7), _at(base_ptr, row, 8), _at(base_ptr, row, 9),
                 cs_ptr, rope_pos_ptr, slot_ptr, _at(base_ptr, row, 11), _at(base_ptr, row, 12),
-                bt_ptr, req_ptr, tok_pos_ptr, bar_ptr, _at(base_ptr, row, 10),
+                bt_ptr, req_ptr, tok_pos_ptr, bar_ptr, clk_ptr + (layer * progs + pid) * 20,
+                _at(base_ptr, row, 10),
                 pf_o, pf_gu, pf_dn, pf_qkv, T, HID, INTER, max_blocks, layer * 5, eps,
                 scale_log2, window, stride_cs, stride_kb, stride_ks, stride_kh, stride_vb,
                 stride_vs, stride_vh, stride_btr, H, KVH, D, CACHE_BLOCK, G, G_PAD, BLOCK_Q,
                 ATT_BN, HAS_WINDOW, IEEE_DOT, TABLE_AHEAD, QKV_BIAS, O_BIAS, GU_BIAS, DN_BIAS,
                 BLOCK_M, NORM_BK, QKV_BN, QKV_BK, QKV_IL, O_BN, O_BK, GU_BN, GU_BK, DN_BN,
-                DN_BK, 0, 4, SYNC, PREFETCH)
+                DN_BK, 0, 4, SYNC, PREFETCH, CLOCK)
             if SYNC:
                 if layer + 1 < L:
                     grid_sync(bar_ptr, (layer * 5 + 5) * progs)
@@ -124,7 +125,8 @@ def _fits(layers, rows) -> bool:
 
 
 def persistent_model(model, table: LayerTable, x: torch.Tensor, positions: torch.Tensor,
-                     ctx, tiles: LayerTiles, counter: torch.Tensor, prefetch_bytes: int) -> bool:
+                     ctx, tiles: LayerTiles, counter: torch.Tensor, prefetch_bytes: int,
+                     clock: torch.Tensor | None = None) -> bool:
     """Every decoder layer of `model` on x in ONE launch (x updated in place); False when the
     table cannot be had (the caller launches layer by layer). Off CUDA (the interpreter: its
     pointers are addresses too) one program runs it without barriers."""
@@ -137,9 +139,10 @@ def persistent_model(model, table: LayerTable, x: torch.Tensor, positions: torch
     _persistent_model_kernel[(tiles.programs if x.is_cuda else 1,)](
         tbl, len(layers), layers[0].qkv, x, *p.buffers, model.cos_sin, positions,
         ctx.slot_mapping, ctx.block_tables, ctx.token_req, ctx.token_pos, counter,
-        *p.prefetch, *p.sizes, model.eps, *p.attention, *p.strides,
+        counter if clock is None else clock, *p.prefetch, *p.sizes, model.eps, *p.attention,
+        *p.strides,
         PREFETCH=prefetch_bytes > 0 and x.is_cuda, NCOL=len(COLUMNS), SYNC=x.is_cuda,
-        **p.const)
+        CLOCK=clock is not None and x.is_cuda, **p.const)
     return True
 
 

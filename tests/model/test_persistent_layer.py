@@ -144,7 +144,7 @@ def compile_sm90(heads: int, kvh: int, d: int, tiles: dict, sync: bool):
         if n in const:
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
-            sig[n] = "*i64" if n == "slot_ptr" else "*i32" if n in ints else "*bf16"
+            sig[n] = "*i64" if n in ("slot_ptr", "clk_ptr") else "*i32" if n in ints else "*bf16"
         else:
             sig[n] = "fp32" if n in ("eps", "scale_log2") else "i32"
     unaligned = ("T", "bar_base", "eps", "scale_log2", "window", "max_blocks")
@@ -168,7 +168,8 @@ def _const(heads: int, kvh: int, d: int, tiles: dict, sync: bool) -> dict:
                 QKV_IL=tiles["qkv"][0] == 16, O_BN=tiles["o"][0], O_BK=tiles["o"][1],
                 GU_BN=tiles["gate_up"][0], GU_BK=tiles["gate_up"][1], DN_BN=tiles["down"][0],
                 DN_BK=tiles["down"][1],
-                FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync, PREFETCH=sync)
+                FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync, PREFETCH=sync,
+                CLOCK=False)
 
 
 def _stack_bytes(cubin: bytes, tmp_path: Path) -> int | None:
@@ -221,7 +222,7 @@ def compile_model_sm90(heads: int, kvh: int, d: int, tiles: dict):
     const = {k: v for k, v in _const(heads, kvh, d, tiles, True).items()
              if k not in ("FIRST", "LAST")}
     const["NCOL"] = len(pm.COLUMNS)
-    kinds = {"tbl_ptr": "*i64", "slot_ptr": "*i64", "rope_pos_ptr": "*i32",
+    kinds = {"tbl_ptr": "*i64", "slot_ptr": "*i64", "clk_ptr": "*i64", "rope_pos_ptr": "*i32",
              "tok_pos_ptr": "*i32", "req_ptr": "*i32", "bt_ptr": "*i32", "bar_ptr": "*i32"}
     sig = {n: "constexpr" if n in const else kinds.get(n, "*bf16") if n.endswith("_ptr")
            else "fp32" if n in ("eps", "scale_log2") else "i32" for n in kernel.arg_names}
