@@ -123,7 +123,7 @@ def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> 
 
 
 def draw_kernels(shown: list[StepRecord], source: list[StepRecord], window_ms: float,
-                 device: str) -> None:
+                 device: str, stats: dict | None = None) -> None:
     """Under the timeline: the kernel lane (measured kernels of sampled steps) and the
     waterfall of the steps shown (issue 20)."""
     end = window_end_ns(shown) or 0
@@ -131,7 +131,8 @@ def draw_kernels(shown: list[StepRecord], source: list[StepRecord], window_ms: f
     kept = kept_samples(source)
     lane = kernel_lane_figure(shown, kept[0] or samples, end_ns=end, window_ms=window_ms,
                               device=device, width_px=TIMELINE_WIDTH_PX,
-                              height_px=KERNEL_LANE_HEIGHT_PX, sampled_records=kept[1])
+                              height_px=KERNEL_LANE_HEIGHT_PX, sampled_records=kept[1],
+                              stats=stats)
     lane.update_layout(uirevision="live.timeline")
     live_plot(lane, key="live.kernels", height_px=KERNEL_LANE_HEIGHT_PX)
     live_plot(waterfall_figure(shown, kept[0] or samples, device=device,
@@ -177,7 +178,8 @@ def live_view(client: EngineClient, settings: dict) -> None:
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     st.session_state[LAST_KEY] = records  # what a pause would freeze
     recent = draw_timeline(records, window, paused=False)
-    draw_kernels(recent, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"))
+    draw_kernels(recent, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"),
+                 stats=client.stats() if settings.get("device") == "cuda" else None)
 
 
 def control_bar(client: EngineClient) -> None:

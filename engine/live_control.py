@@ -89,7 +89,7 @@ class LiveControl:
             "kv_bytes_per_token": self.kv_bytes_per_token,
         }
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         sch = self.scheduler
         return {
             "running": len(sch.running),
@@ -107,5 +107,6 @@ class LiveControl:
             # Submitted and not finished, including requests not yet picked up by the loop.
             "unfinished": self._sink.num_open,
             **({} if self.loop.sentinel is None else self.loop.sentinel.stats()),
+            **self.loop.pipeline.kernels.stats(),
         }
 

@@ -11,6 +11,7 @@ one line that there are no kernels. Pure functions: no streamlit, no engine, no 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -34,6 +35,19 @@ NONE_IN_WINDOW = ("Kernels are recorded for a few steps every kernel_sample_peri
                   "sampled step in this window (pale bars: steps not sampled).")
 
 
+def sampler_note(stats: dict[str, Any] | None) -> str | None:
+    """One line when the kernel sampler's latest samples came back without kernel records
+    (the engine's stats: kernel_samples_lost_in_row, kernel_sampler_error): the lane and the
+    measured figures then rest on older samples, and the page says so rather than show a
+    lane that looks idle."""
+    n = int((stats or {}).get("kernel_samples_lost_in_row", 0) or 0)
+    if n <= 0:
+        return None
+    return (f"The profiler returned no kernel record for the last {n} sample"
+            f"{'s' if n > 1 else ''} (CUPTI kept the runtime calls only; see issue 20 in "
+            "docs/benchmarks.md): kernel figures come from older samples.")
+
+
 def samples_of(records: Sequence[StepRecord]) -> list[KernelSample]:
     """Every kernel sample the records carry (a sample rides on a later step's record)."""
     return [s for r in records for s in r.kernel_samples]
@@ -42,10 +56,11 @@ def samples_of(records: Sequence[StepRecord]) -> list[KernelSample]:
 def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSample], *,
                        end_ns: int, window_ms: float, device: str = "cuda",
                        height_px: int = 120, width_px: int = 1600,
-                       sampled_records: Sequence[StepRecord] = ()) -> go.Figure:
+                       sampled_records: Sequence[StepRecord] = (),
+                       stats: dict[str, Any] | None = None) -> go.Figure:
     """The lane for the window [end_ns - window_ms, end_ns] (x: ms before end_ns).
     ``sampled_records``: the sampled steps' records kept across refreshes (for the hover's
-    kernel time of unsampled steps)."""
+    kernel time of unsampled steps); ``stats``: the engine's, for `sampler_note`."""
     lo = end_ns - int(window_ms * 1e6)
     px_ns = max(end_ns - lo, 1) / width_px
     by_step = {st.step: st for s in samples for st in s.steps}
@@ -92,6 +107,8 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
     note = None
     if device != "cuda":
         note = NO_KERNELS
+    elif sampler_note(stats):
+        note = sampler_note(stats)
     elif not sampled_steps:
         note = NONE_IN_WINDOW
     if note:

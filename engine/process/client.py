@@ -328,7 +328,7 @@ class EngineClient:
     def settings(self) -> dict[str, Any]:
         return dict(self._call(Command.SETTINGS))
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         return dict(self._call(Command.STATS))
 
     def record_anatomy(self, n_steps: int = 8, timeout_s: float = 30.0) -> dict[str, Any]:

@@ -114,6 +114,7 @@ class KernelSampler:
         self.ready: deque[KernelSample] = deque(maxlen=MAX_READY)  # for the next record
         self.samples_made = 0
         self.lost_samples = 0  # samples whose every counted step lost kernels
+        self.lost_in_row = 0  # such samples since the last good one (the Live page says so)
         self.open_warmup = WARMUP_STEPS
         self.failures = 0
         self.clock_lost = 0  # traces whose CUDA times were lost (kernel_trace_clock)
@@ -258,6 +259,7 @@ class KernelSampler:
                 continue
             except LostKernels as e:  # the profiler dropped every counted step's kernels
                 self.lost_samples += 1
+                self.lost_in_row += 1
                 self.warmup = min(2 * self.warmup + self.steps, MAX_WARMUP_STEPS)
                 self._failed(e, retry_s=self.period_s)  # longer warm-up, same period
                 continue
@@ -281,7 +283,19 @@ class KernelSampler:
                     self.warmup = min(self.warmup + sample.skipped_steps + 1,
                                       MAX_WARMUP_STEPS)
                 self.samples_made += 1
+                self.lost_in_row = 0
                 self.ready.append(sample)
+
+    def stats(self) -> dict[str, Any]:
+        """What the engine's stats() reports of the sampler: samples made, samples whose
+        kernel records the profiler lost (in all, and since the last good one), failures and
+        the last error ("" if none)."""
+        return {"kernel_sample_period_s": self.period_s,
+                "kernel_samples_made": self.samples_made,
+                "kernel_samples_lost": self.lost_samples,
+                "kernel_samples_lost_in_row": self.lost_in_row,
+                "kernel_sampler_failures": self.failures,
+                "kernel_sampler_error": self.last_error or ""}
 
     def close(self) -> None:
         self.abort()

@@ -200,3 +200,45 @@ def test_bracket_time_counts_only_where_the_gpu_was_idle():
     # fully idle, half under a kernel, fully under a kernel, outside the window
     spans = [(50, 60), (190, 210), (320, 330), (500, 600)]
     assert idle_overlap_ns(spans, kernels, 0, 450) == 10 + 10 + 0 + 0
+
+
+def test_samples_that_lost_their_kernels_are_counted_until_a_good_one(monkeypatch):
+    """The engine's stats carry the sampler's state, so the Live page can say when the
+    profiler came back without kernel records (CUPTI on the H200, issue 20) instead of
+    showing a lane that looks idle."""
+    import queue
+
+    from engine.step import kernel_trace
+    from engine.step import kernel_trace_clock as clock
+    from telemetry.kernels import KernelRecord, SampledStep, make_sample
+
+    good = make_sample([SampledStep(1, [KernelRecord("nvjet", "gemm", 0, 10)])], None)
+    outcomes = [LostKernels("kernel sampler: 0 bracket launches (192021)"),
+                LostKernels("again"), good]
+
+    def convert(*job):
+        out = outcomes.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    monkeypatch.setattr(kernel_trace, "convert", convert)
+    s = KernelSampler(enabled=False)
+    assert s.stats()["kernel_samples_lost_in_row"] == 0
+    assert s.stats()["kernel_sampler_error"] == ""
+
+    def run(n: int) -> None:
+        s._jobs = queue.SimpleQueue()
+        for _ in range(n):
+            s._jobs.put(((None, 0, 1, {}, 0, {}), clock.hold()))
+        s._jobs.put(None)
+        s._work()
+
+    run(2)
+    st = s.stats()
+    assert st["kernel_samples_lost"] == 2 and st["kernel_samples_lost_in_row"] == 2
+    assert st["kernel_sampler_error"] == "LostKernels: again"
+    run(1)
+    st = s.stats()
+    assert st["kernel_samples_made"] == 1 and st["kernel_samples_lost_in_row"] == 0
+    assert st["kernel_samples_lost"] == 2 and not clock.unsaved()

@@ -70,3 +70,21 @@ def test_kernel_samples_survive_a_recording_round_trip(tmp_path):
     path = write_jsonl(tmp_path / "r.jsonl", recs)
     back = load_recording(path)
     assert samples_of(back.steps) == samples_of(recs)
+
+
+def test_the_lane_says_when_the_profiler_returned_no_kernel_records():
+    """The engine's stats say the last samples lost their kernel records: the lane says so
+    (and how many), rather than only that no step was sampled."""
+    from ui.kernel_lane import sampler_note
+
+    recs = records_of(FakeEngineClient(graphs_available=True))[:2]
+    for r in recs:
+        r.kernel_samples = []
+    assert sampler_note({"kernel_samples_lost_in_row": 0}) is None and sampler_note(None) is None
+    stats = {"kernel_samples_lost_in_row": 3, "kernel_sampler_error": "LostKernels: ..."}
+    fig = kernel_lane_figure(recs, [], end_ns=window_end_ns(recs), window_ms=5, stats=stats)
+    (text,) = [a.text for a in fig.layout.annotations]
+    assert "no kernel record for the last 3 samples" in text
+    cpu = kernel_lane_figure(recs, [], end_ns=window_end_ns(recs), window_ms=5, device="cpu",
+                             stats=stats)
+    assert [a.text for a in cpu.layout.annotations] == [NO_KERNELS]
