@@ -32,11 +32,22 @@ if triton is not None:
     MAX_SPINS = tl.constexpr(1 << 21)  # volatile L2 polls (~0.5 us each) before giving up
 
     @triton.jit
-    def grid_sync(bar_ptr, target):
+    def _fence_every_thread():
+        """Every thread: its async copies done, then a GPU-scope acquire-release fence."""
+        tl.inline_asm_elementwise("cp.async.wait_all;\n\tfence.acq_rel.gpu;\n\tmov.u32 $0, 0;",
+                                  "=r,r", [tl.zeros([256], dtype=tl.int32)], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+    @triton.jit
+    def grid_sync(bar_ptr, target, FENCE: tl.constexpr = False):
         """Arrive on the counter at bar_ptr[0], then wait until it reaches target. A wait
         longer than MAX_SPINS polls (about a second: the grid was not co-resident) gives up
         and raises the flag bar_ptr[1]; once it is up no barrier waits, so a broken launch
-        ends with wrong results and a flag (`timed_out`) instead of hanging the GPU."""
+        ends with wrong results and a flag (`timed_out`) instead of hanging the GPU. FENCE:
+        every thread also fences before arriving and after the wait (not only the thread that
+        does the atomics, with bar.sync between: the belt-and-braces form, for diagnosis)."""
+        if FENCE:
+            _fence_every_thread()
         tl.debug_barrier()
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
         cur = tl.load(bar_ptr, volatile=True)
@@ -48,6 +59,8 @@ if triton is not None:
         if spins >= MAX_SPINS:
             tl.atomic_xchg(bar_ptr + 1, 1)
         tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        if FENCE:
+            _fence_every_thread()
         tl.debug_barrier()
 
     @triton.jit

@@ -28,6 +28,7 @@ the host or branches on tensor values: grids and tiles depend on shapes only.
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -37,6 +38,8 @@ from engine.model.fused_ops import tl, triton
 
 PHASES = 5
 BARRIERS_PER_LAYER = PHASES - 1
+# Diagnosis switch (issue 22): "1" makes every thread fence at each grid barrier.
+FENCE_DEFAULT = os.environ.get("GAPLESS_PERSISTENT_FENCE", "0") == "1"
 
 if triton is not None:
     from engine.attention.triton_paged import _attention_tile
@@ -58,14 +61,16 @@ if triton is not None:
 
     @triton.jit
     def _sync_after(phase: tl.constexpr, bar_ptr, bar_base, clk_ptr, FIRST: tl.constexpr,
-                    LAST: tl.constexpr, SYNC: tl.constexpr, CLOCK: tl.constexpr):
+                    LAST: tl.constexpr, SYNC: tl.constexpr, CLOCK: tl.constexpr,
+                    FENCE: tl.constexpr):
         """The barrier between `phase` and the next, where this launch runs both (CLOCK:
         stamps 2 phase + 1 before it and 2 phase + 2 after it)."""
         if SYNC:
             if phase < LAST:
                 if phase >= FIRST:
                     _stamp(clk_ptr, 2 * phase + 1, CLOCK)
-                    grid_sync(bar_ptr, (bar_base + phase - FIRST + 1) * tl.num_programs(0))
+                    grid_sync(bar_ptr, (bar_base + phase - FIRST + 1) * tl.num_programs(0),
+                              FENCE)
                     _stamp(clk_ptr, 2 * phase + 2, CLOCK)
 
     @triton.jit(do_not_specialize=["T", "bar_base"])
@@ -87,7 +92,7 @@ if triton is not None:
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr, PREFETCH: tl.constexpr,
-        CLOCK: tl.constexpr,
+        CLOCK: tl.constexpr, FENCE: tl.constexpr,
     ):
         """One decoder layer, phases FIRST..LAST (`_layer_phases`), one program an SM."""
         _layer_phases(
@@ -100,7 +105,7 @@ if triton is not None:
             stride_vh, stride_btr, H, KVH, D, CACHE_BLOCK, G, G_PAD, BLOCK_Q, ATT_BN, HAS_WINDOW,
             IEEE_DOT, TABLE_AHEAD, QKV_BIAS, O_BIAS, GU_BIAS, DN_BIAS, BLOCK_M, NORM_BK, QKV_BN,
             QKV_BK, QKV_IL, O_BN, O_BK, GU_BN, GU_BK, DN_BN, DN_BK, FIRST, LAST, SYNC, PREFETCH,
-            CLOCK)
+            CLOCK, FENCE)
 
     @triton.jit
     def _layer_phases(
@@ -122,7 +127,7 @@ if triton is not None:
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr,
         FIRST: tl.constexpr, LAST: tl.constexpr, SYNC: tl.constexpr, PREFETCH: tl.constexpr,
-        CLOCK: tl.constexpr,
+        CLOCK: tl.constexpr, FENCE: tl.constexpr,
     ):
         """Phases FIRST..LAST of one decoder layer (module docstring). Buffers contiguous:
         x [T, HID], q and attn [T, H, D], act [T, INTER]; weights row-major. QKV_BN counts
@@ -147,7 +152,7 @@ if triton is not None:
                         eps, HID, HID, HID, HID, stride_cs, QD, stride_kb, stride_ks, stride_kh,
                         stride_vb, stride_vs, stride_vh, HALF, CACHE_BLOCK, True, False,
                         QKV_BIAS, BLOCK_M, QKV_BN, QKV_BK, NORM_BK, False, QKV_IL)
-        _sync_after(0, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
+        _sync_after(0, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK, FENCE)
         if FIRST <= 1:
             if LAST >= 1:
                 if PREFETCH:
@@ -160,7 +165,7 @@ if triton is not None:
                         stride_vh, 1, stride_btr, 1, QD, D, 1, scale_log2, window, H, G, G_PAD,
                         BLOCK_Q, D, CACHE_BLOCK, ATT_BN, HAS_WINDOW, IEEE_DOT, False,
                         TABLE_AHEAD, False)
-        _sync_after(1, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
+        _sync_after(1, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK, FENCE)
         if FIRST <= 2:
             if LAST >= 2:
                 if PREFETCH:
@@ -171,7 +176,7 @@ if triton is not None:
                         w // n_n, w % n_n, attn_ptr, attn_ptr, o_ptr, o_b_ptr, x_ptr, x_ptr,
                         attn_ptr, attn_ptr, T, HID, QD, eps, QD, QD, HID, HID, QD, QD,
                         False, False, True, False, O_BIAS, BLOCK_M, O_BN, O_BK, NORM_BK, False)
-        _sync_after(2, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
+        _sync_after(2, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK, FENCE)
         if FIRST <= 3:
             if LAST >= 3:
                 n_n = tl.cdiv(INTER, GU_BN)
@@ -181,7 +186,7 @@ if triton is not None:
                         act_ptr, x_ptr, x_ptr, T, INTER, HID, eps, HID, HID, INTER, INTER, HID,
                         HID, True, True, False, False, GU_BIAS, BLOCK_M, GU_BN, GU_BK, NORM_BK,
                         False)
-        _sync_after(3, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK)
+        _sync_after(3, bar_ptr, bar_base, clk_ptr, FIRST, LAST, SYNC, CLOCK, FENCE)
         if FIRST <= 4:
             if LAST >= 4:
                 if PREFETCH:
@@ -292,24 +297,39 @@ def persistent_layer(
     prefetch_bytes > 0 (one launch only): each phase asks L2 for up to that many bytes of the
     next GEMM's weights (the down phase: of next_qkv, the next layer's). clock (one launch
     only): int64 [layers, programs, 10, 2] receiving each program's time stamps (see
-    engine/model/persistent_clock.py)."""
-    p = launch_parts(layer, x, ctx, kv, cos_sin, num_heads, tiles, next_qkv, prefetch_bytes)
+    bench/suites/persistent_clock.py)."""
+    parts = launch_parts(layer, x, ctx, kv, cos_sin, num_heads, tiles, next_qkv,
+                         prefetch_bytes)
+    one_launch = x.is_cuda and not phased
+    plan = [(0, PHASES - 1, True)] if one_launch else [(p, p, False) for p in range(PHASES)]
+    launch_layer(layer, x, positions, ctx, kv, cos_sin, eps, counter, bar_base, parts,
+                 launches=plan, programs=tiles.programs, next_qkv=next_qkv,
+                 prefetch=one_launch and prefetch_bytes > 0, clock=clock if one_launch else None)
+    return x
+
+
+def launch_layer(layer, x, positions, ctx, kv, cos_sin, eps: float, counter: torch.Tensor,
+                 bar_base: int, parts: LaunchParts, *, launches: list[tuple[int, int, bool]],
+                 programs: int, next_qkv: torch.Tensor | None = None, prefetch: bool = False,
+                 clock: torch.Tensor | None = None, fence: bool | None = None) -> None:
+    """The kernel launches of one layer: for each (first, last, sync) of `launches`, phases
+    first..last on `programs` programs, grid barriers compiled in where sync (the buffers are
+    `parts.buffers`, so a caller can read q, attn and act afterwards). fence: every thread
+    fences at each barrier (None: the GAPLESS_PERSISTENT_FENCE switch)."""
     w = layer.qkv
     args = (
-        x, *p.buffers, layer.input_norm, w, _or(layer.qkv_bias, w), layer.o,
+        x, *parts.buffers, layer.input_norm, w, _or(layer.qkv_bias, w), layer.o,
         _or(layer.o_bias, w), layer.post_norm, layer.gate_up, _or(layer.gate_up_bias, w),
         layer.down, _or(layer.down_bias, w), cos_sin, positions, ctx.slot_mapping, *kv,
         ctx.block_tables, ctx.token_req, ctx.token_pos, counter,
-        counter if clock is None else clock, w if next_qkv is None else next_qkv, *p.prefetch,
-        *p.sizes, bar_base, eps, *p.attention, *p.strides,
+        counter if clock is None else clock, w if next_qkv is None else next_qkv,
+        *parts.prefetch, *parts.sizes, bar_base, eps, *parts.attention, *parts.strides,
     )
-    one_launch = x.is_cuda and not phased
-    for first, last in ([(0, PHASES - 1)] if one_launch else [(p_, p_) for p_ in range(PHASES)]):
-        _persistent_layer_kernel[(tiles.programs,)](
-            *args, FIRST=first, LAST=last, SYNC=one_launch,
-            PREFETCH=one_launch and prefetch_bytes > 0,
-            CLOCK=one_launch and clock is not None, **p.const)
-    return x
+    for first, last, sync in launches:
+        _persistent_layer_kernel[(programs,)](
+            *args, FIRST=first, LAST=last, SYNC=sync, PREFETCH=sync and prefetch,
+            CLOCK=sync and clock is not None,
+            FENCE=sync and (FENCE_DEFAULT if fence is None else fence), **parts.const)
 
 
 def _bytes(t: torch.Tensor) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from engine.model.fused_ops import tl, triton
-from engine.model.persistent_layer import PHASES, LayerTiles, launch_parts
+from engine.model.persistent_layer import FENCE_DEFAULT, PHASES, LayerTiles, launch_parts
 
 COLUMNS = ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up",
            "gate_up_bias", "down", "down_bias", "next_qkv", "k_cache", "v_cache")
@@ -54,7 +54,7 @@ if triton is not None:
         QKV_BN: tl.constexpr, QKV_BK: tl.constexpr, QKV_IL: tl.constexpr,
         O_BN: tl.constexpr, O_BK: tl.constexpr, GU_BN: tl.constexpr, GU_BK: tl.constexpr,
         DN_BN: tl.constexpr, DN_BK: tl.constexpr, PREFETCH: tl.constexpr,
-        NCOL: tl.constexpr, SYNC: tl.constexpr, CLOCK: tl.constexpr,
+        NCOL: tl.constexpr, SYNC: tl.constexpr, CLOCK: tl.constexpr, FENCE: tl.constexpr,
     ):
         """Every layer's five phases, barriers between them and between layers (barrier
         l * PHASES + p + 1 after phase p of layer l). SYNC False: one program, no barrier
@@ -76,10 +76,10 @@ if triton is not None:
                 stride_vs, stride_vh, stride_btr, H, KVH, D, CACHE_BLOCK, G, G_PAD, BLOCK_Q,
                 ATT_BN, HAS_WINDOW, IEEE_DOT, TABLE_AHEAD, QKV_BIAS, O_BIAS, GU_BIAS, DN_BIAS,
                 BLOCK_M, NORM_BK, QKV_BN, QKV_BK, QKV_IL, O_BN, O_BK, GU_BN, GU_BK, DN_BN,
-                DN_BK, 0, 4, SYNC, PREFETCH, CLOCK)
+                DN_BK, 0, 4, SYNC, PREFETCH, CLOCK, FENCE)
             if SYNC:
                 if layer + 1 < L:
-                    grid_sync(bar_ptr, (layer * 5 + 5) * progs)
+                    grid_sync(bar_ptr, (layer * 5 + 5) * progs, FENCE)
 
 
 class LayerTable:
@@ -142,7 +142,7 @@ def persistent_model(model, table: LayerTable, x: torch.Tensor, positions: torch
         counter if clock is None else clock, *p.prefetch, *p.sizes, model.eps, *p.attention,
         *p.strides,
         PREFETCH=prefetch_bytes > 0 and x.is_cuda, NCOL=len(COLUMNS), SYNC=x.is_cuda,
-        CLOCK=clock is not None and x.is_cuda, **p.const)
+        CLOCK=clock is not None and x.is_cuda, FENCE=FENCE_DEFAULT and x.is_cuda, **p.const)
     return True
 
 
