@@ -5,7 +5,8 @@ int32 counter in global memory and waits until all have arrived, so that what th
 wrote before it (the q rows, the K/V cache rows, the attention output, the residual stream)
 is visible to every program after it.
 
-- Arrive: `tl.debug_barrier()` (bar.sync: every thread of the program has issued its stores),
+- Arrive: (FENCE, the default: every thread finishes its async copies and fences at GPU
+  scope), `tl.debug_barrier()` (bar.sync: every thread of the program has issued its stores),
   then one atomic add with release semantics at GPU scope (a scalar atomic runs in one thread).
 - Wait: spin on volatile loads (they go to L2, no atomic traffic on the counter while others
   arrive) until the counter reaches `target`, then one acquire atomic at GPU scope (the fence
@@ -33,8 +34,9 @@ if triton is not None:
 
     @triton.jit
     def _fence_every_thread():
-        """Every thread: its async copies done, then a GPU-scope acquire-release fence."""
-        tl.inline_asm_elementwise("cp.async.wait_all;\n\tfence.acq_rel.gpu;\n\tmov.u32 $0, 0;",
+        """Every thread: its async copies done, then a sequentially consistent GPU-scope fence
+        (membar.gl: the fence cooperative groups' grid sync uses)."""
+        tl.inline_asm_elementwise("cp.async.wait_all;\n\tfence.sc.gpu;\n\tmov.u32 $0, 0;",
                                   "=r,r", [tl.zeros([256], dtype=tl.int32)], dtype=tl.int32,
                                   is_pure=False, pack=1)
 
@@ -44,8 +46,9 @@ if triton is not None:
         longer than MAX_SPINS polls (about a second: the grid was not co-resident) gives up
         and raises the flag bar_ptr[1]; once it is up no barrier waits, so a broken launch
         ends with wrong results and a flag (`timed_out`) instead of hanging the GPU. FENCE:
-        every thread also fences before arriving and after the wait (not only the thread that
-        does the atomics, with bar.sync between: the belt-and-braces form, for diagnosis)."""
+        every thread also fences before arriving and after the wait, not only the thread that
+        does the atomics (on the H200 at c9c481b the one-launch layer without it read data
+        another program had not yet made visible, as far as the symptoms tell)."""
         if FENCE:
             _fence_every_thread()
         tl.debug_barrier()

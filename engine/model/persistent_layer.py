@@ -38,8 +38,9 @@ from engine.model.fused_ops import tl, triton
 
 PHASES = 5
 BARRIERS_PER_LAYER = PHASES - 1
-# Diagnosis switch (issue 22): "1" makes every thread fence at each grid barrier.
-FENCE_DEFAULT = os.environ.get("GAPLESS_PERSISTENT_FENCE", "0") == "1"
+# Every thread fences at each grid barrier (persistent_barrier.grid_sync FENCE); "0" turns it
+# off (issue 22: without it the H200 run at c9c481b went wrong; bench persistent-check tells).
+FENCE_DEFAULT = os.environ.get("GAPLESS_PERSISTENT_FENCE", "1") == "1"
 
 if triton is not None:
     from engine.attention.triton_paged import _attention_tile

@@ -169,7 +169,7 @@ def _const(heads: int, kvh: int, d: int, tiles: dict, sync: bool) -> dict:
                 GU_BN=tiles["gate_up"][0], GU_BK=tiles["gate_up"][1], DN_BN=tiles["down"][0],
                 DN_BK=tiles["down"][1],
                 FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync, PREFETCH=sync,
-                CLOCK=False, FENCE=False)
+                CLOCK=False, FENCE=sync)
 
 
 def _stack_bytes(cubin: bytes, tmp_path: Path) -> int | None:
@@ -202,11 +202,12 @@ def test_one_launch_kernel_compiles_for_sm90_with_its_barrier(shape, tmp_path) -
     assert len(re.findall(r"ld\.global\.gpu\.acquire", ptx)) == 4
     assert "ld.volatile.global" in ptx
     assert "prefetch.global.L2" in ptx  # PREFETCH (compiled in with the barrier here)
+    assert len(re.findall(r"fence\.sc\.gpu", ptx)) >= 8  # FENCE: every thread, both sides
     assert "ld.global.nc" not in ptx  # activations written by other programs: never non-coherent
     assert one.metadata.shared <= 128 * 1024
     assert _stack_bytes(one.asm["cubin"], tmp_path) in (0, None)
     phased = compile_sm90(*SM90_SHAPES[shape], sync=False).asm["ptx"]
-    assert "release" not in phased and "acquire" not in phased and "prefetch" not in phased
+    assert not re.search(r"release|acquire|prefetch|fence", phased)
 
 
 def compile_model_sm90(heads: int, kvh: int, d: int, tiles: dict):
