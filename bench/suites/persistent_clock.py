@@ -41,6 +41,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--batch", type=int, default=16, help="decode tokens a step")
     ap.add_argument("--context", type=int, default=256, help="tokens already in the cache")
     ap.add_argument("--reps", type=int, default=10, help="steps in the timed graph")
+    ap.add_argument("--per-sm", type=int, default=1, choices=(1, 2),
+                    help="programs an SM (GAPLESS_PERSISTENT_PER_SM)")
 
 
 def phase_table(ns: list[list[list[int]]]) -> dict[str, float]:
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     model, ctx, x = _case(args.preset, args.batch, args.context)
     first, k0 = model.layers[0], ctx.kv_caches[0][0]
     tiles = _tiles(args.batch, x.device, x.dtype, x.shape[1], first.gate_up.shape[0] // 2,
-                   first.qkv.shape[0], model.num_heads, k0.shape[2], k0.shape[3], 2)
+                   first.qkv.shape[0], model.num_heads, k0.shape[2], k0.shape[3], 2, args.per_sm)
     counter, table = new_counter(x.device), LayerTable()
     n = len(model.layers)
 

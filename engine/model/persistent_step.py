@@ -44,6 +44,10 @@ PREFETCH_ENV = "GAPLESS_PERSISTENT_PREFETCH_MB"
 # Experiment switch: "1" runs every layer in ONE launch a step (engine/model/persistent_model.py)
 # where the tensors allow it, with a grid barrier between layers instead of a kernel boundary.
 WHOLE_MODEL_ENV = "GAPLESS_PERSISTENT_MODEL"
+# Experiment switch: programs an SM (1 or 2). Two fit at once whatever the compile (4 warps:
+# <= 255 registers a thread; the H200 tiles take <= 96 KB of shared memory): twice the loads in
+# flight where a phase has more tiles than SMs (Llama-3.2-1B: 192-256).
+PER_SM_ENV = "GAPLESS_PERSISTENT_PER_SM"
 
 SUMMARY = ("persistent: one Triton launch a decoder layer (grid barriers between its phases) "
            f"for steps of at most {MAX_TOKENS} tokens; larger steps, tensor parallelism and "
@@ -64,6 +68,9 @@ class PersistentStep:
         self.phased = False  # True: one launch a phase (the CUDA tests' oracle)
         self.prefetch_bytes = int(float(os.environ.get(PREFETCH_ENV) or 0) * 2 ** 20)
         self.whole_model = os.environ.get(WHOLE_MODEL_ENV, "0") == "1"
+        self.per_sm = int(os.environ.get(PER_SM_ENV) or 1)
+        if self.per_sm not in (1, 2):
+            raise ValueError(f"{PER_SM_ENV} must be 1 or 2, got {self.per_sm}")
         self.table = LayerTable()
 
     def fits(self, x: torch.Tensor, gapless) -> bool:
@@ -85,7 +92,7 @@ class PersistentStep:
         with choose_config's key tile; the grid is the largest phase, at most one per SM."""
         return _tiles(t, x.device, x.dtype, self.hidden, self.inter, self.qkv_rows,
                       self.model.num_heads, k_cache.shape[2], k_cache.shape[3],
-                      k_cache.element_size())
+                      k_cache.element_size(), self.per_sm)
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, gapless) -> torch.Tensor:
         """Every decoder layer on the hidden state x (whole: no pending residual)."""
@@ -109,7 +116,8 @@ class PersistentStep:
 
 @functools.cache
 def _tiles(t: int, device: torch.device, dtype: torch.dtype, hidden: int, inter: int,
-           qkv_rows: int, heads: int, kv_heads: int, head_dim: int, elem: int) -> LayerTiles:
+           qkv_rows: int, heads: int, kv_heads: int, head_dim: int, elem: int,
+           per_sm: int = 1) -> LayerTiles:
     from engine.model.fused_gemm import _blocks
 
     name = gemm_table.device_name(device.index or 0) if device.type == "cuda" else None
@@ -133,4 +141,4 @@ def _tiles(t: int, device: torch.device, dtype: torch.dtype, hidden: int, inter:
         programs=1)
     items = phase_items(t, tiles, hidden=hidden, inter=inter, qkv_rows=qkv_rows,
                         kv_heads=kv_heads)
-    return tiles._replace(programs=min(max_programs(device), max(items)))
+    return tiles._replace(programs=min(max_programs(device) * per_sm, max(items)))

@@ -33,3 +33,22 @@ def test_h200_tiles_are_the_compiled_ones(compiled, shape, programs, monkeypatch
     assert dict(qkv=tiles.qkv, o=tiles.o, gate_up=tiles.gate_up, down=tiles.down) == want
     assert (tiles.block_m, tiles.att_block_n, tiles.table_ahead) == (16, 64, True)
     assert tiles.programs == programs
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="host-side only")
+def test_two_programs_an_sm_only_where_a_phase_has_the_tiles(monkeypatch) -> None:
+    """GAPLESS_PERSISTENT_PER_SM=2: Llama-3.2-1B b1's gate_up has 256 tiles, so 256 programs
+    (<= 2 x 132); SmolLM2 b16's largest phase has 60, so the grid stays 60."""
+    from engine.model import gemm_table, persistent_step
+
+    monkeypatch.setattr(gemm_table, "device_name", lambda index: "NVIDIA H200")
+    monkeypatch.setattr(persistent_step, "max_programs", lambda device: 132)
+    got = {}
+    for shape in ("llama-3.2-1b-b1", "smollm2-135m-b16"):
+        hidden, heads, kvh, d, inter, t, _ = CUDA_SHAPES[shape]
+        persistent_step._tiles.cache_clear()
+        got[shape] = persistent_step._tiles(t, torch.device("cuda", 0), torch.bfloat16, hidden,
+                                            inter, (heads + 2 * kvh) * d, heads, kvh, d, 2,
+                                            2).programs
+    persistent_step._tiles.cache_clear()
+    assert got == {"llama-3.2-1b-b1": 256, "smollm2-135m-b16": 60}
