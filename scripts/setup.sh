@@ -23,10 +23,32 @@ PY=${PYTHON:-python3}
 if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 reqs=requirements.txt
 [[ $dev == 1 ]] && reqs=requirements-dev.txt
-if ! .venv/bin/python -m pip install -q -r "$reqs"; then
+
+# The pinned packages go in with uv where it installs (from PyPI, into the venv): it fetches,
+# unpacks and byte-compiles in parallel, 32 s instead of pip's 78 s for requirements-dev.txt
+# on this 2-core VM (2026-12-04, load average 1.5-2.2, fresh venv, empty caches). uv reads
+# no pip configuration, so pip's find-links (where this VM keeps its CPU torch wheel) and
+# index are passed on; where uv fails, pip installs as before.
+uv_install() {
+    .venv/bin/python -m pip install -q "uv==0.13.9" >/dev/null 2>&1 || return 1
+    local args=() v
+    for v in $(.venv/bin/python -m pip config get global.find-links 2>/dev/null) \
+             ${PIP_FIND_LINKS:-}; do
+        args+=(--find-links "$v")
+    done
+    v=${PIP_INDEX_URL:-$(.venv/bin/python -m pip config get global.index-url 2>/dev/null || true)}
+    [[ -n $v ]] && args+=(--index-url "$v")
+    .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode "${args[@]}" \
+        -r "$1"
+}
+pip_install() {
+    .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    .venv/bin/python -m pip install -q -r "$1"
+}
+if ! uv_install "$reqs" && ! { echo "setup: uv did not install $reqs; pip instead" >&2
+                               pip_install "$reqs"; }; then
     echo "setup: FAILED: pip install -r $reqs (the message above says which package); check" \
          "that the pip index is reachable, then run this script again" >&2
     exit 1
