@@ -35,9 +35,10 @@ if triton is not None:
     @triton.jit
     def _fence_every_thread():
         """Every thread: its async copies done, then a sequentially consistent GPU-scope fence
-        (membar.gl: the fence cooperative groups' grid sync uses)."""
+        (membar.gl: the fence cooperative groups' grid sync uses). 128 elements: once a thread
+        at 4 warps (a warp's fence covers its lanes' stores; more would only repeat it)."""
         tl.inline_asm_elementwise("cp.async.wait_all;\n\tfence.sc.gpu;\n\tmov.u32 $0, 0;",
-                                  "=r,r", [tl.zeros([256], dtype=tl.int32)], dtype=tl.int32,
+                                  "=r,r", [tl.zeros([128], dtype=tl.int32)], dtype=tl.int32,
                                   is_pure=False, pack=1)
 
     @triton.jit
