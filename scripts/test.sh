@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# The whole test suite, in two phases (what CI runs, after `bash scripts/setup.sh --dev`):
-#   1. every test but the browser ones, on 3 pytest-xdist workers;
+# The whole test suite, in two pytest runs at once (what CI runs, after
+# `bash scripts/setup.sh --dev`):
+#   1. every test but the browser ones, on 3 pytest-xdist workers, at the lowest CPU priority
+#      (nice +19, inherited by the engine processes and servers its tests start);
 #   2. the browser tests (tests/browser: one `streamlit run app.py` with its engine process,
-#      and headless Chromium), in one process, after phase 1.
+#      and headless Chromium), in one process, at the caller's priority, beside phase 1.
+# Why together, and why the priorities: the browser phase waits more than it computes (it
+# used 0.8 of the 2 cores over its 364 s on 2026-12-04: fixed waits for charts to draw, 30 s
+# of never-blank sampling, 1 Hz page refreshes), while phase 1 keeps both cores busy; one
+# after the other they took 270 + 360 s. Beside each other at equal priority (tried earlier
+# on 2026-12-04, one pytest run, one worker on the browser tests) the browser tests' timing
+# checks failed or were re-run at load average 6-12; at nice +19 phase 1 only gets the CPU
+# the browser phase leaves, so the browser tests' timing is as on a quiet machine.
+# GAPLESS_TEST_APART=1 runs the phases one after the other instead (phase 1 first, at the
+# caller's priority).
 # In phase 1, tests/conftest.py makes each test module one unit of work for the workers (its
 # module-scoped engines and compiled models are built once, not once per worker) and
-# tests/http one unit (one `engine serve`), longest first. Why the browser tests run alone:
-# beside phase 1 (tried 2026-12-04, one worker on them, the other on the rest) the load
-# average reached 6-12 on the 2 cores, and their waits failed or were re-run (a fresh tab's
-# live charts stayed hidden three times in a row); alone, they have the machine.
-# Phase 1 runs torch with one CPU thread a process (OMP_NUM_THREADS=1, kept if set; phase 2
-# keeps torch's default: with one thread there, the two-tab restart test failed once in one
-# run and three times in the next, leaving the engine dead; with the default it passed in
-# the runs before). Two workers, each
-# starting engine processes, with 2 threads each on 2 cores slowed each other about 2x. With
-# one thread, phase 1 on 2 workers left the 2 cores part idle (load average 1.4-2.4: its
-# tests mostly wait on engine processes, servers and timeouts), so it runs 3 workers: 310 s
-# instead of 369 s (2026-12-04, load average up to 3.9, fresh clone of 2cbf127).
-# Each phase's junit XML goes to artifacts/junit/ (ignored by git); time per test folder:
+# tests/http one unit (one `engine serve`), longest first. Phase 1 runs torch with one CPU
+# thread a process (OMP_NUM_THREADS=1, kept if set): two workers, each starting engine
+# processes, with 2 threads each on 2 cores slowed each other about 2x; with one thread,
+# 2 workers left the cores part idle (its tests mostly wait on engine processes, servers and
+# timeouts), so it runs 3 workers: 310 s instead of 369 s (2026-12-04, load average up to
+# 3.9). The browser phase keeps torch's default thread count (see docs/testing.md).
+# Each phase's junit XML goes to artifacts/junit/ (ignored by git), the browser phase's
+# output to artifacts/junit/phase2.log (printed after phase 1's); time per test folder:
 # `.venv/bin/python scripts/test_times.py artifacts/junit/phase1.xml`.
 # Extra arguments go to both phases (e.g. `-x`, `--lf`); the exit status is the first
 # failing phase's (a phase with no test selected counts as passed).
@@ -26,14 +32,42 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }  # 5: no tests collected in that phase
 mkdir -p artifacts/junit
-echo "== phase 1 of 2: all tests but the browser ones (3 workers)"
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} $PY -m pytest -q -rs -n 3 --dist loadgroup --no-loadscope-reorder -m "not browser" \
-    --junitxml=artifacts/junit/phase1.xml "$@"
-one=$?
-echo "== phase 2 of 2: the browser tests (one process)"
-$PY -m pytest -q -rs -m browser --junitxml=artifacts/junit/phase2.xml "$@"
-two=$?
-echo "== phase 1: exit $one; phase 2: exit $two"
+START=$SECONDS
+
+phase1() {  # $NICE: "nice -n 19" beside the browser phase
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ${NICE:-} $PY -m pytest -q -rsR -n 3 --dist loadgroup \
+        --no-loadscope-reorder -m "not browser" --junitxml=artifacts/junit/phase1.xml "$@"
+}
+# -rR --rerun-show-tracebacks: a browser test that passed only when re-run says which, and
+# why its earlier attempts failed (a re-run costs 5-60 s; CI's logs named none before).
+phase2() {
+    $PY -m pytest -q -rsR --rerun-show-tracebacks -m browser \
+        --junitxml=artifacts/junit/phase2.xml "$@"
+}
+
+if [[ ${GAPLESS_TEST_APART:-0} == 1 ]]; then
+    echo "== phase 1 of 2: all tests but the browser ones (3 workers)"
+    phase1 "$@"
+    one=$? t1=$((SECONDS - START))
+    echo "== phase 2 of 2: the browser tests (one process)"
+    phase2 "$@"
+    two=$? t2=$((SECONDS - START))
+else
+    echo "== phases 1 and 2 at once: the browser tests (one process, output at the end) beside"
+    echo "   all the others (3 workers, nice +19)"
+    phase2 "$@" >artifacts/junit/phase2.log 2>&1 &
+    pid2=$!
+    # Interrupted (Ctrl-C): the browser phase stops too, tearing its server down.
+    trap 'kill -INT "$pid2" 2>/dev/null; wait "$pid2"' INT TERM
+    NICE="nice -n 19" phase1 "$@"
+    one=$? t1=$((SECONDS - START))
+    wait "$pid2"
+    two=$? t2=$((SECONDS - START))
+    echo "== phase 2 (the browser tests), its output:"
+    cat artifacts/junit/phase2.log
+fi
+echo "== phase 1: exit $one, done at ${t1} s; phase 2: exit $two, done by ${t2} s (seconds" \
+     "from the start); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 ok "$one" || exit "$one"
 ok "$two" || exit "$two"
 exit 0
