@@ -101,8 +101,23 @@ def gguf_model() -> torch.nn.Module:
     if not GGUF.is_file():
         pytest.skip(f"{GGUF.name} is missing from the folder: delete "
                     f"{MODEL_DIR.relative_to(ROOT)} and run scripts/setup.sh again")
-    model = AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), gguf_file=GGUF.name,
-                                                 dtype=torch.float32, attn_implementation="sdpa")
+    import gguf
+
+    # transformers parses the GGUF afresh for the config and again for the weights (~4 s
+    # each on a 2-core CPU); the second parse would read the same file: one serves both.
+    parsed: dict[tuple[str, str], object] = {}
+    parse = gguf.GGUFReader
+
+    def read_once(path, mode="r"):  # noqa: ANN001, ANN202 (gguf's signature)
+        key = (str(path), mode)
+        if key not in parsed:
+            parsed[key] = parse(path, mode)
+        return parsed[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", read_once)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(MODEL_DIR), gguf_file=GGUF.name, dtype=torch.float32, attn_implementation="sdpa")
     return model.eval()
 
 
