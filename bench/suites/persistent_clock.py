@@ -118,7 +118,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     counter, table = new_counter(x.device), LayerTable()
     n = len(model.layers)
 
-    def step(whole: bool, prefetch: int, clock: torch.Tensor | None = None) -> None:
+    def step(whole: bool, prefetch: int, clock: torch.Tensor | None = None,
+             fence: bool | None = None) -> None:
         counter[:1].zero_()
         if whole:
             assert persistent_model(model, table, x, ctx.token_pos, ctx, tiles, counter,
@@ -128,16 +129,18 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             persistent_layer(layer, x, ctx.token_pos, ctx, ctx.kv_caches[i], model.cos_sin,
                              model.num_heads, model.eps, tiles, counter,
                              i * BARRIERS_PER_LAYER, next_qkv=model.layers[(i + 1) % n].qkv,
-                             prefetch_bytes=prefetch, clock=clock)
+                             prefetch_bytes=prefetch, clock=clock, fence=fence)
 
     rows, data = [], {"tiles": tiles._asdict(), "variants": {}, "phases": {}}
-    for name, whole, prefetch in (("one launch a layer", False, 0),
-                                  (f"+ L2 prefetch {PREFETCH_MB} MB", False, PREFETCH_MB << 20),
-                                  ("one launch for all layers", True, 0),
-                                  (f"all layers + prefetch {PREFETCH_MB} MB", True,
-                                   PREFETCH_MB << 20)):
-        us = graph_seconds_per_call(lambda i, w=whole, p=prefetch: step(w, p), 1,
-                                    args.reps) * 1e6
+    for name, whole, prefetch, fence in (
+            ("one launch a layer", False, 0, None),
+            ("one launch a layer, barrier without the per-thread fences (wrong results on the "
+             "H200 at c9c481b)", False, 0, False),
+            (f"+ L2 prefetch {PREFETCH_MB} MB", False, PREFETCH_MB << 20, None),
+            ("one launch for all layers", True, 0, None),
+            (f"all layers + prefetch {PREFETCH_MB} MB", True, PREFETCH_MB << 20, None)):
+        us = graph_seconds_per_call(lambda i, w=whole, p=prefetch, f=fence: step(w, p, None, f),
+                                    1, args.reps) * 1e6
         data["variants"][name] = round(us, 1)
         rows.append([name, f"{us:.1f}", f"{us / n:.2f}"])
     phases = {}

@@ -290,7 +290,7 @@ def persistent_layer(
     cos_sin: torch.Tensor, num_heads: int, eps: float, tiles: LayerTiles,
     counter: torch.Tensor, bar_base: int, *, phased: bool = False,
     next_qkv: torch.Tensor | None = None, prefetch_bytes: int = 0,
-    clock: torch.Tensor | None = None,
+    clock: torch.Tensor | None = None, fence: bool | None = None,
 ) -> torch.Tensor:
     """One decoder layer over the whole hidden state x [T, HID] (updated in place and
     returned); `layer` a FusedDecoderLayer. One launch on CUDA (unless `phased`), one a phase
@@ -305,7 +305,8 @@ def persistent_layer(
     plan = [(0, PHASES - 1, True)] if one_launch else [(p, p, False) for p in range(PHASES)]
     launch_layer(layer, x, positions, ctx, kv, cos_sin, eps, counter, bar_base, parts,
                  launches=plan, programs=tiles.programs, next_qkv=next_qkv,
-                 prefetch=one_launch and prefetch_bytes > 0, clock=clock if one_launch else None)
+                 prefetch=one_launch and prefetch_bytes > 0, clock=clock if one_launch else None,
+                 fence=fence)
     return x
 
 
