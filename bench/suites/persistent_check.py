@@ -9,7 +9,8 @@ model/persistent_layer.py `launch_layer`: which phases share a launch, how many 
 - all five phases in one launch (grid barriers), on the grid and on 1 program (a barrier with
   one program waits for nobody: a difference there is the compiled code, not memory order),
   and on the grid with every thread fencing at each barrier (GAPLESS_PERSISTENT_FENCE);
-- two consecutive phases p, p+1 in one launch, the others alone: which barrier crossing breaks.
+- with --pairs, two consecutive phases p, p+1 in one launch, the others alone: which barrier
+  crossing breaks.
 
 For each: the largest |difference| from the reference of q, the new K and V rows, the attention
 output, SiLU*up, the new hidden state; and the hidden state's relative error against an fp32
@@ -38,6 +39,8 @@ SHAPES = {  # hidden, heads, kv heads, head_dim, intermediate, tokens, context
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shapes", default="tiny,smollm2-135m,llama-1b")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    ap.add_argument("--pairs", action="store_true",
+                    help="also two consecutive phases at a time in one launch (4 more compiles)")
 
 
 def _layer(shape: str, dtype: torch.dtype):
@@ -89,7 +92,7 @@ def _reference(layer, ctx, cos_sin, x, heads) -> torch.Tensor:
     return fused_linear_torch(a, f(layer.down), residual=x1)
 
 
-def check(shape: str, dtype: torch.dtype) -> list[list[str]]:
+def check(shape: str, dtype: torch.dtype, pairs: bool = False) -> list[list[str]]:
     from engine.model.persistent_barrier import new_counter, timed_out
     from engine.model.persistent_layer import launch_layer, launch_parts
     from engine.model.persistent_step import _tiles
@@ -126,7 +129,7 @@ def check(shape: str, dtype: torch.dtype) -> list[list[str]]:
                 "all phases in one launch": ([(0, 4, True)], grid),
                 "all phases in one launch, 1 program": ([(0, 4, True)], 1),
                 "all phases in one launch, every thread fences": ([(0, 4, True)], grid, True)}
-    for p in range(4):
+    for p in range(4 if pairs else 0):
         variants[f"phases {p}+{p + 1} in one launch"] = (
             alone[:p] + [(p, p + 1, True)] + alone[p + 2:], grid)
     base = run(*variants["one launch a phase"])
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     dtype = getattr(torch, args.dtype)
     rows = []
     for shape in args.shapes.split(","):
-        rows += check(shape, dtype)
+        rows += check(shape, dtype, args.pairs)
     head = ["shape", "launches", "programs", "max|d| q", "k", "v", "attn", "act", "x",
             "x rel err vs fp32 torch"]
     sections = [report.markdown_table(head, rows, align="lll" + "r" * 7)]
