@@ -1,10 +1,12 @@
 """The persistent decode layer (issue 22, `fused_layer: persistent`): one Triton launch a
 decoder layer on CUDA.
 
-Owns `_persistent_layer_kernel` and its launcher `persistent_layer`. The kernel runs the five
-phases of the `five` layer over a persistent grid (at most one program per SM), each program
-striding over the phase's tiles, with a grid-wide barrier (engine/model/persistent_barrier.py)
-between phases instead of a kernel boundary:
+Owns `_persistent_layer_kernel`, its phases `_layer_phases` (shared with the whole-model kernel,
+engine/model/persistent_model.py) and the launchers `persistent_layer` / `launch_layer`. The
+kernel runs the five phases of the `five` layer over a persistent grid (at most one program per
+SM; two with GAPLESS_PERSISTENT_PER_SM=2), each program striding over the phase's tiles, with a
+grid-wide barrier (engine/model/persistent_barrier.py) between phases instead of a kernel
+boundary:
 
     0  RMSNorm(x) @ qkv^T, rotary, q out, K/V into the paged cache   (fused_rope._qkv_rope_tile)
     1  paged attention, one split per (query block, kv head)  (triton_paged._attention_tile)
@@ -20,7 +22,9 @@ in phases 2 and 4 a program reads the residual only at the tile it then writes.
 compiled in: on CUDA one launch runs 0..4 with barriers; under TRITON_INTERPRET=1 (programs run
 one after another, a barrier would deadlock) and with `phased=True` (the CUDA test's oracle)
 each phase is its own launch. The hidden state is always whole between layers (no pending
-residual add), as in `five`.
+residual add), as in `five`. Other constexprs: PREFETCH (each phase asks L2 for the next GEMM's
+weights), CLOCK (time stamps for bench/suites/persistent_clock.py), FENCE (every thread fences
+at each barrier; the default, see persistent_barrier.py).
 
 Which steps use it, and the barrier counter: engine/model/persistent_step.py. Never syncs with
 the host or branches on tensor values: grids and tiles depend on shapes only.
@@ -51,7 +55,7 @@ if triton is not None:
     @triton.jit
     def _stamp(clk_ptr, k: tl.constexpr, CLOCK: tl.constexpr):
         """CLOCK: the global timer (ns) and the SM's cycle counter at point k of the layer
-        (engine/model/persistent_clock.py reads them)."""
+        (bench/suites/persistent_clock.py reads them)."""
         if CLOCK:
             ns = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [clk_ptr],
                                            dtype=tl.int64, is_pure=False, pack=1)
