@@ -6,13 +6,14 @@ grid barrier replacing each kernel boundary between layers (SmolLM2: 30 launches
 one). The phases are `persistent_layer._layer_phases`, the same code as one launch a layer.
 
 A layer's weights and caches are separate tensors, so the kernel reads them from a table: per
-layer, the element offsets of its 12 tensors (norms, weights, biases, the next layer's qkv,
-K and V caches) from one base tensor (the first layer's qkv weight), int64 [L, 12], each a
-multiple of 8 elements (16 bytes: the compiler keeps its vector loads). The table is built on
-the host once per set of tensors (weights and caches never move) and must exist before a CUDA
-graph captures the step: `persistent_model` returns False (the caller then launches layer by
+layer, the element offsets of its 13 tensors (norms, weights, biases, the next layer's qkv,
+K and V caches) from one base tensor (the first layer's qkv weight), int64 [L, 13], each a
+multiple of 8 elements (16 bytes in bf16: the compiler keeps its vector loads). The table is
+built on the host once per set of tensors (weights and caches never move) and must exist before
+a CUDA graph captures the step: `persistent_model` returns False (the caller then launches layer by
 layer) when a capture would have to build it, or when the tensors do not fit the scheme
-(different dtypes, 16-byte misalignment, layers with different biases or windows).
+(different dtypes, an address not a multiple of 8 elements, layers with different biases or
+windows).
 
 Under the interpreter one program runs it without barriers (tests: it equals one launch a
 layer); on CUDA the phased per-layer launch is its oracle. Never syncs with the host inside a
@@ -120,7 +121,8 @@ def _fits(layers, rows) -> bool:
     tensors = [t for row in rows for t in row if t is not None]
     same = {(lay.qkv_bias is None, lay.o_bias is None, lay.gate_up_bias is None,
              lay.down_bias is None, lay.sliding_window) for lay in layers}
-    return (len(same) == 1 and all(t.dtype == base.dtype and t.data_ptr() % 16 == 0
+    align = 8 * base.element_size()  # the kernel declares every offset a multiple of 8 elements
+    return (len(same) == 1 and all(t.dtype == base.dtype and t.data_ptr() % align == 0
                                    and t.is_contiguous() for t in tensors))
 
 
