@@ -106,7 +106,7 @@ def check(shape: str, dtype: torch.dtype, pairs: bool = False) -> list[list[str]
     counter = new_counter(x0.device)
     slots = ctx.slot_mapping
 
-    def run(launches, programs, fence=False):
+    def run(launches, programs, fence=0):
         ctx.kv_caches[0][0].copy_(k0)
         ctx.kv_caches[0][1].copy_(v0)
         x = x0.clone()
@@ -128,7 +128,9 @@ def check(shape: str, dtype: torch.dtype, pairs: bool = False) -> list[list[str]
     variants = {"one launch a phase": (alone, grid), "one launch a phase, 1 program": (alone, 1),
                 "all phases in one launch": ([(0, 4, True)], grid),
                 "all phases in one launch, 1 program": ([(0, 4, True)], 1),
-                "all phases in one launch, every thread fences": ([(0, 4, True)], grid, True)}
+                "all phases in one launch, every thread fences": ([(0, 4, True)], grid, 1),
+                "all phases in one launch, every thread fences after the wait only": (
+                    [(0, 4, True)], grid, 2)}
     for p in range(4 if pairs else 0):
         variants[f"phases {p}+{p + 1} in one launch"] = (
             alone[:p] + [(p, p + 1, True)] + alone[p + 2:], grid)

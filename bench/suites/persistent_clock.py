@@ -135,7 +135,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     for name, whole, prefetch, fence in (
             ("one launch a layer", False, 0, None),
             ("one launch a layer, barrier without the per-thread fences (wrong results on the "
-             "H200 at c9c481b)", False, 0, False),
+             "H200 at c9c481b)", False, 0, 0),
+            ("one launch a layer, fences after the wait only", False, 0, 2),
             (f"+ L2 prefetch {PREFETCH_MB} MB", False, PREFETCH_MB << 20, None),
             ("one launch for all layers", True, 0, None),
             (f"all layers + prefetch {PREFETCH_MB} MB", True, PREFETCH_MB << 20, None)):

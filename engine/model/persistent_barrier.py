@@ -5,7 +5,7 @@ int32 counter in global memory and waits until all have arrived, so that what th
 wrote before it (the q rows, the K/V cache rows, the attention output, the residual stream)
 is visible to every program after it.
 
-- Arrive: (FENCE, the default: every thread finishes its async copies and fences at GPU
+- Arrive: (FENCE 1, the default: every thread finishes its async copies and fences at GPU
   scope), `tl.debug_barrier()` (bar.sync: every thread of the program has issued its stores),
   then one atomic add with release semantics at GPU scope (a scalar atomic runs in one thread).
 - Wait: spin on volatile loads (they go to L2, no atomic traffic on the counter while others
@@ -42,15 +42,20 @@ if triton is not None:
                                   is_pure=False, pack=1)
 
     @triton.jit
-    def grid_sync(bar_ptr, target, FENCE: tl.constexpr = False):
+    def grid_sync(bar_ptr, target, FENCE: tl.constexpr = 0):
         """Arrive on the counter at bar_ptr[0], then wait until it reaches target. A wait
         longer than MAX_SPINS polls (about a second: the grid was not co-resident) gives up
         and raises the flag bar_ptr[1]; once it is up no barrier waits, so a broken launch
-        ends with wrong results and a flag (`timed_out`) instead of hanging the GPU. FENCE:
+        ends with wrong results and a flag (`timed_out`) instead of hanging the GPU. FENCE 1:
         every thread also fences before arriving and after the wait, not only the thread that
-        does the atomics (on the H200 at c9c481b the one-launch layer without it read data
-        another program had not yet made visible, as far as the symptoms tell)."""
-        if FENCE:
+        does the atomics; 2: only after the wait (an experiment, not yet run on a GPU). Without
+        fences the H200 run of c9c481b/b3f9eb9 read stale data: gate_up's RMSNorm saw the hidden
+        state as phase 0 had read it into the SM's L1, not as the o phase had written it (the
+        one-launch layer differed only from SiLU*up on; with phases 2+3 alone in a launch, or one
+        program, or FENCE 1 it was bit-equal: bench/results/2026-12-04-nvidia-h200-b3f9eb9).
+        The acquire, which ptxas reduces to one L1 invalidate (CCTL.IVALL) by the thread that
+        polls, evidently does not cover the other warps' reads."""
+        if FENCE == 1:
             _fence_every_thread()
         tl.debug_barrier()
         tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
@@ -63,7 +68,7 @@ if triton is not None:
         if spins >= MAX_SPINS:
             tl.atomic_xchg(bar_ptr + 1, 1)
         tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        if FENCE:
+        if FENCE >= 1:
             _fence_every_thread()
         tl.debug_barrier()
 

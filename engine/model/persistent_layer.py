@@ -44,7 +44,9 @@ PHASES = 5
 BARRIERS_PER_LAYER = PHASES - 1
 # Every thread fences at each grid barrier (persistent_barrier.grid_sync FENCE); "0" turns it
 # off (issue 22: without it the H200 run at c9c481b went wrong; bench persistent-check tells).
-FENCE_DEFAULT = os.environ.get("GAPLESS_PERSISTENT_FENCE", "1") == "1"
+FENCE_DEFAULT = int(os.environ.get("GAPLESS_PERSISTENT_FENCE") or 1)  # 0, 1 or 2 (grid_sync)
+if FENCE_DEFAULT not in (0, 1, 2):
+    raise ValueError(f"GAPLESS_PERSISTENT_FENCE must be 0, 1 or 2, got {FENCE_DEFAULT}")
 
 if triton is not None:
     from engine.attention.triton_paged import _attention_tile
@@ -294,7 +296,7 @@ def persistent_layer(
     cos_sin: torch.Tensor, num_heads: int, eps: float, tiles: LayerTiles,
     counter: torch.Tensor, bar_base: int, *, phased: bool = False,
     next_qkv: torch.Tensor | None = None, prefetch_bytes: int = 0,
-    clock: torch.Tensor | None = None, fence: bool | None = None,
+    clock: torch.Tensor | None = None, fence: int | None = None,
 ) -> torch.Tensor:
     """One decoder layer over the whole hidden state x [T, HID] (updated in place and
     returned); `layer` a FusedDecoderLayer. One launch on CUDA (unless `phased`), one a phase
@@ -317,11 +319,12 @@ def persistent_layer(
 def launch_layer(layer, x, positions, ctx, kv, cos_sin, eps: float, counter: torch.Tensor,
                  bar_base: int, parts: LaunchParts, *, launches: list[tuple[int, int, bool]],
                  programs: int, next_qkv: torch.Tensor | None = None, prefetch: bool = False,
-                 clock: torch.Tensor | None = None, fence: bool | None = None) -> None:
+                 clock: torch.Tensor | None = None, fence: int | None = None) -> None:
     """The kernel launches of one layer: for each (first, last, sync) of `launches`, phases
     first..last on `programs` programs, grid barriers compiled in where sync (the buffers are
-    `parts.buffers`, so a caller can read q, attn and act afterwards). fence: every thread
-    fences at each barrier (None: the GAPLESS_PERSISTENT_FENCE switch)."""
+    `parts.buffers`, so a caller can read q, attn and act afterwards). fence: grid_sync's FENCE
+    (0 none, 1 every thread on both sides, 2 after the wait only; None: the
+    GAPLESS_PERSISTENT_FENCE switch, default 1)."""
     w = layer.qkv
     args = (
         x, *parts.buffers, layer.input_norm, w, _or(layer.qkv_bias, w), layer.o,
@@ -335,7 +338,8 @@ def launch_layer(layer, x, positions, ctx, kv, cos_sin, eps: float, counter: tor
         _persistent_layer_kernel[(programs,)](
             *args, FIRST=first, LAST=last, SYNC=sync, PREFETCH=sync and prefetch,
             CLOCK=sync and clock is not None,
-            FENCE=sync and (FENCE_DEFAULT if fence is None else fence), **parts.const)
+            FENCE=int(FENCE_DEFAULT if fence is None else fence) if sync else 0,
+            **parts.const)
 
 
 def _bytes(t: torch.Tensor) -> int:

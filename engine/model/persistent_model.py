@@ -144,7 +144,8 @@ def persistent_model(model, table: LayerTable, x: torch.Tensor, positions: torch
         counter if clock is None else clock, *p.prefetch, *p.sizes, model.eps, *p.attention,
         *p.strides,
         PREFETCH=prefetch_bytes > 0 and x.is_cuda, NCOL=len(COLUMNS), SYNC=x.is_cuda,
-        CLOCK=clock is not None and x.is_cuda, FENCE=FENCE_DEFAULT and x.is_cuda, **p.const)
+        CLOCK=clock is not None and x.is_cuda, FENCE=FENCE_DEFAULT if x.is_cuda else 0,
+        **p.const)
     return True
 
 

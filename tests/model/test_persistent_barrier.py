@@ -67,7 +67,7 @@ def test_interp_one_launch_with_barriers_on_one_program_equals_phased() -> None:
         x = x0.clone()
         parts = launch_parts(layer, x, ctx, kv, cos_sin, heads, tiles, None, 0)
         launch_layer(layer, x, pos, ctx, kv, cos_sin, 1e-5, counter, 0, parts,
-                     launches=launches, programs=1, fence=False)
+                     launches=launches, programs=1, fence=0)
         return x, parts.buffers[0], kv
 
     counter = new_counter(x0.device)

@@ -169,7 +169,7 @@ def _const(heads: int, kvh: int, d: int, tiles: dict, sync: bool) -> dict:
                 GU_BN=tiles["gate_up"][0], GU_BK=tiles["gate_up"][1], DN_BN=tiles["down"][0],
                 DN_BK=tiles["down"][1],
                 FIRST=0 if sync else 2, LAST=4 if sync else 2, SYNC=sync, PREFETCH=sync,
-                CLOCK=False, FENCE=sync)
+                CLOCK=False, FENCE=int(sync))
 
 
 def _stack_bytes(cubin: bytes, tmp_path: Path) -> int | None:
