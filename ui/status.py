@@ -244,6 +244,13 @@ class Remembered:
 REMEMBERED = Remembered()  # one engine per Streamlit server (ui/client.py)
 
 
+# Held from a restart's staleness check until its restart is done: two tabs that saw the same
+# engine and clicked Restart together both passed the check before either restart moved the
+# generation, and both restarted it (the browser's two-tab test failed so under load, issue
+# 19). With the lock the second one checks after the first restart and is told it is stale.
+_RESTART_LOCK = threading.RLock()
+
+
 class StaleRestart(Exception):
     """A restart asked from a view of an engine that is no longer the current one, or of a
     hang that has ended: nothing was done (the message says why)."""
@@ -266,7 +273,13 @@ def restart_keeping_settings(client: EngineClient, who: str = "a tab",
                              seen_generation: int | None = None) -> dict[str, Any]:
     """client.restart(), then the live settings it had before (async, slots, graphs) and
     the load generator if it was running. Logged with who asked; StaleRestart if the engine
-    the asking view saw was already restarted."""
+    the asking view saw was already restarted (one restart at a time: _RESTART_LOCK)."""
+    with _RESTART_LOCK:
+        return _restart_keeping_settings(client, who, seen_generation)
+
+
+def _restart_keeping_settings(client: EngineClient, who: str,
+                              seen_generation: int | None) -> dict[str, Any]:
     check_restart_wanted(client, seen_generation, hung=False)
     log.warning("engine restart asked by %s (engine generation %s, pid %s: %s)", who,
                 getattr(client, "generation", "?"), client.pid,
@@ -299,6 +312,11 @@ def kill_and_restart(client: EngineClient, who: str = "a tab",
                      seen_generation: int | None = None) -> None:
     """SIGKILL a hung engine (a SIGSTOPped one cannot answer a shutdown), then restart it.
     StaleRestart, and nothing killed, when the view that asked is stale."""
+    with _RESTART_LOCK:
+        _kill_and_restart(client, who, seen_generation)
+
+
+def _kill_and_restart(client: EngineClient, who: str, seen_generation: int | None) -> None:
     check_restart_wanted(client, seen_generation, hung=True)
     pid = client.pid
     log.warning("engine kill (SIGKILL, pid %s) asked by %s: not responding", pid, who)

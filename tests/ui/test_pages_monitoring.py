@@ -229,3 +229,39 @@ def test_a_restart_brings_the_load_generator_back(fake: FakeEngineClient) -> Non
     at.run()
     at.button(key="ui.restart").click().run()
     assert fake.restarts == 1 and fake.load_stats()["running"]
+
+
+def test_two_tabs_restarting_at_the_same_moment_restart_once(fake: FakeEngineClient) -> None:
+    """Both tabs saw the same dead engine and click Restart together (two script threads of
+    one server): the second checks only after the first restart is done, and is told it is
+    stale. Without the lock both passed the check before either moved the generation, and
+    the engine was restarted twice (the browser's two-tab test, under load)."""
+    import threading
+    import time
+
+    from ui.status import StaleRestart, restart_keeping_settings
+
+    fake.kill()
+    seen = fake.generation
+    slow_restart = fake.restart
+
+    def restart() -> None:
+        time.sleep(0.2)  # a real start takes seconds: the other tab clicks meanwhile
+        slow_restart()
+
+    fake.restart = restart
+    outcomes: list[str] = []
+
+    def tab(name: str) -> None:
+        try:
+            restart_keeping_settings(fake, name, seen_generation=seen)
+            outcomes.append("restarted")
+        except StaleRestart:
+            outcomes.append("stale")
+
+    threads = [threading.Thread(target=tab, args=(f"tab {i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(outcomes) == ["restarted", "stale"] and fake.restarts == 1
