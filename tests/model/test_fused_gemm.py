@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err, run_interpreter_child
+from test_fused_ops import (
+    IN_INTERPRETER,
+    flat_batch,
+    interp_only,
+    needs_cuda,
+    rel_err,
+    run_interpreter_child,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # the config key's values
@@ -123,37 +130,9 @@ def test_interp_fused_add_norm_linear(m, k, n, pair) -> None:
 def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, monkeypatch):
     """A mixed prefill+decode flat batch: the epilogue on (Triton ops, interpreted) vs the
     present path's torch ops (the oracle)."""
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    from tiny_models import make_config
-    from transformers import AutoModelForCausalLM
-
-    from engine.attention.interface import AttnContext
-    from engine.attention.reference import paged_attention as ref_attention
     from engine.model import fused_gemm, fused_ops, fused_rope, llama
-    from engine.model.weights import build_fused_model
 
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(make_config(family)).eval()
-    model = build_fused_model(hf)
-    kvh = hf.config.num_key_value_heads
-    c = hf.config
-    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    pos = torch.tensor([0, 1, 2, 3, 4, 9, 0], dtype=torch.int32)
-    req = torch.tensor([0, 0, 0, 0, 0, 1, -1], dtype=torch.int32)
-    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
-    slots = torch.tensor([0, 1, 2, 3, 4, 4 * 4 + 9 - 8, 6 * 4], dtype=torch.int64)
-    ids = torch.randint(1, 300, (1, 7))
-
-    def run():
-        torch.manual_seed(1)
-        kv = [(torch.randn(7, 4, kvh, d), torch.randn(7, 4, kvh, d))
-              for _ in range(hf.config.num_hidden_layers)]
-        ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
-                          token_pos=pos, backend=ref_attention)
-        with torch.inference_mode():
-            return model(input_ids=ids, position_ids=pos[None],
-                         logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
-
+    hf, model, run = flat_batch(family)
     model.set_fused_path(llama.FusedPath(MODES[flag]))
     calls, rope_calls = [], []
 
@@ -173,7 +152,7 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, mon
                             Counted(fused_gemm._fused_linear_kernel, calls))
         monkeypatch.setattr(fused_rope, "_fused_linear_rope_kernel",
                             Counted(fused_rope._fused_linear_rope_kernel, rope_calls))
-    got = run()
+    got, _ = run()
     # the fused kernels ran in every layer: 1 (gate_up+SiLU), or o, gate_up, down and the qkv
     # GEMM with rotary + the KV write in its epilogue (Qwen3's q/k norm: the plain fused qkv)
     layers = hf.config.num_hidden_layers
@@ -183,7 +162,7 @@ def test_interp_model_forward_with_epilogue_matches_torch_path(family, flag, mon
     assert len(rope_calls) == (layers if rope else 0)
     model.set_fused_path(llama.FusedPath("plain"))
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
-    want = run()
+    want, _ = run()
     assert rel_err(got, want) < 1e-4
 
 

@@ -53,6 +53,46 @@ def test_fused_kernels_match_torch_in_interpreter_subprocess() -> None:
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
 
 
+def flat_batch(family: str, **config_extra):
+    """The tiny fused model of `family` (tests/tiny_models.py, ``config_extra`` on its config)
+    and ``run(backend=None)``: one mixed flat batch through it (request 0: 5 prompt tokens,
+    prefill; request 1: one decode at position 9; one padding token), on fresh random K/V
+    caches, the reference attention unless ``backend``; returns (logits of tokens 4 and 5,
+    the caches). Returns (hf model, fused model, run)."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from tiny_models import make_config
+    from transformers import AutoModelForCausalLM
+
+    from engine.attention.interface import AttnContext
+    from engine.attention.reference import paged_attention as ref_attention
+    from engine.model.weights import build_fused_model
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(make_config(family, **config_extra)).eval()
+    model = build_fused_model(hf)
+    c = hf.config
+    kvh = c.num_key_value_heads
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    pos = torch.tensor([0, 1, 2, 3, 4, 9, 0], dtype=torch.int32)
+    req = torch.tensor([0, 0, 0, 0, 0, 1, -1], dtype=torch.int32)
+    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+    slots = torch.tensor([0, 1, 2, 3, 4, 4 * 4 + 9 - 8, 6 * 4], dtype=torch.int64)
+    ids = torch.randint(1, 300, (1, 7))
+
+    def run(backend=None):
+        torch.manual_seed(1)
+        kv = [(torch.randn(7, 4, kvh, d), torch.randn(7, 4, kvh, d))
+              for _ in range(c.num_hidden_layers)]
+        ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
+                          token_pos=pos, backend=backend or ref_attention)
+        with torch.inference_mode():
+            logits = model(input_ids=ids, position_ids=pos[None],
+                           logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
+        return logits, kv
+
+    return hf, model, run
+
+
 def _check_add_rms_norm(dtype: torch.dtype, device: str, t: int, n: int, residual: bool) -> None:
     from engine.model import fused_ops as ops
 
@@ -136,39 +176,14 @@ def test_interp_silu_and_mul(dtype, n) -> None:
 def test_interp_fused_model_forward_matches_torch_path(family, tmp_path, monkeypatch) -> None:
     """One mixed prefill+decode flat batch through the fused model: Triton ops and Triton
     attention (interpreted) vs the torch ops and the torch reference attention."""
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    from tiny_models import make_config
-    from transformers import AutoModelForCausalLM
-
-    from engine.attention.interface import AttnContext
-    from engine.attention.reference import paged_attention as ref_attention
     from engine.attention.triton_paged import paged_attention as triton_attention
     from engine.model import fused_ops
-    from engine.model.weights import build_fused_model
 
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(make_config(family)).eval()
-    model = build_fused_model(hf)
-    # Request 0: 5 prompt tokens (prefill), request 1: one decode at position 9, one padding.
-    pos = torch.tensor([0, 1, 2, 3, 4, 9, 0], dtype=torch.int32)
-    req = torch.tensor([0, 0, 0, 0, 0, 1, -1], dtype=torch.int32)
-    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
-    slots = torch.tensor([0, 1, 2, 3, 4, 4 * 4 + 9 - 8, 6 * 4], dtype=torch.int64)
-    ids = torch.randint(1, 300, (1, 7))
+    hf, model, run = flat_batch(family)
 
-    def run(backend):
-        torch.manual_seed(1)
-        kv = [(torch.randn(7, 4, 2, 16), torch.randn(7, 4, 2, 16)) for _ in range(2)]
-        ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
-                          token_pos=pos, backend=backend)
-        keep = torch.tensor([4, 5])
-        with torch.inference_mode():
-            return model(input_ids=ids, position_ids=pos[None], logits_to_keep=keep,
-                         gapless=ctx).logits
-
-    got = run(triton_attention)
+    got, _ = run(triton_attention)
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
-    want = run(ref_attention)
+    want, _ = run()
     assert got.shape == want.shape == (1, 2, hf.config.vocab_size)
     assert rel_err(got, want) < 1e-4
 

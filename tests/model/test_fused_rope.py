@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_fused_ops import IN_INTERPRETER, interp_only, needs_cuda, rel_err, run_interpreter_child
+from test_fused_ops import (
+    IN_INTERPRETER,
+    flat_batch,
+    interp_only,
+    needs_cuda,
+    rel_err,
+    run_interpreter_child,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,37 +133,10 @@ def test_interp_model_forward_with_rope_epilogue_matches_torch_path(family, kind
     table: the rotary epilogue alone (cuBLAS elsewhere: the pending residual add in its
     prologue from the second layer on) or with the other fused GEMMs, against the present
     path's torch ops."""
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    from tiny_models import make_config
-    from transformers import AutoModelForCausalLM
-
-    from engine.attention.interface import AttnContext
-    from engine.attention.reference import paged_attention as ref_attention
     from engine.model import fused_ops, fused_rope, gemm_table, llama
-    from engine.model.weights import build_fused_model
 
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(make_config(family)).eval()
-    model = build_fused_model(hf)
+    hf, model, run = flat_batch(family)
     c = hf.config
-    kvh, d = c.num_key_value_heads, c.hidden_size // c.num_attention_heads
-    pos = torch.tensor([0, 1, 2, 3, 4, 9, 0], dtype=torch.int32)
-    req = torch.tensor([0, 0, 0, 0, 0, 1, -1], dtype=torch.int32)
-    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
-    slots = torch.tensor([0, 1, 2, 3, 4, 4 * 4 + 9 - 8, 6 * 4], dtype=torch.int64)
-    ids = torch.randint(1, 300, (1, 7))
-
-    def run():
-        torch.manual_seed(1)
-        kv = [(torch.randn(7, 4, kvh, d), torch.randn(7, 4, kvh, d))
-              for _ in range(c.num_hidden_layers)]
-        ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
-                          token_pos=pos, backend=ref_attention)
-        with torch.inference_mode():
-            logits = model(input_ids=ids, position_ids=pos[None],
-                           logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
-        return logits, kv
-
     monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(kinds.split(",")))
     model.set_fused_path(llama.FusedPath("auto"))
     calls = []

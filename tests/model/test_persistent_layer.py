@@ -24,6 +24,7 @@ import torch
 from test_fused_ops import (
     IN_INTERPRETER,
     _ptxas_available,
+    flat_batch,
     interp_only,
     needs_cuda,
     rel_err,
@@ -67,37 +68,12 @@ def test_interp_model_forward_matches_torch_path(family, monkeypatch) -> None:
     and every layer's K/V cache; the whole-model kernel (one program, no barrier here) equals
     it bit for bit. Mistral with a sliding window of 4 (the decode sees 4 keys);
     Qwen2 with the qkv bias."""
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
-    from tiny_models import make_config
-    from transformers import AutoModelForCausalLM
-
-    from engine.attention.interface import AttnContext
-    from engine.attention.reference import paged_attention as ref_attention
     from engine.model import fused_gemm, fused_ops, fused_rope, llama, persistent_step
-    from engine.model.weights import build_fused_model
 
-    torch.manual_seed(0)
     extra = {"sliding_window": 4} if family == "mistral" else {}
-    hf = AutoModelForCausalLM.from_config(make_config(family, **extra)).eval()
-    model = build_fused_model(hf)
+    hf, model, run = flat_batch(family, **extra)
     c = hf.config
     kvh, d = c.num_key_value_heads, c.hidden_size // c.num_attention_heads
-    pos = torch.tensor([0, 1, 2, 3, 4, 9, 0], dtype=torch.int32)
-    req = torch.tensor([0, 0, 0, 0, 0, 1, -1], dtype=torch.int32)
-    bt = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
-    slots = torch.tensor([0, 1, 2, 3, 4, 4 * 4 + 9 - 8, 6 * 4], dtype=torch.int64)
-    ids = torch.randint(1, 300, (1, 7))
-
-    def run():
-        torch.manual_seed(1)
-        kv = [(torch.randn(7, 4, kvh, d), torch.randn(7, 4, kvh, d))
-              for _ in range(c.num_hidden_layers)]
-        ctx = AttnContext(kv_caches=kv, slot_mapping=slots, block_tables=bt, token_req=req,
-                          token_pos=pos, backend=ref_attention)
-        with torch.inference_mode():
-            logits = model(input_ids=ids, position_ids=pos[None],
-                           logits_to_keep=torch.tensor([4, 5]), gapless=ctx).logits
-        return logits, kv
 
     model.set_fused_path(llama.FusedPath("persistent"))
     launches = count_launches(monkeypatch)
