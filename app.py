@@ -86,16 +86,19 @@ def device_notice(settings: dict, client: EngineClient) -> None:
     )
 
 
-def draw_history(client: EngineClient, settings: dict) -> None:
+def draw_history(client: EngineClient, settings: dict) -> dict:
+    """The history strip; returns the engine's stats it read (the kernel lane reads them too)."""
     history = live_history()
     nvml = client.nvml()
     now = time.perf_counter_ns()
     history.update(client.telemetry(), nvml, now)
-    series = history.series(now, stats=client.stats())
+    stats = client.stats()
+    series = history.series(now, stats=stats)
     series.mem_bw_reason = memory_bandwidth_reason(nvml, client.nvml_reason())
     series.max_num_seqs = int(settings.get("max_num_seqs", 0))
     live_plot(history_figure(series, HISTORY_HEIGHT_PX), key="live.history",
               height_px=HISTORY_HEIGHT_PX)
+    return stats
 
 
 def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> list[StepRecord]:
@@ -165,7 +168,7 @@ def live_view(client: EngineClient, settings: dict) -> None:
     user's zoom), in the same frame as when live."""
     if not client.alive():
         st.rerun()  # the full run shows the dead-engine banner
-    draw_history(client, settings)
+    stats = draw_history(client, settings)
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
     if st.session_state.get(PAUSE_KEY):
         # Exactly the steps the trace download holds (SHOWN_KEY, set by the full run).
@@ -179,7 +182,7 @@ def live_view(client: EngineClient, settings: dict) -> None:
     st.session_state[LAST_KEY] = records  # what a pause would freeze
     recent = draw_timeline(records, window, paused=False)
     draw_kernels(recent, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"),
-                 stats=client.stats() if settings.get("device") == "cuda" else None)
+                 stats=stats)
 
 
 def control_bar(client: EngineClient) -> None:

@@ -107,10 +107,8 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
     note = None
     if device != "cuda":
         note = NO_KERNELS
-    elif sampler_note(stats):
-        note = sampler_note(stats)
-    elif not sampled_steps:
-        note = NONE_IN_WINDOW
+    else:
+        note = sampler_note(stats) or (None if sampled_steps else NONE_IN_WINDOW)
     if note:
         fig.add_annotation(text=note, xref="paper", yref="paper", x=0.5, y=0.5,
                            showarrow=False, font={"size": 12})
