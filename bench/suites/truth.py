@@ -62,6 +62,7 @@ from bench.suites.truth_busy import (
     truth_busy,
 )
 from bench.suites.truth_cost import add_cost_arguments, cost_pairs
+from bench.suites.truth_kick import with_retries
 from bench.suites.truth_report import markdown
 
 DESCRIPTION = ("kernel busy sampled vs torch.profiler in 4 modes, sampler cost, the step "
@@ -190,12 +191,17 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
             contexts: a step's kernel time grows with its context), however slow."""
             return lambda: eng.loop.step_no - s0 >= n_bare
 
-        hs = fresh_batch()
-        tr0 = time.perf_counter_ns()
-        ref, ref_iv = reference_busy(args.window_s, cuda, reached(eng.loop.step_no),
-                                     4 * args.window_s)
-        tr1 = time.perf_counter_ns()
-        done(hs)
+        def ref_window() -> tuple[dict[str, Any], list, int, int]:
+            hs = fresh_batch()
+            a = time.perf_counter_ns()
+            r, iv = reference_busy(args.window_s, cuda, reached(eng.loop.step_no),
+                                   4 * args.window_s)
+            b = time.perf_counter_ns()
+            done(hs)
+            return r, iv, a, b
+
+        # Tried again after a CUPTI kick if it lost every kernel record (truth_kick says why).
+        ref, ref_iv, tr0, tr1 = with_retries(ref_window, cuda)
         hs = fresh_batch()
         first_decode = eng.loop.step_no
         sampler.set_period(args.sample_period)
@@ -362,7 +368,9 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             reps = [res] + [truth_mode(eng, model, prompts, mode, args, curve, nvml)[0]
                             for _ in range(getattr(args, "repeats", 1) - 1)]
             res["repeats"] = [{"reference": r["reference"].get("busy"), "ours": r["ours_busy"],
-                               "diff_pp": r.get("diff_pp"), **r["fair"]} for r in reps]
+                               "diff_pp": r.get("diff_pp"),
+                               "attempts": r["reference"].get("attempts"), **r["fair"]}
+                              for r in reps]
             shape["modes"][mode] = res
             recording += recs
             log(f"{preset} {mode}: {json.dumps(res, default=str)}")

@@ -9,6 +9,7 @@ from bench.harness.report import markdown_table
 from bench.suites.truth_anatomy import anatomy_markdown
 from bench.suites.truth_busy import fair_markdown
 from bench.suites.truth_cost import cost_markdown
+from bench.suites.truth_kick import attempts_markdown
 
 
 def pct(x: float | None) -> str:
@@ -59,7 +60,7 @@ def markdown(s: dict[str, Any]) -> str:
                 "copies_sync", "no_work")]
             lines.append(f"| {preset} | {mode} | {w['wall_s'] * 1e3:.1f} ms | "
                          + " | ".join(cells) + f" | {num(w['sum_over_wall'], '.4f')} |")
-    lines += ["", *fair_markdown(s["shapes"])]
+    lines += ["", *fair_markdown(s["shapes"]), *attempts_markdown(s["shapes"])]
     first = next(iter(s["shapes"].values()), {})
     a = first.get("anatomy")
     if a:

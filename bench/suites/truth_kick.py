@@ -1,0 +1,127 @@
+"""A reference window that lost every kernel record, tried again after a CUPTI "kick".
+
+On the H200 (2026-12-04, five runs of `bench truth`) some eager windows kept the launch calls
+of torch.profiler's trace but no kernel record at all, from one reference window to the end of
+the mode; Kineto's log showed that CUPTI had produced none (docs/benchmarks.md, "lost kernel
+records"), and the next session that replayed a CUDA graph had its kernels again. This module
+tests that observation while it repairs the table:
+
+- `kick()`: one short profiler session around an eager kernel, the replay of a one-kernel CUDA
+  graph (captured here, outside the engine's graphs) and an eager kernel again; it returns what
+  the session recorded (eager kernels before and after the replay, the graph's kernel) and the
+  free GPU memory, so each loss in the results says what state CUPTI was in and whether the
+  replay brought the records back;
+- `with_retries(window)`: the reference window, and while it lost every kernel record (and
+  ``retries`` allow), a kick and the window again on a fresh batch of the same prompts. Every
+  attempt stays in the result (``attempts``): a row measured on its second try says so.
+
+``GAPLESS_TRUTH_KICK=none`` retries without the kick (to tell the kick from a mere retry).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+RETRIES = 2
+_STATE: dict[str, Any] = {}
+
+
+def _graph() -> tuple[Any, Any]:
+    """A one-kernel CUDA graph on a 1-element tensor, captured once per process."""
+    if "graph" not in _STATE:
+        x = torch.zeros(1, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.add_(1)  # warm-up outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        # thread_local: the engine's loop thread (idle now, its batch aborted) is not ours
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            x.add_(1)
+        _STATE["graph"] = (g, x)
+    return _STATE["graph"]
+
+
+def kernel_names(trace: dict[str, Any]) -> list[str]:
+    return [str(e.get("name", "")) for e in trace.get("traceEvents", [])
+            if e.get("cat") == "kernel"]
+
+
+def kick() -> dict[str, Any]:
+    """One profiler session: eager mul, graph replay (an add), eager mul; what it recorded."""
+    from torch.profiler import ProfilerActivity, profile
+
+    free, total = torch.cuda.mem_get_info()
+    out: dict[str, Any] = {"free_mib": free // 2**20, "total_mib": total // 2**20}
+    if os.environ.get("GAPLESS_TRUTH_KICK", "graph") == "none":
+        out["kick"] = "none"
+        return out
+    g, x = _graph()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        x.mul_(1)
+        g.replay()
+        x.mul_(1)
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        names = kernel_names(json.load(open(f.name)))
+    out.update(kick="graph", kernels=len(names),
+               eager_kernels=sum("mul" in n.lower() for n in names),
+               graph_kernels=sum("add" in n.lower() for n in names), names=names[:6])
+    return out
+
+
+def lost_all(ref: dict[str, Any]) -> bool:
+    """The window launched kernels and the trace kept none of them."""
+    return ref.get("busy") is None and bool(ref.get("lost_launches"))
+
+
+def with_retries(window: Callable[[], tuple[dict[str, Any], list, int, int]], cuda: bool,
+                 retries: int = RETRIES, kicker: Callable[[], dict[str, Any]] = kick,
+                 ) -> tuple[dict[str, Any], list, int, int]:
+    """``window()`` -> (reference, its intervals, start ns, end ns); again after a kick while
+    it lost every kernel record. The result is the last attempt's, with every attempt listed
+    under ``attempts`` (busy, lost launches, the kick before it) when there was more than one."""
+    ref, iv, t0, t1 = window()
+    attempts: list[dict[str, Any]] = []
+    while cuda and lost_all(ref) and len(attempts) < retries:
+        attempts.append({"busy": ref.get("busy"), "lost_launches": ref.get("lost_launches"),
+                         "why": ref.get("why"), "kick_after": kicker()})
+        ref, iv, t0, t1 = window()
+    if attempts:
+        attempts.append({"busy": ref.get("busy"), "lost_launches": ref.get("lost_launches"),
+                         "why": ref.get("why")})
+        ref = {**ref, "attempts": attempts}
+    return ref, iv, t0, t1
+
+
+def attempts_markdown(shapes: dict[str, Any]) -> list[str]:
+    """The reference windows that needed more than one try, and what each kick recorded."""
+    lines: list[str] = []
+    for preset, sh in shapes.items():
+        for mode, r in sh["modes"].items():
+            for i, rep in enumerate(r.get("repeats") or []):
+                for j, a in enumerate(rep.get("attempts") or []):
+                    k = a.get("kick_after") or {}
+                    kicked = ("" if not k else
+                              f"; then a kick: {k.get('kick')}, {k.get('kernels', '-')} kernel "
+                              f"records (eager {k.get('eager_kernels', '-')}, graph "
+                              f"{k.get('graph_kernels', '-')}), {k.get('free_mib')} MiB free")
+                    busy = a.get("busy")
+                    lines.append(f"| {preset} | {mode} | {i + 1} | {j + 1} | "
+                                 + ("kept its kernels" if busy is not None else
+                                    f"lost {a.get('lost_launches')} launches' kernels")
+                                 + kicked + " |")
+    if not lines:
+        return []
+    return ["", "## Reference windows tried again (every kernel record lost)", "",
+            "| shape | mode | repeat | try | what the trace kept, and the kick after it |",
+            "|---|---|---:|---:|---|", *lines]
