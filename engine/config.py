@@ -23,6 +23,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 MODEL_IMPLS = ("auto", "gapless", "transformers")
 # engine.model.llama.FusedPath
 FUSED_LAYERS = ("plain", "epilogues", "six", "five", "auto", "persistent")
+BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
 NUM_SLOTS = (1, 2, 3)
 MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it
@@ -49,6 +50,7 @@ class EngineConfig:
     model_impl: str = "auto"
     fused_layer: str = "plain"
     fused_pdl: bool = False
+    blas_library: str = "default"
     tensor_parallel_size: int = 1
     torch_compile: bool = False
     async_batching: bool = True
@@ -111,6 +113,7 @@ class EngineConfig:
         _check_choice("model_impl", self.model_impl, MODEL_IMPLS)
         _check_choice("fused_layer", self.fused_layer, FUSED_LAYERS)
         _check_type("fused_pdl", self.fused_pdl, bool)
+        _check_choice("blas_library", self.blas_library, BLAS_LIBRARIES)
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.tensor_parallel_size > 1 and self.model_impl == "transformers":
             raise ValueError(

@@ -30,6 +30,7 @@ from engine.handles import DeltaCallback, FinishCallback, HandleSink, RequestHan
 from engine.inputs import PromptInput
 from engine.live_control import LiveControl
 from engine.model import loader
+from engine.model.blas import apply_blas_library
 from engine.model.hf_config import text_config
 from engine.parallel.leader import TPLeader
 from engine.sizing import check_fits, kv_bytes_per_block, num_blocks_for
@@ -124,6 +125,7 @@ class Engine(LiveControl):
         self.fused_layer = model.fused_path_summary() if hasattr(model, "set_fused_path") \
             else None
         self.model, self.tokenizer = model, tokenizer
+        self.blas_library = apply_blas_library(config.blas_library, self.device)
         self.backend_name, backend = resolve_backend(config.attention_backend, self.device)
         n_tp = config.tensor_parallel_size
         # Compiles only the generic path ('auto' may have picked our fused forward).

@@ -78,6 +78,7 @@ class LiveControl:
             "attention_backend": self.backend_name,
             "model_impl": self.model_impl,
             "fused_layer": self.fused_layer,
+            "blas_library": self.blas_library,
             "tensor_parallel_size": self.config.tensor_parallel_size,
             "torch_compile": self.torch_compile,
             "max_num_seqs": self.config.max_num_seqs,

@@ -15,6 +15,7 @@ def test_shipped_config_loads_and_points_at_the_shipped_model():
     cfg = EngineConfig.from_yaml(ROOT / "config.yaml")
     assert Path(cfg.model).name == "SmolLM2-135M-Instruct"
     assert cfg.async_batching is True and cfg.num_slots == 2
+    assert cfg.blas_library == "default"
 
 
 @pytest.mark.parametrize(
@@ -31,6 +32,8 @@ def test_shipped_config_loads_and_points_at_the_shipped_model():
         ("gpu_memory_fraction", 1.5, "gpu_memory_fraction must be in (0, 1], got 1.5"),
         ("attention_backend", "flash", "attention_backend must be one of"),
         ("graph_buckets", [], "graph_buckets must be a non-empty list"),
+        ("blas_library", "cublasxt", "blas_library must be one of 'default', 'cublas', "
+         "'cublaslt', got 'cublasxt'"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, key, value, message):
@@ -56,3 +59,13 @@ def test_missing_model_folder_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ValueError, match="could not load model 'no/such-model-here'"):
         Engine(EngineConfig(model="no/such-model-here", device="cpu"))
+
+
+def test_blas_library_is_left_alone_off_cuda():
+    import torch
+
+    from engine.model.blas import apply_blas_library
+
+    before = torch.backends.cuda.preferred_blas_library()
+    assert apply_blas_library("cublaslt", torch.device("cpu")) == "n/a (cpu)"
+    assert torch.backends.cuda.preferred_blas_library() == before

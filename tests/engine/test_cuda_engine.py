@@ -43,6 +43,21 @@ def test_bf16_greedy_equals_generate(llama, async_batching, num_slots, graphs):
     assert got == expected
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cublaslt_greedy_equals_generate(llama, graphs):
+    """blas_library: cublaslt (issue 22): the engine's GEMMs through cuBLASLt still give
+    generate's greedy tokens in bf16 (generate ran on torch's default, cuBLAS)."""
+    model_dir, prompts, expected = llama
+    before = torch.backends.cuda.preferred_blas_library()
+    try:
+        got, _, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW, cuda_graphs=graphs,
+                                               blas_library="cublaslt")
+    finally:  # process-wide: the other tests keep torch's choice
+        torch.backends.cuda.preferred_blas_library(before)
+    assert settings["blas_library"] == "cublaslt"
+    assert got == expected
+
+
 def test_torch_backend_on_cuda_matches_in_float32(llama):
     """The reference backend computes attention in fp32; against bf16 generate a near-tie
     flipped once (seen on the H200, 2026-12-02), so it is held to fp32 generate instead."""
