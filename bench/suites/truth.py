@@ -62,7 +62,7 @@ from bench.suites.truth_busy import (
     truth_busy,
 )
 from bench.suites.truth_cost import add_cost_arguments, cost_pairs
-from bench.suites.truth_kick import with_retries
+from bench.suites.truth_kick import kick, with_retries
 from bench.suites.truth_report import markdown
 
 DESCRIPTION = ("kernel busy sampled vs torch.profiler in 4 modes, sampler cost, the step "
@@ -201,7 +201,8 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
             return r, iv, a, b
 
         # Tried again after a CUPTI kick if it lost every kernel record (truth_kick says why).
-        ref, ref_iv, tr0, tr1 = with_retries(ref_window, cuda)
+        ref, ref_iv, tr0, tr1 = with_retries(
+            ref_window, cuda, kicker=lambda: kick(eng.loop.pipeline.streams.compute.stream))
         hs = fresh_batch()
         first_decode = eng.loop.step_no
         sampler.set_period(args.sample_period)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -55,27 +56,91 @@ def kernel_names(trace: dict[str, Any]) -> list[str]:
             if e.get("cat") == "kernel"]
 
 
-def kick() -> dict[str, Any]:
-    """One profiler session: eager mul, graph replay (an add), eager mul; what it recorded."""
+def _session(fn: Callable[[], None]) -> list[str]:
+    """The kernel names one short profiler session (CUDA activities) recorded around fn()."""
     from torch.profiler import ProfilerActivity, profile
 
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return kernel_names(json.load(open(f.name)))
+
+
+def _triton_kernel() -> Callable[[Any], None] | None:
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def _bump(x_ptr):
+        tl.store(x_ptr, tl.load(x_ptr) + 1)
+
+    return lambda x: _bump[(1,)](x)
+
+
+def probes(stream: Any = None) -> dict[str, int]:
+    """Which launches a session records now, one session each: an eager kernel of this
+    thread on the default stream, on the engine's compute stream (``stream``), from a new
+    thread, a Triton kernel (launched through the driver API, as the engine's are) and the
+    sampler's bracket kernel on a side stream. Says whether a loss is the thread's, the
+    stream's, the launch API's, or everything's."""
+    x = torch.zeros(1, device="cuda")
+    out: dict[str, int] = {}
+
+    def count(name: str, fn: Callable[[], None]) -> None:
+        try:
+            out[name] = len(_session(fn))
+        except Exception as e:  # a probe must never end the run
+            out[name] = -1
+            out[f"{name}_error"] = f"{type(e).__name__}: {e}"  # type: ignore[assignment]
+
+    count("main_default", lambda: x.mul_(1))
+    if stream is not None:
+        def on_stream() -> None:
+            with torch.cuda.stream(stream):
+                x.mul_(1)
+        count("main_engine_stream", on_stream)
+
+    def other_thread() -> None:
+        t = threading.Thread(target=lambda: (x.mul_(1), torch.cuda.synchronize()))
+        t.start()
+        t.join()
+    count("new_thread", other_thread)
+    bump = _triton_kernel()
+    if bump is not None:
+        count("triton", lambda: bump(x))
+    side = torch.cuda.Stream()
+
+    def bracket() -> None:
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(0)
+    count("side_sleep", bracket)
+    return out
+
+
+def kick(stream: Any = None) -> dict[str, Any]:
+    """One profiler session: eager mul, graph replay (an add), eager mul; what it recorded;
+    then `probes` (which kinds of launch a session records now)."""
     free, total = torch.cuda.mem_get_info()
     out: dict[str, Any] = {"free_mib": free // 2**20, "total_mib": total // 2**20}
     if os.environ.get("GAPLESS_TRUTH_KICK", "graph") == "none":
         out["kick"] = "none"
         return out
     g, x = _graph()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+    def replay() -> None:
         x.mul_(1)
         g.replay()
         x.mul_(1)
-        torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        names = kernel_names(json.load(open(f.name)))
+    names = _session(replay)
     out.update(kick="graph", kernels=len(names),
                eager_kernels=sum("mul" in n.lower() for n in names),
-               graph_kernels=sum("add" in n.lower() for n in names), names=names[:6])
+               graph_kernels=sum("add" in n.lower() for n in names), names=names[:6],
+               probes=probes(stream))
     return out
 
 
@@ -114,7 +179,10 @@ def attempts_markdown(shapes: dict[str, Any]) -> list[str]:
                     kicked = ("" if not k else
                               f"; then a kick: {k.get('kick')}, {k.get('kernels', '-')} kernel "
                               f"records (eager {k.get('eager_kernels', '-')}, graph "
-                              f"{k.get('graph_kernels', '-')}), {k.get('free_mib')} MiB free")
+                              f"{k.get('graph_kernels', '-')}), {k.get('free_mib')} MiB free"
+                              + ("; probes " + ", ".join(f"{n} {v}" for n, v in
+                                                         k["probes"].items())
+                                 if k.get("probes") else ""))
                     busy = a.get("busy")
                     lines.append(f"| {preset} | {mode} | {i + 1} | {j + 1} | "
                                  + ("kept its kernels" if busy is not None else

@@ -51,12 +51,14 @@ def test_no_retry_on_a_cpu_or_for_a_window_with_nothing_launched():
 def test_the_report_lists_each_try_and_its_kick():
     rep = {"attempts": [{"busy": None, "lost_launches": 300,
                          "kick_after": {"kick": "graph", "kernels": 3, "eager_kernels": 2,
-                                        "graph_kernels": 1, "free_mib": 1234}},
+                                        "graph_kernels": 1, "free_mib": 1234,
+                                        "probes": {"main_default": 1, "new_thread": 0}}},
                         {"busy": 0.42, "lost_launches": 0}]}
     shapes = {"llama-8b": {"modes": {"async-eager": {"repeats": [{}, rep]}}}}
     lines = attempts_markdown(shapes)
     assert lines[1].startswith("## Reference windows tried again")
     assert lines[-2] == ("| llama-8b | async-eager | 2 | 1 | lost 300 launches' kernels; then a "
-                         "kick: graph, 3 kernel records (eager 2, graph 1), 1234 MiB free |")
+                         "kick: graph, 3 kernel records (eager 2, graph 1), 1234 MiB free; probes "
+                           "main_default 1, new_thread 0 |")
     assert lines[-1] == "| llama-8b | async-eager | 2 | 2 | kept its kernels |"
     assert attempts_markdown({"x": {"modes": {"m": {"repeats": [{}]}}}}) == []
