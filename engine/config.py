@@ -23,7 +23,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 MODEL_IMPLS = ("auto", "gapless", "transformers")
 # engine.model.llama.FusedPath
 FUSED_LAYERS = ("plain", "epilogues", "six", "five", "auto", "persistent")
-BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
+BLAS_LIBRARIES = ("auto", "default", "cublas", "cublaslt")
 NUM_SLOTS = (1, 2, 3)
 MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it
@@ -50,7 +50,7 @@ class EngineConfig:
     model_impl: str = "auto"
     fused_layer: str = "plain"
     fused_pdl: bool = False
-    blas_library: str = "default"
+    blas_library: str = "auto"
     tensor_parallel_size: int = 1
     torch_compile: bool = False
     async_batching: bool = True

@@ -15,7 +15,7 @@ def test_shipped_config_loads_and_points_at_the_shipped_model():
     cfg = EngineConfig.from_yaml(ROOT / "config.yaml")
     assert Path(cfg.model).name == "SmolLM2-135M-Instruct"
     assert cfg.async_batching is True and cfg.num_slots == 2
-    assert cfg.blas_library == "default"
+    assert cfg.blas_library == "auto"
 
 
 @pytest.mark.parametrize(
@@ -32,8 +32,8 @@ def test_shipped_config_loads_and_points_at_the_shipped_model():
         ("gpu_memory_fraction", 1.5, "gpu_memory_fraction must be in (0, 1], got 1.5"),
         ("attention_backend", "flash", "attention_backend must be one of"),
         ("graph_buckets", [], "graph_buckets must be a non-empty list"),
-        ("blas_library", "cublasxt", "blas_library must be one of 'default', 'cublas', "
-         "'cublaslt', got 'cublasxt'"),
+        ("blas_library", "cublasxt", "blas_library must be one of 'auto', 'default', "
+         "'cublas', 'cublaslt', got 'cublasxt'"),
     ],
 )
 def test_bad_settings_are_named(tmp_path, key, value, message):

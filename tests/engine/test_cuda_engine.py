@@ -58,6 +58,17 @@ def test_cublaslt_greedy_equals_generate(llama, graphs):
     assert got == expected
 
 
+def test_blas_library_auto_is_cublaslt_on_hopper_only(llama):
+    model_dir, prompts, _ = llama
+    before = torch.backends.cuda.preferred_blas_library()
+    try:
+        _, _, settings = cuda_engine_outputs(model_dir, prompts[:1], 2, cuda_graphs=False)
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert (settings["blas_library"] == "cublaslt") is hopper or str(before).endswith("Cublaslt")
+
+
 def test_torch_backend_on_cuda_matches_in_float32(llama):
     """The reference backend computes attention in fp32; against bf16 generate a near-tie
     flipped once (seen on the H200, 2026-12-02), so it is held to fp32 generate instead."""
