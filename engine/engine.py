@@ -311,6 +311,12 @@ class Engine(LiveControl):
                 self.loop.add(arg)
             elif kind == "abort":
                 self.loop.abort(arg)
+            elif kind == "call":  # run_on_loop: a caller's function at a step boundary
+                assert done is not None
+                try:
+                    done.set_result(arg())
+                except Exception as e:
+                    done.set_exception(e)
             elif kind == "configure":
                 assert done is not None
                 try:

@@ -56,6 +56,20 @@ class LiveControl:
             self.settings_version += 1
         return self.settings()
 
+    def run_on_loop(self, fn: Any, timeout_s: float = 60.0) -> Any:
+        """``fn()`` on the loop thread at the next step boundary (no launch of ours in
+        progress on that thread); its result, or its exception raised here. For tools that
+        must not act while the loop launches: a profiler session stopped from another thread
+        while the loop thread was launching left that thread's kernel launches unrecorded
+        in later sessions (bench/suites/truth_kick.py)."""
+        done: Future[Any] = Future()
+        with self._lock:
+            self._check_serving()
+            self._command("call", fn, done)
+        if self._thread is None:
+            self._apply_commands()
+        return done.result(timeout=timeout_s)
+
     def _live_settings(self) -> tuple[Any, ...]:
         s = self.loop.settings
         sentinel = 0 if self.loop.sentinel is None else self.loop.sentinel.sample_every

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -183,7 +184,9 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         # switch pays CUPTI's start-up (H200, 2026-12-04: 8B sync + graphs read 32.6% in a
         # first window, 86.1% and 85.4% in the next two). Not on the reference's batch: it
         # moved the reference's steps ~0.1 s later, to longer contexts than the sampler's.
-        reference_busy(0.1, cuda)
+        on_loop = None if os.environ.get("GAPLESS_TRUTH_REF_THREAD") == "main" else \
+            eng.run_on_loop
+        reference_busy(0.1, cuda, on_loop=on_loop)
         done(hs)
 
         def reached(s0: int) -> Any:
@@ -195,7 +198,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
             hs = fresh_batch()
             a = time.perf_counter_ns()
             r, iv = reference_busy(args.window_s, cuda, reached(eng.loop.step_no),
-                                   4 * args.window_s)
+                                   4 * args.window_s, on_loop)
             b = time.perf_counter_ns()
             done(hs)
             return r, iv, a, b

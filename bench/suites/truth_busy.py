@@ -234,11 +234,13 @@ def run_until(window_s: float, until: Any = None, max_s: float | None = None) ->
 
 
 def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float | None = None,
-                   ) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+                   on_loop: Any = None) -> tuple[dict[str, Any], list[tuple[int, int]]]:
     """torch.profiler (CUDA activities) over ``window_s`` (or until ``until()``, see
     run_until) of whatever the engine runs: its kernel busy (union of device work, host
     copies out, over first kernel to last) and the device work's intervals on our clock
-    (for kernel time per step)."""
+    (for kernel time per step). With ``on_loop`` (Engine.run_on_loop) the session starts and
+    stops on the engine's loop thread between its steps, never while that thread launches
+    (bench/suites/truth_kick.py: what a stop from this thread did to later sessions)."""
     if not cuda:
         run_until(window_s, until, max_s)
         return {"busy": None}, []
@@ -251,8 +253,13 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     from engine.step.kernel_trace_read import _HOST_COPY, lost_launches
 
     before = clock_offset_ns()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    prof = profile(activities=[ProfilerActivity.CUDA])
+    call = on_loop if on_loop is not None else (lambda fn: fn())
+    call(prof.start)
+    try:
         run_until(window_s, until, max_s)
+    finally:
+        call(prof.stop)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)  # at once: the next session would zero its times
         trace = json.load(open(f.name))
