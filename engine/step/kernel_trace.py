@@ -39,7 +39,13 @@ subscriber; timestamps written by our own kernels (%globaltimer) need every kern
 (cuBLAS GEMMs are not) and measure only what we instrument.
 
 It must never start while another profiler runs, never block the loop on the trace's
-conversion, and never leave the profiler on after an error.
+conversion, and never leave the profiler on after an error. Its sessions start and stop on
+the loop thread, between steps, as the anatomy's do. A torch.profiler session stopped from
+another thread while the loop thread was launching left that thread's eager kernel launches
+without kernel records in every later session of the process (H200, 2026-12-04: launches of
+other threads and streams, Triton's included, were recorded at the same moments; graph
+launches were too); a tool that profiles the engine from outside starts and stops its session
+with `Engine.run_on_loop`, as `bench truth` does.
 """
 
 from __future__ import annotations
