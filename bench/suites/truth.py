@@ -63,6 +63,7 @@ from bench.suites.truth_busy import (
     truth_busy,
 )
 from bench.suites.truth_cost import add_cost_arguments, cost_pairs
+from bench.suites.truth_engine import make_engine, params, wait_decoding
 from bench.suites.truth_kick import kick, with_retries
 from bench.suites.truth_report import markdown
 
@@ -94,39 +95,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3,
                         help="reference/sampled window pairs per mode (the table's spread)")
-
-
-# ----------------------------------------------------------------------------- helpers
-def make_engine(model: torch.nn.Module, args: argparse.Namespace, batch: int, max_new: int,
-                period: float = 0.0, name: str = "shape"):
-    from engine import Engine, EngineConfig
-
-    cuda = args.device == "cuda"
-    max_len = args.prompt + max_new + 32
-    cfg = EngineConfig(
-        model=f"random:{name}", device=args.device, dtype=args.dtype, max_num_seqs=batch,
-        max_num_batched_tokens=max(args.budget, batch), max_model_len=max_len, block_size=16,
-        num_blocks=batch * -(-max_len // 16) + 16, async_batching=True, num_slots=2,
-        cuda_graphs=cuda, graph_buckets=[8, 16, batch] if cuda and batch > 16 else (
-            [batch] if cuda else None), kernel_sample_period_s=period,
-    )
-    return Engine(cfg, model=model, tokenizer=None)
-
-
-def params(n: int):
-    from engine import SamplingParams
-
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
-
-
-def wait_decoding(eng: Any, batch: int, timeout_s: float = 180.0) -> None:
-    """Until every request of a fresh batch has its first token (prefill done)."""
-    start = eng.stats()["generated_tokens"]
-    deadline = time.monotonic() + timeout_s
-    while eng.stats()["generated_tokens"] < start + 2 * batch:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the batch did not start decoding within {timeout_s:g} s")
-        time.sleep(0.002)
 
 
 # --------------------------------------------------------------------------- per mode

@@ -53,7 +53,7 @@ def contexts_of(rec: Any, prompt: int, first_decode_step: int) -> list[int]:
 
 def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
                  args: argparse.Namespace, curve: Any, out: Path) -> dict[str, Any]:
-    from bench.suites.truth import params, wait_decoding
+    from bench.suites.truth_engine import params, wait_decoding
     from engine.step.anatomy import record_anatomy
     from telemetry.anatomy import family_table
     from telemetry.floor import size_aware_seconds
@@ -118,7 +118,7 @@ def anatomy_markdown(a: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace, out: Path) -> dict:
-    from bench.suites.truth import make_engine, params
+    from bench.suites.truth_engine import make_engine, params
     from telemetry.floor import load_curve
 
     cuda = args.device == "cuda"

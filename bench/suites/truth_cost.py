@@ -63,7 +63,7 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
     """Throughput with the sampler at --cost-period vs off, alternated. ``variant`` takes
     the cost apart (VARIANTS): the profiler sessions alone, or the conversion's GIL share."""
     from bench.harness.timing import alternated_pairs
-    from bench.suites.truth import make_engine, params
+    from bench.suites.truth_engine import make_engine, params
     from engine.step import kernel_trace
 
     if variant not in VARIANTS:

@@ -160,7 +160,7 @@ def trace_figures(events: list[dict[str, Any]]) -> dict[str, float | None]:
 def engine_part(args: argparse.Namespace, item: str) -> dict[str, Any]:
     from bench.harness.shapes import build_model
     from bench.harness.workload import random_prompts
-    from bench.suites.truth import make_engine, params, wait_decoding
+    from bench.suites.truth_engine import make_engine, params, wait_decoding
     from telemetry.collect import StepCollector
 
     preset, batch_s = item.split(":")
