@@ -20,6 +20,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from interpreter_child import PARENTS as INTERPRETER_PARENTS  # noqa: E402
+from interpreter_child import UNIT as INTERPRETER_UNIT  # noqa: E402
 from tiny_models import save_tiny_model  # noqa: E402
 
 has_cuda = torch.cuda.is_available()
@@ -32,30 +34,50 @@ has_cuda = torch.cuda.is_available()
 # pytest 9 ignores the group xdist 3.8 writes into the node id (xdist sets `item._nodeid`;
 # pytest 9 reads `item._id`), so the scheduler below derives the unit from the node id itself.
 SESSION_FOLDERS = ("http", "browser")
+# tests/http modules that never use the session `serve` (its `server` fixture): each starts
+# servers of its own (an engine to kill, stop or orphan) or none, so each is a unit of its own
+# beside the folder's, and the folder's one unit (the critical path of phase 1: ~200 s on one
+# worker at 83a7815, quiet) is not made to wait for them. pytest_collection_modifyitems checks
+# that none of their tests asks for `server` (a second worker would start a second serve).
+OWN_SERVER_MODULES = tuple(f"tests/http/{m}.py" for m in (
+    "test_background_server", "test_client_death", "test_engine_death", "test_engine_silence",
+    "test_metrics_sentinel", "test_model_names", "test_orphan", "test_serve_attach",
+    "test_serve_cli"))
 # Handed out first under xdist, in this order (a worker takes the next unit when it runs
-# dry): the units that took longest (seconds at 20280ab, 2 workers, quiet VM), so that no long
-# one starts last. scripts/test.sh runs the browser tests in a phase of their own; a plain
-# `-n 2 --dist loadgroup` run puts them first, on one worker, beside the rest.
+# dry): the longest units, so that no long one starts last. Wall seconds of the unit at
+# 105f6e2 (3 workers, load 7-12: another session's browser tests ran beside); the browser
+# tests run in a phase of their own in scripts/test.sh (a plain `-n 2 --dist loadgroup` run
+# puts them first, on one worker, beside the rest). The kernel test modules whose time was
+# their interpreter child (fused_rope, paged_attention, fused_gemm...) are short units now.
 FIRST = (
-    "tests/browser",  # 416 s
-    "tests/http",  # 187 s, one `engine serve` for all of it
-    "tests/model/test_compiled_generic.py",  # 146 s (two compiles a family, one per worker)
-    "tests/ui/test_pages_engine.py",  # 39
-    "tests/process/test_process_hung.py",  # 38
-    "tests/kernel/test_paged_attention.py",  # 33
-    "tests/parallel/test_tp_engine.py",  # 31
-    "tests/model/test_fused_gemm.py",  # 25
-    "tests/model/test_fused_rope.py",  # new after 20280ab: an interpreter child, as fused_gemm's
-    "tests/engine/test_client.py",  # 24
-    "tests/model/test_fused_greedy.py",  # 22
-    "tests/test_smollm2.py",  # 21
-    "tests/process/test_process_attach.py",  # 16
-    "tests/ui/test_playground_chat.py",  # 15
-    "tests/ui/test_pages_monitoring.py",  # 13
-    "tests/ui/test_playground_engine.py",  # 11
-    "tests/model/test_fused_ops.py",  # 11
-    "tests/engine/test_cli.py",  # 10
+    "tests/browser",  # 416 s at 20280ab
+    INTERPRETER_UNIT,  # ~200 s: the interpreter children, 124 + 76 + 58 + 56 + 50 + 30...
+    "tests/http",  # 162 s, one `engine serve` for all of it (the modules above apart)
+    "tests/engine/test_client.py",  # 96
+    "tests/test_smollm2.py",  # 69
+    "tests/http/test_engine_silence.py",  # 63
+    "tests/model/test_compiled_generic.py",  # 62
+    "tests/process/test_process_hung.py",  # 61
+    "tests/ui/test_pages_engine.py",  # 59
+    "tests/process/test_process_attach.py",  # 54
+    "tests/model/test_fused_greedy.py",  # 49
+    "tests/http/test_serve_attach.py",  # 48
+    "tests/http/test_orphan.py",  # 42
+    "tests/engine/test_cli.py",  # 37
+    "tests/ui/test_playground_chat.py",  # 34
+    "tests/parallel/test_tp_engine.py",  # 26
+    "tests/engine/test_client_anatomy.py",  # 24
+    "tests/http/test_engine_death.py",  # 22
+    "tests/ui/test_pages_monitoring.py",  # 20
+    "tests/ui/test_pages_fake.py",  # 19
+    "tests/engine/test_async_pipeline.py",  # 19
+    "tests/parallel/test_tp_lifecycle.py",  # 17
+    "tests/engine/test_prefix_cache.py",  # 17
+    "tests/ui/test_playground_engine.py",  # 16
+    "tests/http/test_model_names.py",  # 16
+    "tests/ui/test_requests_ledger.py",  # 15
 )
+
 # Modules (or single tests, "path::name") that start engine processes (EngineClient,
 # `python -m engine [serve]`, TP workers): 10-60 s per start on a 2-core VM. Marked slow
 # here, so the everyday quick line (`-m "not slow and not browser"`, docs/testing.md) leaves
@@ -86,15 +108,20 @@ def starts_engine_processes(item: pytest.Item) -> bool:
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit one xdist worker runs whole: a session folder, or else the test's module."""
-    parts = nodeid.split("::", 1)[0].split("/")
-    if len(parts) > 2 and parts[1] in SESSION_FOLDERS:
+    """The unit one xdist worker runs whole: the interpreter child's parent tests together
+    (tests/interpreter_child.py runs one child for all of them), a session folder (less its
+    OWN_SERVER_MODULES), or else the test's module."""
+    if nodeid in INTERPRETER_PARENTS:
+        return INTERPRETER_UNIT
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if len(parts) > 2 and parts[1] in SESSION_FOLDERS and path not in OWN_SERVER_MODULES:
         return "/".join(parts[:2])
     return "/".join(parts)
 
 
 def xdist_group(item: pytest.Item) -> str:
-    return unit_of(item.path.relative_to(Path(__file__).parent.parent).as_posix())
+    return unit_of(item.nodeid)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 (xdist's type)
@@ -118,6 +145,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # before -m deselects (this hook runs first)
         if starts_engine_processes(item):
             item.add_marker(pytest.mark.slow)
+        if xdist_group(item) in OWN_SERVER_MODULES and "server" in item.fixturenames:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the session `serve` (fixture `server`): remove its module "
+                "from tests/conftest.py's OWN_SERVER_MODULES, or start a server of its own")
     if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         for item in items:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item)))

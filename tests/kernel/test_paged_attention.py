@@ -25,17 +25,14 @@ to write fails the test. Errors are relative: ||out - ref|| / ||ref||.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from interpreter_child import run_interpreter_child  # tests/ is on sys.path (conftest.py)
 from paged_batches import (
     IN_INTERPRETER,
     MIXED,
-    REPO_ROOT,
     TOL,
     assert_padding_zero,
     make_batch,
@@ -70,15 +67,7 @@ def test_triton_rejects_non_power_of_two_head_dim() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
 def test_triton_kernel_matches_reference_in_interpreter_subprocess() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [
-        sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-k", "test_interp_",
-        "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-    ]
-    proc = subprocess.run(
-        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=540
-    )
-    report = proc.stdout[-6000:] + proc.stderr[-2000:]
+    proc, report = run_interpreter_child(__file__)
     assert proc.returncode == 0, report
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
 

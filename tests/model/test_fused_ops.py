@@ -11,12 +11,12 @@ Outputs are poisoned with NaN first, so an element a kernel forgets to write fai
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from interpreter_child import run_interpreter_child  # tests/ is on sys.path (conftest.py)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
@@ -33,22 +33,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-def run_interpreter_child(test_file: str, timeout: int = 600
-                          ) -> tuple[subprocess.CompletedProcess, str]:
-    """Run ``test_file``'s ``test_interp_*`` tests in a TRITON_INTERPRET=1 pytest child (Triton
-    reads the variable at import); the finished process and the tail of its output."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", str(Path(test_file).resolve()), "-k", "test_interp_",
-           "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    return proc, proc.stdout[-6000:] + proc.stderr[-2000:]
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
 def test_fused_kernels_match_torch_in_interpreter_subprocess() -> None:
-    proc, report = run_interpreter_child(__file__, timeout=540)
+    proc, report = run_interpreter_child(__file__)
     assert proc.returncode == 0, report
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, report
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
 @pytest.mark.slow
 @pytest.mark.skipif(IN_INTERPRETER, reason="this is the parent of the interpreter run")
 def test_persistent_engine_in_interpreter_subprocess() -> None:
-    proc, report = run_interpreter_child(__file__, timeout=900)
+    proc, report = run_interpreter_child(__file__)
     assert proc.returncode == 0, report
     assert re.search(r"\b2 passed", proc.stdout) and "skipped" not in proc.stdout, report
 
