@@ -24,6 +24,11 @@ from interpreter_child import PARENTS as INTERPRETER_PARENTS  # noqa: E402
 from interpreter_child import UNIT as INTERPRETER_UNIT  # noqa: E402
 from tiny_models import save_tiny_model  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # a kernel test's interpreter child
+    from triton_interpreter_calls import install  # noqa: E402
+
+    install()
+
 has_cuda = torch.cuda.is_available()
 
 
