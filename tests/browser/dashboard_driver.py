@@ -63,12 +63,62 @@ def shoot(page: sync_api.Page, name: str) -> None:
 
 
 def scroll_top(page: sync_api.Page) -> None:
-    """Back to the top: Streamlit scrolls inside its own main box, not the window."""
+    """Back to the top: Streamlit scrolls inside its own main box, not the window. Instant,
+    then two frames drawn (was a fixed 300 ms)."""
     page.evaluate(
-        """() => { for (const el of [document.querySelector('[data-testid="stMain"]'),
-                                     document.scrollingElement]) if (el) el.scrollTo(0, 0); }"""
+        """() => new Promise(done => {
+             for (const el of [document.querySelector('[data-testid="stMain"]'),
+                               document.scrollingElement])
+               if (el) el.scrollTo({top: 0, left: 0, behavior: 'instant'});
+             requestAnimationFrame(() => requestAnimationFrame(() => done(null)));
+           })"""
     )
-    page.wait_for_timeout(300)
+
+
+# Drawn and still: no skeleton or spinner; every Plotly chart (Streamlit's, and those in the
+# live_plot iframes) drawn, an autosized one at its element's width; and the size and place
+# of the page's charts, frames, tables and images, and the main box's height, unchanged for
+# `quiet` ms. Data may change meanwhile (live charts redraw in place), geometry may not.
+SETTLED_JS = """quiet => {
+  if (document.querySelector('[data-testid="stSkeleton"], [data-testid="stSpinner"]'))
+    return false;
+  const docs = [document];
+  for (const f of document.querySelectorAll('iframe')) {
+    try { if (f.contentDocument) docs.push(f.contentDocument); } catch (e) {}
+  }
+  const parts = [];
+  for (const d of docs) for (const gd of d.querySelectorAll('.js-plotly-plot')) {
+    const fl = gd._fullLayout;
+    if (!fl) return false;
+    if (!(gd.layout && gd.layout.width) && gd.clientWidth > 0
+        && Math.abs(fl.width - gd.clientWidth) > 2) return false;
+    parts.push(fl.width, fl.height);
+  }
+  const main = document.querySelector('[data-testid="stMain"]');
+  parts.push(main ? main.scrollHeight : 0, window.innerWidth, window.innerHeight);
+  for (const el of document.querySelectorAll(
+      'iframe, canvas, img, [data-testid="stDataFrame"], [data-testid="stPlotlyChart"]')) {
+    const r = el.getBoundingClientRect();
+    parts.push(Math.round(r.width), Math.round(r.height), Math.round(r.top));
+  }
+  const sig = parts.join(',');
+  const now = performance.now();
+  const s = window.__gaplessSettled;
+  if (!s || s.sig !== sig) { window.__gaplessSettled = {sig, since: now}; return false; }
+  return now - s.since >= quiet;
+}"""
+
+
+def wait_settled(page: sync_api.Page, quiet_ms: int = 500, limit_ms: int = 15_000) -> None:
+    """Until the page is drawn and its layout still (SETTLED_JS), before a screenshot: in
+    place of the fixed waits (2.5 s after opening a page, 1.5 s after a resize) that the
+    screenshot test slept until 2026-12-04. A page still moving after ``limit_ms`` is shot
+    as it is (a shot, not a check)."""
+    page.evaluate("() => { window.__gaplessSettled = null; }")
+    try:
+        page.wait_for_function(SETTLED_JS, arg=quiet_ms, polling=100, timeout=limit_ms)
+    except sync_api.TimeoutError:
+        print(f"the page was still moving after {limit_ms} ms: shot as it was")
 
 
 def body_text(page: sync_api.Page) -> str:

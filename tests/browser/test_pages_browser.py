@@ -28,16 +28,17 @@ from dashboard_driver import (  # skips this module where there is no browser
     steps_on_the_timeline,
     sync_api,
     timeline_frame,
+    wait_settled,
 )
 
 pytestmark = BROWSER_MARKS
 WHOLE_PAGE_MAX_PX = 8000  # taller pages are cut there (a shot, not a test)
 
 
-def shoot_whole_page(page: sync_api.Page, name: str, settle_ms: int = 500) -> None:
+def shoot_whole_page(page: sync_api.Page, name: str, settle: bool = True) -> None:
     """The whole page, scrolled or not, as a window of this width shows it: the window is
-    made as tall as Streamlit's main box for the shot, then put back (and ``settle_ms`` given
-    to redraw, 0 where the caller resizes or waits next anyway)."""
+    made as tall as Streamlit's main box for the shot, then put back (and left to redraw
+    unless ``settle`` is False, where the caller resizes or waits next anyway)."""
     size = page.viewport_size
     assert size is not None
     tall = int(page.evaluate(
@@ -50,23 +51,32 @@ def shoot_whole_page(page: sync_api.Page, name: str, settle_ms: int = 500) -> No
         page.screenshot(path=str(path))
         return
     page.set_viewport_size({"width": size["width"], "height": height})
-    page.wait_for_timeout(1500)  # charts redraw at the new height
+    wait_settled(page)  # charts redraw at the new height (a fixed 1.5 s until 2026-12-04)
     page.screenshot(path=str(path))
     page.set_viewport_size(size)
-    if settle_ms:
-        page.wait_for_timeout(settle_ms)
+    if settle:
+        wait_settled(page)
+
+
+TWO_TIMELINES_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p =>
+  [...p.querySelectorAll('.ytick text')].some(t => t.textContent === 'compute')).length === 2"""
 
 
 def compare_sync_and_async(page: sync_api.Page) -> None:
     """Click the A/B page's one-click comparison and wait for its two timelines."""
     page.get_by_role("button", name="Compare sync and async").click()
-    page.wait_for_function(
-        """() => [...document.querySelectorAll('.js-plotly-plot')].filter(p =>
-             [...p.querySelectorAll('.ytick text')].some(t => t.textContent === 'compute'))
-             .length === 2""",
-        timeout=120_000,
-    )
+    page.wait_for_function(TWO_TIMELINES_JS, timeout=120_000)
     page.mouse.move(5, 5)  # the button's tooltip off the shots
+
+
+def wait_text(page: sync_api.Page, text: str, limit_ms: int = 30_000) -> None:
+    """Until the page says ``text`` (or ``limit_ms`` passes: the caller's assert then
+    reports it), in place of a fixed wait before reading the page."""
+    try:
+        page.wait_for_function("t => document.body.innerText.includes(t)", arg=text,
+                               timeout=limit_ms)
+    except sync_api.TimeoutError:
+        pass
 
 
 def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
@@ -74,7 +84,7 @@ def test_ab_view_shows_two_timelines(page: sync_api.Page) -> None:
     compare_sync_and_async(page)
     text = body_text(page)
     assert "Decode throughput" in text and "alternated pairs" in text
-    page.wait_for_timeout(1000)
+    wait_settled(page)
     shoot(page, "ab")
     shoot_whole_page(page, "ab")
 
@@ -88,7 +98,7 @@ def test_a_shipped_recording_opens(page: sync_api.Page) -> None:
         timeout=60_000,
     )
     assert "commit" in body_text(page)
-    page.wait_for_timeout(1000)
+    wait_settled(page)
     shoot(page, "recordings")
     shoot_whole_page(page, "recordings")
 
@@ -154,7 +164,8 @@ def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page
         other.close()
     page.wait_for_function("() => document.body.innerText.includes('requests finished')")
     page.get_by_role("heading", name="Results").wait_for(timeout=900_000)
-    page.wait_for_timeout(1500)
+    wait_text(page, "total time")
+    wait_settled(page)
     text = body_text(page)
     assert "total time" in text and any(w in text for w in (
         "no measurable difference", "not settled", "better", "worse"))
@@ -165,7 +176,8 @@ def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page
 def test_requests_page_lists_the_requests(page: sync_api.Page) -> None:
     goto_page(page, "Requests")
     page.locator('[data-testid="stDataFrame"]').first.wait_for()  # the requests, then the ledger
-    page.wait_for_timeout(1500)
+    wait_text(page, "time to first token")
+    wait_settled(page)
     assert "time to first token" in body_text(page)
     shoot(page, "requests")
     shoot_whole_page(page, "requests")
@@ -175,12 +187,18 @@ PAGES = ("Live", "Playground", "Benchmark", "A/B", "Recordings", "Requests", "St
 SIZES = (WIDE, SMALL)
 
 
-def test_screenshots_of_every_page(server, browser, page) -> None:
+def test_screenshots_of_every_page(page: sync_api.Page) -> None:
     """Every page as a window of each size shows it, for the README (artifacts/ only). One
     pass over the pages, both sizes shot on each (until 2026-12-04 one pass per size: each
-    page was opened, and the A/B comparison run, twice; 145 s -> see docs/testing.md)."""
-    tab = new_tab(browser, server[0], WIDE)
+    page was opened, and the A/B comparison run, twice; 145 s -> see docs/testing.md).
+
+    In the module's tab (until 2026-12-04 a fresh one): its A/B page still shows the
+    comparison test_ab_view_shows_two_timelines ran there, so the A/B shots need no second
+    one (~15 s); run alone, this test runs it. Each shot waits until the page is drawn and
+    still (wait_settled), not a fixed 2.5 s after a page and 1.5 s after a resize."""
+    tab = page
     try:
+        tab.get_by_role("link", name="Live").first.click()
         # The page's own state first ("mode ..." comes from the engine), not the timeline's
         # iframe: on CI (2026-12-04) a fresh tab right after the benchmark test held both
         # live_plot iframes hidden for over 60 s, three times, and the test never learnt why.
@@ -194,26 +212,25 @@ def test_screenshots_of_every_page(server, browser, page) -> None:
             raise AssertionError(
                 f"the live timeline stayed hidden; the page said: {body_text(tab)[:2000]}"
             ) from None
-        scroll_top(tab)  # the Live page's wait is the loop's, below
         for i, title in enumerate(PAGES):
             if title != "Live":
                 goto_page(tab, title)
             if title == "A/B":  # the page with its figures, not only its buttons
-                compare_sync_and_async(tab)
-            # Tables and charts draw a moment after the page (a shot, not a check; 4 s
-            # until 2026-12-04, when the whole suite's time was cut to fit CI's 8 minutes).
-            tab.wait_for_timeout(2500)
+                try:  # this tab's earlier comparison, drawn again
+                    tab.wait_for_function(TWO_TIMELINES_JS, timeout=5_000)
+                except sync_api.TimeoutError:
+                    compare_sync_and_async(tab)
             name = title.lower().replace("/", "").replace(" ", "-")
             # Both sizes here, the window's size alternating (wide first, then small first
             # on the next page), so that each page needs one resize between its shots.
             for size in SIZES if i % 2 == 0 else SIZES[::-1]:
                 if tab.viewport_size != size:
                     tab.set_viewport_size(size)
-                    tab.wait_for_timeout(1500)  # charts redraw at the new width
                 scroll_top(tab)
+                wait_settled(tab)  # drawn (at the new width, after a resize) and still
                 shoot(tab, f"page-{name}")
                 # Next: a resize (waited on) or another page (waited on): no settling here.
-                shoot_whole_page(tab, f"page-{name}", settle_ms=0)
+                shoot_whole_page(tab, f"page-{name}", settle=False)
             scroll_top(tab)
             if title == "Live":
                 # The load was for the Live page's charts; the other pages show no live steps
@@ -224,4 +241,4 @@ def test_screenshots_of_every_page(server, browser, page) -> None:
                 tab.get_by_role("button", name="Stop load").click()
                 tab.get_by_role("button", name="Start load").wait_for()
     finally:
-        tab.close()
+        tab.set_viewport_size(WIDE)  # the module's tab as the fixture made it
