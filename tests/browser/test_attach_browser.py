@@ -73,35 +73,35 @@ def serve_and_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
         headless.stop_group(serve)
 
 
-def test_http_requests_show_on_the_attached_dashboard(serve_and_dashboard) -> None:
+def test_http_requests_show_on_the_attached_dashboard(serve_and_dashboard, browser) -> None:
+    """In a tab of the session's Chromium (until 2026-12-04 a Chromium of its own), so that a
+    request beyond this dashboard fails the session as for the others."""
+    from dashboard_driver import new_tab
+
     api, url = serve_and_dashboard
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(headless.CHROMIUM),
-                                    args=headless.CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.set_default_timeout(120_000)
-            page.goto(url)
-            page.locator('iframe[title*="live_plot"] >> nth=1').wait_for()
-            assert "gapless-tiny-python" in page.evaluate("document.body.innerText")
-            model = httpx.get(f"{api}/v1/models", timeout=30).json()["data"][0]["id"]
-            n = 5
-            for i in range(n):  # the dashboard's bus mirror sees what comes after it attached
-                r = httpx.post(f"{api}/v1/completions", timeout=120, json={
-                    "model": model, "prompt": f"def f{i}(x):\n",
-                    "max_tokens": 8, "temperature": 0, "ignore_eos": True})
-                assert r.status_code == 200, r.text
-            # Live: the timeline draws the HTTP requests' steps (bars on the compute lane).
-            frame = page.frame_locator('iframe[title*="live_plot"] >> nth=1')
-            frame.locator(".plot-container").wait_for()
-            page.get_by_role("link", name="Requests").first.click()
-            page.wait_for_function(
-                "n => /requests seen\\s*\\n?\\s*(\\d+)/.test(document.body.innerText) && "
-                "Number(document.body.innerText.match(/requests seen\\s*\\n?\\s*(\\d+)/)[1]) >= n"
-                " && Number(document.body.innerText.match(/finished\\s*\\n?\\s*(\\d+)/)[1]) >= n",
-                arg=n, timeout=60_000)
-            shots = Path(os.environ.get("GAPLESS_SCREENSHOTS", REPO / "artifacts" / "screenshots"))
-            shots.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shots / "attached-requests.png"), full_page=True)
-        finally:
-            browser.close()
+    page = new_tab(browser, url)
+    try:
+        page.set_default_timeout(120_000)
+        page.locator('iframe[title*="live_plot"] >> nth=1').wait_for()
+        assert "gapless-tiny-python" in page.evaluate("document.body.innerText")
+        model = httpx.get(f"{api}/v1/models", timeout=30).json()["data"][0]["id"]
+        n = 5
+        for i in range(n):  # the dashboard's bus mirror sees what comes after it attached
+            r = httpx.post(f"{api}/v1/completions", timeout=120, json={
+                "model": model, "prompt": f"def f{i}(x):\n",
+                "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+        # Live: the timeline draws the HTTP requests' steps (bars on the compute lane).
+        frame = page.frame_locator('iframe[title*="live_plot"] >> nth=1')
+        frame.locator(".plot-container").wait_for()
+        page.get_by_role("link", name="Requests").first.click()
+        page.wait_for_function(
+            "n => /requests seen\\s*\\n?\\s*(\\d+)/.test(document.body.innerText) && "
+            "Number(document.body.innerText.match(/requests seen\\s*\\n?\\s*(\\d+)/)[1]) >= n"
+            " && Number(document.body.innerText.match(/finished\\s*\\n?\\s*(\\d+)/)[1]) >= n",
+            arg=n, timeout=60_000)
+        shots = Path(os.environ.get("GAPLESS_SCREENSHOTS", REPO / "artifacts" / "screenshots"))
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots / "attached-requests.png"), full_page=True)
+    finally:
+        page.close()
