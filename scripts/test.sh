@@ -15,8 +15,9 @@
 # docs/testing.md. A caller already at nice +13 or more gets the phases one after the other
 # (phase 1 could not be put far enough below).
 # In phase 1, tests/conftest.py makes each test module one unit of work for the workers (its
-# module-scoped engines and compiled models are built once, not once per worker) and
-# tests/http one unit (one `engine serve`), longest first. Phase 1 runs torch with one CPU
+# module-scoped engines and compiled models are built once, not once per worker), tests/http's
+# tests that share one `engine serve` one unit, and the 8 kernel files' parent tests one unit
+# (one Triton-interpreter child for all 8), longest first. Phase 1 runs torch with one CPU
 # thread a process (OMP_NUM_THREADS=1, kept if set): two workers, each starting engine
 # processes, with 2 threads each on 2 cores slowed each other about 2x; with one thread,
 # 2 workers left the cores part idle (its tests mostly wait on engine processes, servers and
