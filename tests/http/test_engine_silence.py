@@ -61,38 +61,40 @@ def test_silent_engine_fails_its_clients_cleanly_and_aborts_their_requests(hung)
 
     events: list[str] = []
     stopped_at: list[float] = []
-    with httpx.Client(timeout=120) as http:
-        waiter = threading.Thread(target=wait_whole)
-        waiter.start()
-        with http.stream("POST", f"{hung.url}/v1/completions", json=_body(True)) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[len("data: "):])
-                if len(events) == 3 and not stopped_at:
-                    os.kill(pid, signal.SIGSTOP)
-                    stopped_at.append(time.monotonic())
-                    # While stopped: health and readiness say so, with the reason.
-                    health = _wait_status(hung.url, "/health", 503).json()["error"]
-                    assert health["code"] == "engine_not_responding"
-                    assert "not responding" in health["message"]
-                    assert _wait_status(hung.url, "/ready", 503).status_code == 503
-                    # A new request is refused at once, not queued behind the hang.
-                    t0 = time.monotonic()
-                    new = httpx.post(f"{hung.url}/v1/completions", timeout=30,
-                                     json={"model": MODEL, "prompt": "x", "max_tokens": 1})
-                    assert new.status_code == 503 and time.monotonic() - t0 < 5
-        waiter.join(120)
-    # The stream: an error event, then [DONE].
-    assert events[-1] == "[DONE]"
-    error = json.loads(events[-2])["error"]
-    assert error["code"] == "engine_timeout" and "aborted" in error["message"]
-    # The whole answer: 503, not 500, once the engine timeout passed.
-    assert whole["status"] == 503, whole
-    assert whole["body"]["error"]["code"] == "engine_timeout"
-    assert whole["t"] - stopped_at[0] >= ENGINE_TIMEOUT_S - 0.5
-
-    os.kill(pid, signal.SIGCONT)
+    try:
+        with httpx.Client(timeout=120) as http:
+            waiter = threading.Thread(target=wait_whole)
+            waiter.start()
+            with http.stream("POST", f"{hung.url}/v1/completions", json=_body(True)) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[len("data: "):])
+                    if len(events) == 3 and not stopped_at:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped_at.append(time.monotonic())
+                        # While stopped: health and readiness say so, with the reason.
+                        health = _wait_status(hung.url, "/health", 503).json()["error"]
+                        assert health["code"] == "engine_not_responding"
+                        assert "not responding" in health["message"]
+                        assert _wait_status(hung.url, "/ready", 503).status_code == 503
+                        # A new request is refused at once, not queued behind the hang.
+                        t0 = time.monotonic()
+                        new = httpx.post(f"{hung.url}/v1/completions", timeout=30,
+                                         json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+                        assert new.status_code == 503 and time.monotonic() - t0 < 5
+            waiter.join(120)
+        # The stream: an error event, then [DONE].
+        assert events[-1] == "[DONE]"
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == "engine_timeout" and "aborted" in error["message"]
+        # The whole answer: 503, not 500, once the engine timeout passed.
+        assert whole["status"] == 503, whole
+        assert whole["body"]["error"]["code"] == "engine_timeout"
+        assert whole["t"] - stopped_at[0] >= ENGINE_TIMEOUT_S - 0.5
+    finally:  # never leave it stopped for the next test, whatever failed above
+        if stopped_at:
+            os.kill(pid, signal.SIGCONT)
     _wait_status(hung.url, "/health", 200)
     # /metrics leaves the engine's gauges out while it does not answer: wait for them.
     wait_scrape(hung.url, lambda s: any(n == "vllm:num_requests_running" for n, _ in s),
