@@ -9,6 +9,7 @@ Never imports UI code.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -39,19 +40,8 @@ class LiveControl:
             if sentinel_sample_every and self.loop.sentinel is None:
                 raise ValueError("the sentinel cannot be turned on with tensor_parallel_size > 1")
         before = self._live_settings()
-        done: Future[None] = Future()
-        with self._lock:
-            self._check_serving()
-            self._command("configure", (async_batching, num_slots, cuda_graphs,
-                                        sentinel_sample_every), done)
-        if self._thread is None:
-            self._apply_commands()
-        while True:  # wait, but notice a loop that died meanwhile
-            try:
-                done.result(timeout=0.1)
-                break
-            except TimeoutError:
-                self._check_serving()
+        self._run_command("configure", (async_batching, num_slots, cuda_graphs,
+                                        sentinel_sample_every))
         if self._live_settings() != before:
             self.settings_version += 1
         return self.settings()
@@ -62,13 +52,26 @@ class LiveControl:
         must not act while the loop launches: a profiler session stopped from another thread
         while the loop thread was launching left that thread's kernel launches unrecorded
         in later sessions (bench/suites/truth_kick.py)."""
+        return self._run_command("call", fn, timeout_s)
+
+    def _run_command(self, kind: str, arg: Any, timeout_s: float | None = None) -> Any:
+        """Queue a command for the next step boundary and wait for its result, noticing a
+        loop that died or stopped meanwhile (then _check_serving raises)."""
         done: Future[Any] = Future()
         with self._lock:
             self._check_serving()
-            self._command("call", fn, done)
+            self._command(kind, arg, done)
         if self._thread is None:
             self._apply_commands()
-        return done.result(timeout=timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                return done.result(timeout=0.1)
+            except TimeoutError:
+                self._check_serving()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine loop did not run the {kind!r} command "
+                                       f"within {timeout_s:g} s") from None
 
     def _live_settings(self) -> tuple[Any, ...]:
         s = self.loop.settings
