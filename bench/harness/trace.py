@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 # First match wins; patterns are matched against the lower-cased kernel name.
 FAMILIES: list[tuple[str, str]] = [
@@ -23,6 +25,15 @@ FAMILIES: list[tuple[str, str]] = [
 ]
 _COMPILED = [(name, re.compile(p)) for name, p in FAMILIES]
 FAMILY_NAMES = [n for n, _ in FAMILIES] + ["other"]
+
+
+def profiler_trace(prof: Any) -> dict[str, Any]:
+    """A finished torch.profiler session's chrome trace as a dict (written to a temporary file
+    and read back at once: a later session would zero its CUDA times)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as g:
+            return json.load(g)
 
 
 def family_of(kernel_name: str) -> str:

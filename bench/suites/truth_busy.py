@@ -244,11 +244,9 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     if not cuda:
         run_until(window_s, until, max_s)
         return {"busy": None}, []
-    import json
-    import tempfile
-
     from torch.profiler import ProfilerActivity, profile
 
+    from bench.harness.trace import profiler_trace
     from engine.step.kernel_trace_clock import clock_lost
     from engine.step.kernel_trace_read import _HOST_COPY, lost_launches
 
@@ -260,9 +258,7 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
         run_until(window_s, until, max_s)
     finally:
         call(prof.stop)
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)  # at once: the next session would zero its times
-        trace = json.load(open(f.name))
+    trace = profiler_trace(prof)  # at once: the next session would zero its times
     offset = (before + clock_offset_ns()) // 2
     events = trace["traceEvents"]
     cats = ("kernel", "gpu_memset", "gpu_memcpy")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from typing import Any
 import torch
 
 from bench.harness import report
+from bench.harness.trace import profiler_trace
 from bench.harness.workload import default_device
 
 DESCRIPTION = "graph-mode timing under torch.profiler: which of three hypotheses holds"
@@ -60,9 +60,7 @@ def med(xs: list[float]) -> float | None:
 
 
 def _trace(prof: Any) -> list[dict[str, Any]]:
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        return json.load(open(f.name))["traceEvents"]
+    return profiler_trace(prof)["traceEvents"]
 
 
 def _corr(e: dict[str, Any]) -> Any:

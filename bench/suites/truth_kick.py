@@ -20,14 +20,14 @@ tests that observation while it repairs the table:
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from bench.harness.trace import profiler_trace
 
 RETRIES = 2
 _STATE: dict[str, Any] = {}
@@ -63,9 +63,7 @@ def _session(fn: Callable[[], None]) -> list[str]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        return kernel_names(json.load(open(f.name)))
+    return kernel_names(profiler_trace(prof))
 
 
 def _triton_kernel() -> Callable[[Any], None] | None:

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from bench.harness import report
+from bench.harness.trace import profiler_trace
 from bench.harness.workload import default_device
 
 DESCRIPTION = "profiler sessions: kernel records lost at each session's start (pytorch #192021)"
@@ -58,8 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def clock_check(x: torch.Tensor) -> dict[str, Any]:
     """CUDA events at ts 0 in a session's trace by when it is written: at once, after the
     next session started (the sampler's low-level start), after it also stopped."""
-    import json
-    import tempfile
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -75,9 +74,7 @@ def clock_check(x: torch.Tensor) -> dict[str, Any]:
 
     def written(prof: Any) -> dict[str, Any]:
         try:
-            with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                prof.export_chrome_trace(f.name)
-                ev = json.load(open(f.name))["traceEvents"]
+            ev = profiler_trace(prof)["traceEvents"]
         except Exception as e:  # say what happened, keep the other cases
             return {"error": f"{type(e).__name__}: {e}"}
         cuda = [e for e in ev if e.get("cat") in CUDA_CATS]
