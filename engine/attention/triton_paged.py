@@ -40,15 +40,18 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.attention.l2_prefetch import prefetch_kv
 from engine.attention.reference import checked_output
 from engine.attention.triton_config import (
     LaunchConfig,
     choose_config,
     pdl_available,
+    pdl_level,
     pdl_requested,
 )
 
 LOG2E = 1.4426950408889634
+PREFETCH_KEYS = tl.constexpr(256)  # keys a program asks L2 for before its PDL wait (USE_PDL 2)
 
 
 @triton.jit
@@ -153,7 +156,12 @@ def _attention_tile(
         blk_next = tl.zeros([BLOCK_N], dtype=tl.int32)
     if USE_PDL:
         # Everything above read only the step's metadata, which no kernel of the step writes;
-        # q and the cache (this step's K/V row) are the previous kernel's output.
+        # q and the cache (this step's K/V row) are the previous kernel's output. USE_PDL 2:
+        # the first K/V tiles are asked of L2 meanwhile (l2_prefetch says why that is safe).
+        if USE_PDL >= 2:
+            prefetch_kv(bt_row, stride_btb, max_blocks, k_ptr, v_ptr, kvh, my_lo * BLOCK_N,
+                        tl.minimum(hi, my_hi * BLOCK_N), stride_kb, stride_ks, stride_kh,
+                        stride_vb, stride_vs, stride_vh, BLOCK_SIZE, D, PREFETCH_KEYS)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     offs_d = tl.arange(0, D)
@@ -352,7 +360,8 @@ def paged_attention(
         sliding_window if sliding_window is not None else 0,
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, HAS_WINDOW=sliding_window is not None,
-        IEEE_DOT=q.dtype == torch.float32, USE_PDL=use_pdl, TABLE_AHEAD=cfg.table_ahead,
+        IEEE_DOT=q.dtype == torch.float32, USE_PDL=pdl_level() if use_pdl else 0,
+        TABLE_AHEAD=cfg.table_ahead,
         SPLIT=cfg.num_splits > 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,
     )

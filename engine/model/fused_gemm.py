@@ -32,6 +32,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from engine.attention.l2_prefetch import prefetch_lines
 from engine.model.fused_ops import tl, triton, use_triton
 from engine.model.gemm_table import GemmConfig, heuristic_config
 
@@ -151,6 +152,15 @@ if triton is not None:
         return a
 
     @triton.jit
+    def _prefetch_rows(cols, K, n_mask, LINES: tl.constexpr = 8):
+        """Ask L2 for the weight rows `cols` ([1, BLOCK_N] pointers, K elements each), one
+        prefetch per 128-byte line, LINES lines a row at a time."""
+        line: tl.constexpr = 1024 // cols.dtype.element_ty.primitive_bitwidth
+        for k0 in range(0, K, line * LINES):
+            kk = k0 + tl.arange(0, LINES) * line
+            prefetch_lines(cols + tl.where((kk < K)[:, None] & n_mask[None, :], kk[:, None], 0))
+
+    @triton.jit
     def _mainloop(
         h_ptr, a_ptr, s_ptr, nw_ptr, w_cols, u_off, rm, m_mask, n_mask, pid_n, K, eps,
         stride_h, stride_a, stride_s,
@@ -163,9 +173,13 @@ if triton is not None:
         the same for the rows u_off elements further (the up half of a gate_up weight, or the
         second half of each rotary head). RMSNorm prologue (NORM), of h + a (ADD_IN, the
         residual add a cuBLAS GEMM left pending; the programs of the first N tile write that sum
-        to s, as add_rms_norm does). USE_GDC: launched with programmatic dependent launch: wait
-        for the previous kernel before reading h (the weights do not depend on it), let the
-        next kernel launch once the K loop is done."""
+        to s, as add_rms_norm does). USE_GDC (0: no PDL; see `pdl_level`): launched with
+        programmatic dependent launch: the first weight tile loaded, then wait for the previous
+        kernel before reading h (the weights do not depend on it); 1 lets the next kernel launch
+        once the K loop is done, 2 as soon as the wait is over (so that kernel's weight loads
+        overlap this one's K loop; at most two kernels are resident, as the next one triggers
+        only after its own wait), 3 also asks L2 for the rest of the program's weights before
+        the wait."""
         rk = tl.arange(0, BLOCK_K)
         h_rows = h_ptr + rm[:, None].to(tl.int64) * stride_h
         a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_a
@@ -176,8 +190,14 @@ if triton is not None:
         wu = wg
         if TWO:
             wu = tl.load(w_cols + u_off + rk[:, None], mask=wmask, other=0.0)
+        if USE_GDC >= 3:  # the rest of this program's weights asked of L2 meanwhile
+            _prefetch_rows(w_cols, K, n_mask)
+            if TWO:
+                _prefetch_rows(w_cols + u_off, K, n_mask)
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
+            if USE_GDC >= 2:  # the next kernel may start its own weight loads now
+                tl.extra.cuda.gdc_launch_dependents()
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if NORM:  # first pass over the rows (small at decode): the RMS of each row
             ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -227,7 +247,7 @@ if triton is not None:
                 if TWO:
                     wu = tl.load(w_cols + u_off + kk[:, None], mask=wmask, other=0.0)
                     acc_u = tl.dot(a, wu, acc_u)
-        if USE_GDC:
+        if USE_GDC == 1:
             tl.extra.cuda.gdc_launch_dependents()
         return acc_g, acc_u
 
@@ -292,6 +312,19 @@ def pdl_supported(device_index: int) -> bool:
     cuda_ext = getattr(getattr(tl, "extra", None), "cuda", None)
     has_gdc = hasattr(cuda_ext, "gdc_wait") and hasattr(cuda_ext, "gdc_launch_dependents")
     return has_gdc and torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+PDL_LEVELS = {"late": 1, "early": 2, "prefetch": 3}
+PDL_LEVEL_ENV = "GAPLESS_FUSED_PDL_LEVEL"
+
+
+def pdl_level() -> int:
+    """How a PDL launch of the fused kernels overlaps its neighbours (`_mainloop`'s USE_GDC):
+    GAPLESS_FUSED_PDL_LEVEL late (1, the default), early (2) or prefetch (3)."""
+    value = os.environ.get(PDL_LEVEL_ENV, "late").strip().lower()
+    if value not in PDL_LEVELS:
+        raise ValueError(f"{PDL_LEVEL_ENV} must be one of {sorted(PDL_LEVELS)}, got {value!r}")
+    return PDL_LEVELS[value]
 
 
 def fused_linear_torch(
@@ -359,7 +392,8 @@ def _launch(h, add, weight, bias, norm, eps, pair, residual, config, pdl):
         NORM=norm is not None, PAIR=pair, RESIDUAL=residual is not None,
         ADD_IN=add is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)), USE_GDC=gdc,
+        NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)),
+        USE_GDC=pdl_level() if gdc else 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     return out, x_sum

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.fused_gemm import fused_linear_torch, pdl_supported
+from engine.model.fused_gemm import fused_linear_torch, pdl_level, pdl_supported
 from engine.model.fused_ops import rope_and_cache_torch, tl, triton, use_triton
 from engine.model.gemm_table import GemmConfig, heuristic_config
 
@@ -197,7 +197,8 @@ def fused_qkv_rope(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HALF=d // 2, CACHE_BLOCK=cache_block, NORM=norm is not None, ADD_IN=add is not None,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=half_cols, BLOCK_K=cfg.block_k,
-        NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)), USE_GDC=gdc,
+        NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)),
+        USE_GDC=pdl_level() if gdc else 0,
         INTERLEAVE=cfg.block_n == 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     return q, x_sum
