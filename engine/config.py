@@ -24,6 +24,7 @@ MODEL_IMPLS = ("auto", "gapless", "transformers")
 # engine.model.llama.FusedPath
 FUSED_LAYERS = ("plain", "epilogues", "six", "five", "auto", "persistent")
 BLAS_LIBRARIES = ("auto", "default", "cublas", "cublaslt")
+PDL_OVERLAPS = ("late", "early", "prefetch")
 NUM_SLOTS = (1, 2, 3)
 MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it
@@ -50,6 +51,7 @@ class EngineConfig:
     model_impl: str = "auto"
     fused_layer: str = "plain"
     fused_pdl: bool = False
+    pdl_overlap: str = "prefetch"
     blas_library: str = "auto"
     tensor_parallel_size: int = 1
     torch_compile: bool = False
@@ -113,6 +115,7 @@ class EngineConfig:
         _check_choice("model_impl", self.model_impl, MODEL_IMPLS)
         _check_choice("fused_layer", self.fused_layer, FUSED_LAYERS)
         _check_type("fused_pdl", self.fused_pdl, bool)
+        _check_choice("pdl_overlap", self.pdl_overlap, PDL_OVERLAPS)
         _check_choice("blas_library", self.blas_library, BLAS_LIBRARIES)
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.tensor_parallel_size > 1 and self.model_impl == "transformers":

@@ -121,7 +121,8 @@ class Engine(LiveControl):
         if hasattr(model, "set_fused_path"):  # the gapless decode layer's kernels (issue 22)
             from engine.model.llama import FusedPath
 
-            model.set_fused_path(FusedPath(config.fused_layer, config.fused_pdl))
+            model.set_fused_path(FusedPath(config.fused_layer, config.fused_pdl,
+                                            config.pdl_overlap))
         self.fused_layer = model.fused_path_summary() if hasattr(model, "set_fused_path") \
             else None
         self.model, self.tokenizer = model, tokenizer

@@ -25,6 +25,7 @@ import torch
 
 from bench.harness import floor as floors
 from bench.harness import report, trace
+from bench.harness.fused_args import add_fused_arguments, fused_config
 from bench.harness.workload import add_model_arguments, int_list, model_from_args, random_prompts
 
 DESCRIPTION = ("kernels per decode step by family, span and gaps against the byte floor, "
@@ -40,12 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="decode steps before profiling")
     parser.add_argument("--impls", default="transformers,gapless",
                         help="comma-separated model_impl values")
-    parser.add_argument("--fused-layer", default="plain",
-                        help="config key fused_layer of the gapless rows: plain | epilogues | "
-                             "six | five | auto | persistent (issue 22)")
-    parser.add_argument("--fused-pdl", action="store_true",
-                        help="config key fused_pdl: the fused kernels with programmatic "
-                             "dependent launch")
+    add_fused_arguments(parser)
 
 
 def run_impl(hf_model: torch.nn.Module, impl: str, batch: int,
@@ -58,7 +54,7 @@ def run_impl(hf_model: torch.nn.Module, impl: str, batch: int,
         max_model_len=args.context + args.warmup + args.steps + 32, block_size=16,
         async_batching=False, num_slots=2, cuda_graphs=args.device == "cuda",
         telemetry=False, model_impl=impl, graph_buckets=[batch],  # decode only
-        fused_layer=args.fused_layer, fused_pdl=args.fused_pdl,
+        **fused_config(args),
     )
     eng = Engine(cfg, model=hf_model, tokenizer=None, start=False)
     params = SamplingParams(max_tokens=args.warmup + args.steps + 16, temperature=0.0,

@@ -24,6 +24,7 @@ import torch
 
 from bench.harness import baselines, report, trace
 from bench.harness.floor import ByteFloor
+from bench.harness.fused_args import add_fused_arguments, fused_config
 from bench.harness.timing import Samples
 from bench.harness.workload import add_model_arguments, model_from_args, random_prompts
 
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--telemetry-cost", action="store_true")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-new", type=int, default=128)
+    add_fused_arguments(parser)
 
 
 def run_once(eng, prompts: list[list[int]], new: int) -> dict:
@@ -117,7 +119,7 @@ def make_engine(model, args: argparse.Namespace, telemetry: bool = True,
         max_num_seqs=args.requests, max_num_batched_tokens=args.budget,
         max_model_len=args.prompt + args.new + 16, block_size=16,
         async_batching=True, num_slots=2, cuda_graphs=args.device == "cuda",
-        telemetry=telemetry, model_impl=model_impl,
+        telemetry=telemetry, model_impl=model_impl, **fused_config(args),
     )
     return Engine(cfg, model=model, tokenizer=None)
 

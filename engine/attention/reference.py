@@ -90,6 +90,8 @@ def paged_attention(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,
+    pdl: bool | None = None,
+    kv_prefetch: bool = False,
 ) -> torch.Tensor:
     """Causal attention of a flat batch of query tokens against a paged K/V cache.
 
@@ -98,6 +100,8 @@ def paged_attention(
     to positions 0..token_pos of its request, and only to positions > token_pos -
     sliding_window when a window is set). Query head h reads kv head h // (H // KVH).
     Softmax in fp32. Returns [T, H, D] in q's dtype (written into `out` when given).
+    `pdl` and `kv_prefetch` are the Triton kernel's launch options; nothing to launch here,
+    so they are accepted and ignored (the model passes them to whichever backend it has).
     """
     out = checked_output(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out

@@ -111,18 +111,6 @@ def pdl_requested() -> bool:
     return value in ("1", "true")
 
 
-PREFETCH_ENV = "GAPLESS_ATTENTION_PREFETCH"
-
-
-def pdl_level() -> int:
-    """The kernel's USE_PDL for a PDL launch: 2 when `GAPLESS_ATTENTION_PREFETCH=1` asks it to
-    prefetch its first K/V tiles into L2 before the wait, else 1."""
-    value = os.environ.get(PREFETCH_ENV, "0").strip().lower()
-    if value not in ("0", "1", "true", "false", ""):
-        raise ValueError(f"{PREFETCH_ENV} must be 0 or 1, got {value!r}")
-    return 2 if value in ("1", "true") else 1
-
-
 def pdl_available(device: torch.device) -> bool:
     """PDL needs a real (not interpreted) Triton with grid-dependency control and sm_90+."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":

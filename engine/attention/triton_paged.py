@@ -46,7 +46,6 @@ from engine.attention.triton_config import (
     LaunchConfig,
     choose_config,
     pdl_available,
-    pdl_level,
     pdl_requested,
 )
 
@@ -309,13 +308,16 @@ def paged_attention(
     num_stages: int | None = None,
     table_ahead: bool | None = None,
     pdl: bool | None = None,
+    kv_prefetch: bool = False,
 ) -> torch.Tensor:
     """Causal paged attention of a flat batch (see `engine.attention.reference.paged_attention`).
 
     The keyword-only tuning the engine leaves at None (the benchmark and the tests compare
     configurations) overrides one field of `triton_config.choose_config`'s launch for these
     shapes. `pdl`: None follows GAPLESS_ATTENTION_PDL; True asks for programmatic dependent
-    launch, which is used only where `pdl_available` (else the plain launch runs).
+    launch, which is used only where `pdl_available` (else the plain launch runs);
+    `kv_prefetch` (with PDL) asks L2 for each program's first PREFETCH_KEYS keys before it
+    waits on the previous kernel.
     """
     out = checked_output(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
@@ -360,7 +362,7 @@ def paged_attention(
         sliding_window if sliding_window is not None else 0,
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, HAS_WINDOW=sliding_window is not None,
-        IEEE_DOT=q.dtype == torch.float32, USE_PDL=pdl_level() if use_pdl else 0,
+        IEEE_DOT=q.dtype == torch.float32, USE_PDL=(2 if kv_prefetch else 1) if use_pdl else 0,
         TABLE_AHEAD=cfg.table_ahead,
         SPLIT=cfg.num_splits > 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,

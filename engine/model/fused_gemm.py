@@ -166,20 +166,20 @@ if triton is not None:
         stride_h, stride_a, stride_s,
         NORM: tl.constexpr, TWO: tl.constexpr, ADD_IN: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr,
-        USE_GDC: tl.constexpr,
+        USE_GDC: tl.constexpr, PF_K: tl.constexpr,
     ):
         """The prologue and the K loop of the fused kernels: (acc_g, acc_u) in fp32, acc_g =
         prologue(h) @ W[cols]^T for the weight rows w_cols ([1, BLOCK_N] pointers), acc_u (TWO)
         the same for the rows u_off elements further (the up half of a gate_up weight, or the
         second half of each rotary head). RMSNorm prologue (NORM), of h + a (ADD_IN, the
         residual add a cuBLAS GEMM left pending; the programs of the first N tile write that sum
-        to s, as add_rms_norm does). USE_GDC (0: no PDL; see `pdl_level`): launched with
+        to s, as add_rms_norm does). USE_GDC (0: no PDL; `pdl_launch`): launched with
         programmatic dependent launch: the first weight tile loaded, then wait for the previous
         kernel before reading h (the weights do not depend on it); 1 lets the next kernel launch
         once the K loop is done, 2 as soon as the wait is over (so that kernel's weight loads
         overlap this one's K loop; at most two kernels are resident, as the next one triggers
-        only after its own wait), 3 also asks L2 for the rest of the program's weights before
-        the wait."""
+        only after its own wait). PF_K > 0 (with USE_GDC): before the wait, ask L2 for the
+        first PF_K columns of the program's weight rows (`prefetch_k` bounds the bytes)."""
         rk = tl.arange(0, BLOCK_K)
         h_rows = h_ptr + rm[:, None].to(tl.int64) * stride_h
         a_rows = a_ptr + rm[:, None].to(tl.int64) * stride_a
@@ -190,10 +190,10 @@ if triton is not None:
         wu = wg
         if TWO:
             wu = tl.load(w_cols + u_off + rk[:, None], mask=wmask, other=0.0)
-        if USE_GDC >= 3:  # the rest of this program's weights asked of L2 meanwhile
-            _prefetch_rows(w_cols, K, n_mask)
+        if USE_GDC and PF_K > 0:  # the first PF_K columns of its weight rows asked of L2
+            _prefetch_rows(w_cols, PF_K, n_mask)
             if TWO:
-                _prefetch_rows(w_cols + u_off, K, n_mask)
+                _prefetch_rows(w_cols + u_off, PF_K, n_mask)
         if USE_GDC:
             tl.extra.cuda.gdc_wait()
             if USE_GDC >= 2:  # the next kernel may start its own weight loads now
@@ -258,6 +258,7 @@ if triton is not None:
         NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr, ADD_IN: tl.constexpr,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
+        PF_K: tl.constexpr,
     ):
         """out = epilogue(prologue(h) @ W^T): RMSNorm prologue (NORM, of h + a with ADD_IN;
         see _mainloop), SiLU(gate)*up of a fused [2N, K] weight (PAIR), residual add
@@ -267,7 +268,7 @@ if triton is not None:
             tl.program_id(0), tl.program_id(1), h_ptr, nw_ptr, w_ptr, b_ptr, r_ptr, out_ptr,
             a_ptr, s_ptr, M, N, K, eps, stride_h, stride_w, stride_r, stride_o, stride_a,
             stride_s, NORM, PAIR, RESIDUAL, ADD_IN, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K,
-            NORM_BK, USE_GDC)
+            NORM_BK, USE_GDC, PF_K)
 
     @triton.jit
     def _linear_tile(
@@ -276,6 +277,7 @@ if triton is not None:
         NORM: tl.constexpr, PAIR: tl.constexpr, RESIDUAL: tl.constexpr, ADD_IN: tl.constexpr,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
+        PF_K: tl.constexpr = 0,
     ):
         """The tile (pid_m, pid_n) of `_fused_linear_kernel` (also run by the persistent decode
         layer, engine/model/persistent_layer.py, for its o, gate_up and down phases)."""
@@ -287,7 +289,7 @@ if triton is not None:
         acc_g, acc_u = _mainloop(
             h_ptr, a_ptr, s_ptr, nw_ptr, w_cols, N * stride_w, rm, m_mask, n_mask, pid_n, K,
             eps, stride_h, stride_a, stride_s, NORM, PAIR, ADD_IN, BLOCK_M, BLOCK_N, BLOCK_K,
-            NORM_BK, USE_GDC)
+            NORM_BK, USE_GDC, PF_K)
         if HAS_BIAS:
             acc_g += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if PAIR:
@@ -314,17 +316,33 @@ def pdl_supported(device_index: int) -> bool:
     return has_gdc and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-PDL_LEVELS = {"late": 1, "early": 2, "prefetch": 3}
-PDL_LEVEL_ENV = "GAPLESS_FUSED_PDL_LEVEL"
+PDL_OVERLAP_LEVELS = {"late": 1, "early": 2, "prefetch": 2}
+PREFETCH_BUDGET = 8 << 20  # bytes of weights a PDL launch asks L2 for before its wait
 
 
-def pdl_level() -> int:
-    """How a PDL launch of the fused kernels overlaps its neighbours (`_mainloop`'s USE_GDC):
-    GAPLESS_FUSED_PDL_LEVEL late (1, the default), early (2) or prefetch (3)."""
-    value = os.environ.get(PDL_LEVEL_ENV, "late").strip().lower()
-    if value not in PDL_LEVELS:
-        raise ValueError(f"{PDL_LEVEL_ENV} must be one of {sorted(PDL_LEVELS)}, got {value!r}")
-    return PDL_LEVELS[value]
+def prefetch_k(rows: int, k: int, elem_size: int) -> int:
+    """Columns of each of `rows` weight rows (K = k) to ask L2 for before the PDL wait: all of
+    them while the whole weight is <= PREFETCH_BUDGET, else as many whole 128-byte lines as
+    the budget allows (0: none). A kernel's prefetch is issued while the previous kernel runs;
+    more than a fraction of L2 would evict lines before they are read."""
+    if rows * k * elem_size <= PREFETCH_BUDGET:
+        return k
+    line = 128 // elem_size
+    return PREFETCH_BUDGET // (rows * elem_size) // line * line
+
+
+def pdl_launch(pdl: bool, overlap: str, x: torch.Tensor, rows: int, k: int,
+               elem_size: int) -> tuple[int, int, dict]:
+    """(USE_GDC, PF_K, launch options) of a fused kernel: USE_GDC 0 without PDL (asked for
+    and supported here), 1 for overlap "late" (the next kernel launches after the K loop), 2
+    for "early" and "prefetch" (right after the wait); PF_K > 0 only for "prefetch"."""
+    if not (pdl and x.is_cuda and pdl_supported(x.device.index or 0)):
+        return 0, 0, {}
+    if overlap not in PDL_OVERLAP_LEVELS:
+        raise ValueError(f"pdl_overlap must be one of {sorted(PDL_OVERLAP_LEVELS)}, "
+                         f"got {overlap!r}")
+    pf = prefetch_k(rows, k, elem_size) if overlap == "prefetch" else 0
+    return PDL_OVERLAP_LEVELS[overlap], pf, {"launch_pdl": True}
 
 
 def fused_linear_torch(
@@ -346,30 +364,32 @@ def fused_linear(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     norm: torch.Tensor | None = None, eps: float = 1e-6, pair: bool = False,
     residual: torch.Tensor | None = None, config: GemmConfig | None = None, pdl: bool = False,
+    overlap: str = "late",
 ) -> torch.Tensor:
     """One kernel: [RMSNorm prologue] GEMM [SiLU-and-mul | residual add epilogue].
     config: tiles and warps (engine.model.gemm_table; None: its heuristic); pdl: launch with
-    programmatic dependent launch where the GPU and Triton support it (ignored elsewhere)."""
+    programmatic dependent launch where the GPU and Triton support it (ignored elsewhere),
+    overlapping its neighbours as `overlap` says (config key pdl_overlap, `pdl_launch`)."""
     if not use_triton(h):
         return fused_linear_torch(h, weight, bias, norm=norm, eps=eps, pair=pair,
                                   residual=residual)
-    return _launch(h, None, weight, bias, norm, eps, pair, residual, config, pdl)[0]
+    return _launch(h, None, weight, bias, norm, eps, pair, residual, config, pdl, overlap)[0]
 
 
 def fused_add_norm_linear(
     h: torch.Tensor, add: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
     norm: torch.Tensor, eps: float, pair: bool = False, config: GemmConfig | None = None,
-    pdl: bool = False,
+    pdl: bool = False, overlap: str = "late",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fused_linear(h + add, norm=norm, ...), h + add) in one kernel: the residual add a
     cuBLAS GEMM left pending, done in the prologue, as add_rms_norm does it."""
     if not use_triton(h):
         x = add + h
         return fused_linear_torch(x, weight, bias, norm=norm, eps=eps, pair=pair), x
-    return _launch(h, add, weight, bias, norm, eps, pair, None, config, pdl)
+    return _launch(h, add, weight, bias, norm, eps, pair, None, config, pdl, overlap)
 
 
-def _launch(h, add, weight, bias, norm, eps, pair, residual, config, pdl):
+def _launch(h, add, weight, bias, norm, eps, pair, residual, config, pdl, overlap):
     h = h if h.stride(-1) == 1 else h.contiguous()
     m, k = h.shape
     n = weight.shape[0] // 2 if pair else weight.shape[0]
@@ -383,8 +403,7 @@ def _launch(h, add, weight, bias, norm, eps, pair, residual, config, pdl):
     r = residual if residual is not None else out
     a = add if add is not None else h
     s = x_sum if x_sum is not None else h
-    gdc = pdl and h.is_cuda and pdl_supported(h.device.index or 0)
-    extra = {"launch_pdl": True} if gdc else {}
+    gdc, pf_k, extra = pdl_launch(pdl, overlap, h, weight.shape[0], k, weight.element_size())
     _fused_linear_kernel[grid](
         h, norm if norm is not None else weight, weight, bias if bias is not None else weight,
         r, out, a, s, m, n, k, eps, h.stride(0), weight.stride(0), r.stride(0), out.stride(0),
@@ -393,8 +412,7 @@ def _launch(h, add, weight, bias, norm, eps, pair, residual, config, pdl):
         ADD_IN=add is not None, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)),
-        USE_GDC=pdl_level() if gdc else 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+        USE_GDC=gdc, PF_K=pf_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     return out, x_sum
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.fused_gemm import fused_linear_torch, pdl_level, pdl_supported
+from engine.model.fused_gemm import fused_linear_torch, pdl_launch
 from engine.model.fused_ops import rope_and_cache_torch, tl, triton, use_triton
 from engine.model.gemm_table import GemmConfig, heuristic_config
 
@@ -46,7 +46,7 @@ if triton is not None:
         HALF: tl.constexpr, CACHE_BLOCK: tl.constexpr, NORM: tl.constexpr,
         ADD_IN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr,
-        USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
+        USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr, PF_K: tl.constexpr,
     ):
         """N2 = (H + 2 KVH) * HALF half columns; BLOCK_N of them per program (see the module
         docstring). Heads 0..H-1 are q (rotated, to q_ptr), H..H+KVH-1 k (rotated, to the k
@@ -59,7 +59,7 @@ if triton is not None:
             stride_h, stride_w, stride_a, stride_s, stride_cs, stride_q,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             HALF, CACHE_BLOCK, NORM, ADD_IN, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, NORM_BK,
-            USE_GDC, INTERLEAVE)
+            USE_GDC, INTERLEAVE, PF_K)
 
     @triton.jit
     def _qkv_rope_tile(
@@ -70,7 +70,7 @@ if triton is not None:
         HALF: tl.constexpr, CACHE_BLOCK: tl.constexpr, NORM: tl.constexpr,
         ADD_IN: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr,
-        USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr,
+        USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr, PF_K: tl.constexpr = 0,
     ):
         """The tile (pid_m, pid_n) of `_fused_linear_rope_kernel` (also run by the persistent
         decode layer, engine/model/persistent_layer.py, for its qkv phase)."""
@@ -88,7 +88,7 @@ if triton is not None:
             acc, _ = _mainloop(
                 h_ptr, a_ptr, s_ptr, nw_ptr, w_ptr + rows[None, :].to(tl.int64) * stride_w, 0,
                 rm, m_mask, jc < N2, pid_n, K, eps, stride_h, stride_a, stride_s, NORM, False,
-                ADD_IN, BLOCK_M, 2 * BLOCK_N, BLOCK_K, NORM_BK, USE_GDC)
+                ADD_IN, BLOCK_M, 2 * BLOCK_N, BLOCK_K, NORM_BK, USE_GDC, PF_K)
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rows, mask=jc < N2, other=0.0).to(tl.float32)[None, :]
             acc_lo, acc_hi = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
@@ -97,7 +97,7 @@ if triton is not None:
             acc_lo, acc_hi = _mainloop(
                 h_ptr, a_ptr, s_ptr, nw_ptr, w_cols, HALF * stride_w, rm, m_mask, n_mask,
                 pid_n, K, eps, stride_h, stride_a, stride_s, NORM, True, ADD_IN, BLOCK_M,
-                BLOCK_N, BLOCK_K, NORM_BK, USE_GDC)
+                BLOCK_N, BLOCK_K, NORM_BK, USE_GDC, PF_K)
             if HAS_BIAS:
                 acc_lo += tl.load(b_ptr + col, mask=n_mask, other=0.0).to(tl.float32)[None, :]
                 acc_hi += tl.load(b_ptr + col + HALF, mask=n_mask,
@@ -158,12 +158,12 @@ def fused_qkv_rope(
     h: torch.Tensor, add: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor | None,
     *, norm: torch.Tensor | None, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor,
     slot_mapping: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
-    config: GemmConfig | None = None, pdl: bool = False,
+    config: GemmConfig | None = None, pdl: bool = False, overlap: str = "late",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One kernel: RMSNorm(h [+ add]) (norm None: h as is), the qkv GEMM, rotary, the K/V cache
     write. Returns (q [T, H, D], the sum h + add when add is given, else None). config: tiles
     (block_n output columns, >= 16; None: the table's heuristic); pdl: programmatic
-    dependent launch where supported."""
+    dependent launch where supported, overlapping as `overlap` says (fused_gemm.pdl_launch)."""
     kw = dict(norm=norm, eps=eps, cos_sin=cos_sin, positions=positions,
               slot_mapping=slot_mapping, k_cache=k_cache, v_cache=v_cache, num_heads=num_heads)
     if not use_triton(h):
@@ -186,8 +186,7 @@ def fused_qkv_rope(
     grid = (triton.cdiv(m, block_m), triton.cdiv(n // 2, half_cols))
     a = add if add is not None else h
     s = x_sum if x_sum is not None else h
-    gdc = pdl and h.is_cuda and pdl_supported(h.device.index or 0)
-    extra = {"launch_pdl": True} if gdc else {}
+    gdc, pf_k, extra = pdl_launch(pdl, overlap, h, n, k, weight.element_size())
     _fused_linear_rope_kernel[grid](
         h, norm if norm is not None else weight, weight, bias if bias is not None else weight,
         a, s, cos_sin, positions, slot_mapping, q, k_cache, v_cache,
@@ -197,8 +196,7 @@ def fused_qkv_rope(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HALF=d // 2, CACHE_BLOCK=cache_block, NORM=norm is not None, ADD_IN=add is not None,
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=half_cols, BLOCK_K=cfg.block_k,
-        NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)),
-        USE_GDC=pdl_level() if gdc else 0,
+        NORM_BK=min(8192 // block_m, triton.next_power_of_2(k)), USE_GDC=gdc, PF_K=pf_k,
         INTERLEAVE=cfg.block_n == 16, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
     )
     return q, x_sum

@@ -64,11 +64,25 @@ class FusedPath:
     with or without the rotary epilogue), or cuBLAS and the separate ops; "persistent" the
     five layer's phases in one Triton launch a layer, grid barriers between them, where a
     forward fits (engine/model/persistent_step.py), else "five". pdl: launch the
-    fused kernels with programmatic dependent launch (Hopper+).
+    fused kernels and the Triton attention with programmatic dependent launch (Hopper+),
+    overlapping their neighbours as `overlap` says (config key pdl_overlap: late | early |
+    prefetch; engine/model/fused_gemm.pdl_launch).
     """
 
     layer: str = "plain"
     pdl: bool = False
+    overlap: str = "prefetch"
+
+    @property
+    def launch(self) -> dict:
+        """The launch keywords of the fused kernels."""
+        return {"pdl": self.pdl, "overlap": self.overlap}
+
+    @property
+    def attention_launch(self) -> dict:
+        """The launch keywords of the attention backend (none without PDL: every backend
+        takes the plain call)."""
+        return {"pdl": True, "kv_prefetch": self.overlap == "prefetch"} if self.pdl else {}
 
     def pick(self, kind: str, n: int, k: int, x: torch.Tensor) -> GemmConfig | None:
         """The fused kernel's configuration for this GEMM, or None for cuBLAS + separate ops."""
@@ -167,7 +181,8 @@ class FusedDecoderLayer(nn.Module):
     def _attention(self, q, ctx, kv):
         k_cache, v_cache = kv
         return ctx.backend(q, k_cache, v_cache, ctx.block_tables, ctx.token_req, ctx.token_pos,
-                           scale=self.scaling, sliding_window=self.sliding_window)
+                           scale=self.scaling, sliding_window=self.sliding_window,
+                           **self.path.attention_launch)
 
     def _qkv_rope(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
         """The qkv GEMM with its norm prologue and rotary + the KV write in its epilogue (one
@@ -183,7 +198,7 @@ class FusedDecoderLayer(nn.Module):
             x, residual, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps,
             cos_sin=cos_sin, positions=positions, slot_mapping=ctx.slot_mapping,
             k_cache=k_cache, v_cache=v_cache, num_heads=num_heads, config=cfg,
-            pdl=self.path.pdl)
+            **self.path.launch)
         return q, (x if x_sum is None else x_sum)
 
     def _forward_six(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
@@ -192,7 +207,7 @@ class FusedDecoderLayer(nn.Module):
         `self.path.pick` says; a cuBLAS o or down leaves its residual add pending, so that the
         next norm (add_rms_norm, or the fused kernel's prologue) does it, as on the present
         path."""
-        t, pdl = x.shape[0], self.path.pdl
+        t, launch = x.shape[0], self.path.launch
         fused = self._qkv_rope(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
         if fused is not None:
             q, x = fused
@@ -206,10 +221,10 @@ class FusedDecoderLayer(nn.Module):
         if cfg is not None and residual is not None:
             a, x = fused_add_norm_linear(x, residual, self.gate_up, self.gate_up_bias,
                                          norm=self.post_norm, eps=eps, pair=True, config=cfg,
-                                         pdl=pdl)
+                                         **launch)
         elif cfg is not None:
             a = fused_linear(x, self.gate_up, self.gate_up_bias, norm=self.post_norm, eps=eps,
-                             pair=True, config=cfg, pdl=pdl)
+                             pair=True, config=cfg, **launch)
         else:
             h, x = add_rms_norm(x, residual, self.post_norm, eps)
             a = silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias))
@@ -222,10 +237,10 @@ class FusedDecoderLayer(nn.Module):
         if cfg is not None and residual is not None:
             return fused_add_norm_linear(x, residual, self.qkv, self.qkv_bias,
                                          norm=self.input_norm, eps=eps, config=cfg,
-                                         pdl=self.path.pdl)
+                                         **self.path.launch)
         if cfg is not None:
             return fused_linear(x, self.qkv, self.qkv_bias, norm=self.input_norm, eps=eps,
-                                config=cfg, pdl=self.path.pdl), x
+                                config=cfg, **self.path.launch), x
         h, x = add_rms_norm(x, residual, self.input_norm, eps)
         return F.linear(h, self.qkv, self.qkv_bias), x
 
@@ -235,7 +250,7 @@ class FusedDecoderLayer(nn.Module):
         cfg = self.path.pick("residual", weight.shape[0], weight.shape[1], a)
         if cfg is None:
             return F.linear(a, weight, bias), x
-        return fused_linear(a, weight, bias, residual=x, config=cfg, pdl=self.path.pdl), None
+        return fused_linear(a, weight, bias, residual=x, config=cfg, **self.path.launch), None
 
 
 class FusedLlamaForCausalLM(nn.Module):
@@ -292,7 +307,7 @@ class FusedLlamaForCausalLM(nn.Module):
             from engine.model.persistent_step import SUMMARY
 
             return SUMMARY + (" (fused_pdl on the fallback)" if path.pdl else "")
-        return path.layer + (" + PDL" if path.pdl else "")
+        return path.layer + (f" + PDL ({path.overlap})" if path.pdl else "")
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens

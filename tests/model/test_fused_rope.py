@@ -188,8 +188,9 @@ def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
                     reason="on a GPU the cuda tests compile and run the kernels for real")
-@pytest.mark.parametrize(("use_gdc", "interleave"), [(False, False), (True, False), (True, True)])
-def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave) -> None:
+@pytest.mark.parametrize(("use_gdc", "interleave", "pf_k"),
+                         [(0, False, 0), (1, False, 0), (1, True, 0), (2, True, 576)])
+def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave, pf_k) -> None:
     """Real compilation for an H100/H200 target (what the interpreter lets through: constexpr
     misuse, pointer types), with the launch specialisation a decode step gets (pointers and
     strides divisible by 16): the weight tiles load 16 bytes at a time through cp.async like
@@ -207,7 +208,7 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave) -> Non
     kernel = fused_rope._fused_linear_rope_kernel
     const = dict(HALF=32, CACHE_BLOCK=16, NORM=True, ADD_IN=True, HAS_BIAS=True, BLOCK_M=16,
                  BLOCK_N=8 if interleave else 16, BLOCK_K=256, NORM_BK=512, USE_GDC=use_gdc,
-                 INTERLEAVE=interleave)
+                 INTERLEAVE=interleave, PF_K=pf_k)
     sig, aligned = {}, []
     for n in kernel.arg_names:
         if n in const:
@@ -224,8 +225,9 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave) -> Non
                               options={"num_warps": 4, "num_stages": 3})
     ptx = compiled.asm["ptx"]
     assert "ld.global.v4" in ptx and "cp.async" in ptx
-    assert ("griddepcontrol.wait" in ptx) == use_gdc
-    assert ("griddepcontrol.launch_dependents" in ptx) == use_gdc
+    assert ("griddepcontrol.wait" in ptx) == bool(use_gdc)
+    assert ("griddepcontrol.launch_dependents" in ptx) == bool(use_gdc)
+    assert ("prefetch.global.L2" in ptx) == (pf_k > 0)
 
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="host-side only")
