@@ -16,6 +16,20 @@ try:
 except Exception:  # pragma: no cover - torch-only installs never launch these
     triton = tl = None
 
+PREFETCH_KEYS = 256  # keys a program asks L2 for before its PDL wait (USE_PDL 2)
+# At most this many K/V bytes asked of L2 by one launch (tokens x kv heads x PREFETCH_KEYS rows
+# of K and V), a rule on shapes only, as graph capture needs. Measured on the H200 (2026-12-04,
+# docs/benchmarks.md): 3 MB at SmolLM2-135M batch 16 took 12 us off a 775 us step; 34 MB at
+# Llama-3.1-8B batch 32 added 93 us to its attention.
+KV_PREFETCH_BUDGET = 8 << 20
+
+
+def kv_prefetch_fits(tokens: int, kv_heads: int, head_dim: int, elem_size: int) -> bool:
+    """Whether a launch's K/V prefetch stays within KV_PREFETCH_BUDGET bytes."""
+    rows = tokens * kv_heads * PREFETCH_KEYS
+    return rows * head_dim * elem_size * 2 <= KV_PREFETCH_BUDGET
+
+
 if triton is not None:
 
     @triton.jit

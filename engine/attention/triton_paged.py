@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.l2_prefetch import prefetch_kv
+from engine.attention.l2_prefetch import PREFETCH_KEYS, kv_prefetch_fits, prefetch_kv
 from engine.attention.reference import checked_output
 from engine.attention.triton_config import (
     LaunchConfig,
@@ -50,7 +50,7 @@ from engine.attention.triton_config import (
 )
 
 LOG2E = 1.4426950408889634
-PREFETCH_KEYS = tl.constexpr(256)  # keys a program asks L2 for before its PDL wait (USE_PDL 2)
+_PREFETCH_KEYS = tl.constexpr(PREFETCH_KEYS)
 
 
 @triton.jit
@@ -160,7 +160,7 @@ def _attention_tile(
         if USE_PDL >= 2:
             prefetch_kv(bt_row, stride_btb, max_blocks, k_ptr, v_ptr, kvh, my_lo * BLOCK_N,
                         tl.minimum(hi, my_hi * BLOCK_N), stride_kb, stride_ks, stride_kh,
-                        stride_vb, stride_vs, stride_vh, BLOCK_SIZE, D, PREFETCH_KEYS)
+                        stride_vb, stride_vs, stride_vh, BLOCK_SIZE, D, _PREFETCH_KEYS)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     offs_d = tl.arange(0, D)
@@ -317,7 +317,7 @@ def paged_attention(
     shapes. `pdl`: None follows GAPLESS_ATTENTION_PDL; True asks for programmatic dependent
     launch, which is used only where `pdl_available` (else the plain launch runs);
     `kv_prefetch` (with PDL) asks L2 for each program's first PREFETCH_KEYS keys before it
-    waits on the previous kernel.
+    waits on the previous kernel, where `kv_prefetch_fits`.
     """
     out = checked_output(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
@@ -350,6 +350,7 @@ def paged_attention(
         sem = token_req
     use_pdl = (pdl_requested() if pdl is None else pdl) and pdl_available(q.device)
     launch = {"launch_pdl": True} if use_pdl else {}
+    prefetch = kv_prefetch and kv_prefetch_fits(t, kvh, d, k_cache.element_size())
     _paged_attention_kernel[(t, kvh, cfg.num_splits)](
         q, k_cache, v_cache, block_tables, token_req, token_pos, out, part_acc, part_ml, sem,
         t, block_tables.shape[1], cfg.num_splits, cfg.min_tiles,
@@ -362,7 +363,7 @@ def paged_attention(
         sliding_window if sliding_window is not None else 0,
         H=h, G=group, G_PAD=g_pad, BLOCK_Q=block_q, D=d, BLOCK_SIZE=block_size,
         BLOCK_N=cfg.block_n, HAS_WINDOW=sliding_window is not None,
-        IEEE_DOT=q.dtype == torch.float32, USE_PDL=(2 if kv_prefetch else 1) if use_pdl else 0,
+        IEEE_DOT=q.dtype == torch.float32, USE_PDL=(2 if prefetch else 1) if use_pdl else 0,
         TABLE_AHEAD=cfg.table_ahead,
         SPLIT=cfg.num_splits > 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch,

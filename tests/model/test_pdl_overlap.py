@@ -198,3 +198,14 @@ def test_cuda_attention_with_kv_prefetch_equals_plain_launch() -> None:
     pre = paged_attention(q, k, v, bt, req, pos, d ** -0.5, pdl=True, kv_prefetch=True)
     torch.cuda.synchronize()
     assert torch.equal(plain, pre)
+
+
+def test_kv_prefetch_only_within_its_budget() -> None:
+    """Shapes only: SmolLM2-135M b16 (3 MB) and Llama-3.2-1B b1 prefetch, batch-32 shapes of
+    1B (17 MB) and 8B (34 MB), where the H200 measured a loss, do not."""
+    from engine.attention.l2_prefetch import kv_prefetch_fits
+
+    assert kv_prefetch_fits(16, 3, 64, 2)
+    assert kv_prefetch_fits(1, 8, 64, 2)
+    assert not kv_prefetch_fits(32, 8, 64, 2)
+    assert not kv_prefetch_fits(32, 8, 128, 2)
