@@ -1,15 +1,26 @@
-"""Measure achievable read bandwidth against transfer size on this GPU (a few seconds).
+"""Measure achievable read bandwidth against transfer size on this GPU (a fraction of a second).
 
 Owns the measurement behind telemetry.floor's curve: for sizes from 1 MB to 1 GB (powers of
-two), read a buffer of that size once with a cold L2 (a 256 MB write between reads evicts
-it), timed by CUDA events around the read alone (queued behind a short spin kernel, so the
-launch latency of an idle stream is not counted), median of ``repeats``. The read is a sum
-into float32: every byte is read once, the write is one scalar. A device-to-device copy of
-1 GB gives the peak-copy figure (bytes moved, read + write, over time: the usual "copy
-bandwidth"). `curve_for_device` returns the cached or shipped curve of this GPU model or
-measures and caches it (the bench suites); `engine_curve` is engine start's: this machine's
-cached measurement, else a measurement within a few seconds' budget (about 0.1 s on the
-H200), cached per GPU model; the shipped curve only when measuring fails; nothing on a CPU.
+two), the time of one read of that size when reads run back to back, as a decode step's
+kernels do: a CUDA graph of n reads (n = 2 GB / size, 3..256) cycling through distinct
+buffers of 2 GB in all, so none is served by L2, timed by CUDA events around a replay,
+median of ``repeats``, divided by n. A read is a row sum into float32 (every byte read
+once, one value per row written), with 1,024- and 4,096-element rows; the faster of the two
+at each size is the point (short rows win below ~64 MB, long ones above). A
+device-to-device copy of 1 GB gives the peak-copy figure (bytes moved, read + write, over
+time: the usual "copy bandwidth").
+
+Why in a graph: one read timed alone by events (the first probe, a sum to a scalar queued
+behind a spin) counted ~6 us of launch and event overhead into every read, so a 33 MB read
+came out at 1.7 TB/s while the 8B model's o projection (33.5 MB) ran at 2.5 TB/s inside the
+step's graph: a "floor" the step beat by 1.5x (H200, 2026-12-04, docs/benchmarks.md).
+Kernels that overlap (programmatic dependent launch, one persistent kernel) can still go
+below this floor, which assumes one read after another.
+
+`curve_for_device` returns the cached or shipped curve of this GPU model or measures and
+caches it (the bench suites); `engine_curve` is engine start's: this machine's cached
+measurement (one taken by this method), else a measurement within a few seconds' budget,
+cached per GPU model; the shipped curve only when measuring fails; nothing on a CPU.
 
 It must never run on a CPU (ValueError) nor keep its buffers after returning.
 """
@@ -29,13 +40,43 @@ from telemetry.floor import CACHE_DIR, BandwidthCurve, load_curve, save_curve, s
 log = logging.getLogger("gapless.floor")
 
 SIZES_MB: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-FLUSH_BYTES = 256 << 20
-# A spin of ~20 us before each timed read: the read's launch is then queued behind it when the
-# start event fires, so an idle stream's launch latency (several us, most of a 1 MB read's
-# time) is not counted as reading time. Kernels of a decode step run back to back likewise.
+POOL_BYTES = 2 << 30  # the buffers the reads of one size cycle through (>> L2)
+READ_ROWS = (1024, 4096)  # bf16 elements a row of the row-sum read
+# Its tag in a curve's method: a cached curve without it was measured the old way (a read
+# timed alone), whose small-read figures were too slow to be a floor; measured again.
+READ_METHOD = "row sums back to back in a CUDA graph, cold buffers"
+# A spin of ~20 us before the timed copy: its launch is then queued behind it when the start
+# event fires, so an idle stream's launch latency is not counted as copying time.
 QUEUE_CYCLES = 40_000
 PARTIAL = "partial"
 ENGINE_BUDGET_S = 3.0  # engine start: the H200 measures all sizes in ~0.1 s
+
+
+def _read_seconds(data: torch.Tensor, size: int, row: int, repeats: int,
+                  stream: torch.cuda.Stream) -> float:
+    """Seconds per read of `size` bytes as rows of `row` bf16 elements summed into fp32, reads
+    back to back in one CUDA graph over distinct buffers of `data` (module docstring)."""
+    n = max(3, min(256, POOL_BYTES // size))
+    views = [data[i * size // 2:(i + 1) * size // 2].view(-1, row)
+             for i in range(min(n, POOL_BYTES // size))]
+    with torch.cuda.stream(stream):
+        views[0].sum(dim=1, dtype=torch.float32)  # warm-up (kernel selection)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(n):
+            views[i % len(views)].sum(dim=1, dtype=torch.float32)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / n)
+    del graph
+    return statistics.median(times)
 
 
 def measure_curve(device: torch.device | str = "cuda", repeats: int = 5,
@@ -47,31 +88,22 @@ def measure_curve(device: torch.device | str = "cuda", repeats: int = 5,
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"the floor probe needs a CUDA device, got {device}")
-    big = torch.empty(max(sizes_mb) << 20, dtype=torch.uint8, device=device)
+    big = torch.empty(max(POOL_BYTES, max(sizes_mb) << 20), dtype=torch.uint8, device=device)
     data = big.view(torch.bfloat16)
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    stream = torch.cuda.Stream(device)
     points = []
     partial = False
     for mb in sizes_mb:
         if budget_s is not None and points and time.perf_counter() - t0 > budget_s:
             partial = True
             break
-        x = data[: (mb << 20) // 2]
-        x.sum(dtype=torch.float32)  # warm-up (kernel selection)
-        times = []
-        for _ in range(repeats):
-            flush.fill_(1)
-            torch.cuda._sleep(QUEUE_CYCLES)  # the read is queued when `start` fires
-            start.record()
-            x.sum(dtype=torch.float32)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        points.append((mb << 20, (mb << 20) / statistics.median(times)))
-    half = big.numel() // 2
-    src, dst = big[:half], big[half:]
+        size = mb << 20
+        best = min(_read_seconds(data, size, row, repeats, stream) for row in READ_ROWS)
+        points.append((size, size / best))
+    half = (max(sizes_mb) << 20) // 2
+    src, dst = big[:half], big[half:2 * half]
     dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(repeats):
         torch.cuda._sleep(QUEUE_CYCLES)
@@ -81,11 +113,10 @@ def measure_curve(device: torch.device | str = "cuda", repeats: int = 5,
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     peak_copy = 2 * half / statistics.median(times)
-    del big, flush, data, x, src, dst
+    del big, data, src, dst
     torch.cuda.empty_cache()
     return BandwidthCurve(torch.cuda.get_device_name(device), tuple(points), peak_copy,
-                          method=f"sum(bf16->fp32) after a {FLUSH_BYTES >> 20} MB L2 flush, "
-                                 f"CUDA events, queued behind a spin, median of {repeats}"
+                          method=f"{READ_METHOD}, median of {repeats}"
                                  + (f"; {PARTIAL} (budget {budget_s:g} s)" if partial else ""),
                           measured=time.strftime("%Y-%m-%d"))
 
@@ -117,7 +148,10 @@ def engine_curve(device: torch.device, *, budget_s: float = ENGINE_BUDGET_S,
     path = (cache_dir or CACHE_DIR) / f"{slug(name)}.json"
     if path.is_file():
         try:
-            return load_curve_file(path)
+            cached = load_curve_file(path)
+            if READ_METHOD in cached.method:
+                return cached
+            log.info("floor curve cache %s was measured the old way: measuring again", path)
         except (OSError, ValueError, KeyError) as e:
             log.warning("floor curve cache %s unreadable (%s): measuring again", path, e)
     t0 = time.perf_counter()

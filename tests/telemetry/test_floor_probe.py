@@ -13,7 +13,7 @@ from telemetry.floor import BandwidthCurve
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
 
 
-def _curve(method="fake"):
+def _curve(method=f"fake {floor_probe.READ_METHOD}"):
     return BandwidthCurve("Test GPU", ((1 << 20, 1e11), (1 << 30, 4e12)), 4.1e12, method=method)
 
 
@@ -44,6 +44,22 @@ def test_measured_once_within_the_budget_then_read_from_the_cache(tmp_path):
     again = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
                                      measure=fake)
     assert again == _curve() and fake.calls == [2.5]  # not measured twice
+
+
+def test_a_cached_curve_of_the_old_method_is_measured_again(tmp_path):
+    """A cache written by the first probe (one read timed alone: small reads came out slower
+    than the model's own kernels read) is replaced by a measurement of the current method."""
+    from telemetry.floor import save_curve
+
+    save_curve(_curve("sum(bf16->fp32) after a 256 MB L2 flush, CUDA events, median of 5"),
+               tmp_path / "test-gpu.json")
+    fake = Fake(_curve())
+    got = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
+                                   measure=fake, budget_s=2.0)
+    assert got == _curve() and fake.calls == [2.0]
+    again = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
+                                     measure=fake)
+    assert again == _curve() and fake.calls == [2.0]
 
 
 @pytest.mark.parametrize("shipped", [True, False])
