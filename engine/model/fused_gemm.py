@@ -26,15 +26,13 @@ with the qkv GEMM that does rotary and the KV write in its epilogue (engine/mode
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import torch.nn.functional as F
 
 from engine.attention.l2_prefetch import prefetch_lines
 from engine.model.fused_ops import tl, triton, use_triton
 from engine.model.gemm_table import GemmConfig, heuristic_config
+from engine.model.pdl_launch import pdl_launch
 
 
 def gate_up_silu_torch(
@@ -304,45 +302,6 @@ if triton is not None:
             y = y + r.to(tl.float32)
         tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_o + rn[None, :],
                  y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-
-
-@functools.cache
-def pdl_supported(device_index: int) -> bool:
-    """Programmatic dependent launch: Hopper or newer, and a Triton with gdc_wait."""
-    if triton is None or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    cuda_ext = getattr(getattr(tl, "extra", None), "cuda", None)
-    has_gdc = hasattr(cuda_ext, "gdc_wait") and hasattr(cuda_ext, "gdc_launch_dependents")
-    return has_gdc and torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-PDL_OVERLAP_LEVELS = {"late": 1, "early": 2, "prefetch": 2}
-PREFETCH_BUDGET = 8 << 20  # bytes of weights a PDL launch asks L2 for before its wait
-
-
-def prefetch_k(rows: int, k: int, elem_size: int) -> int:
-    """Columns of each of `rows` weight rows (K = k) to ask L2 for before the PDL wait: all of
-    them while the whole weight is <= PREFETCH_BUDGET, else as many whole 128-byte lines as
-    the budget allows (0: none). A kernel's prefetch is issued while the previous kernel runs;
-    more than a fraction of L2 would evict lines before they are read."""
-    if rows * k * elem_size <= PREFETCH_BUDGET:
-        return k
-    line = 128 // elem_size
-    return PREFETCH_BUDGET // (rows * elem_size) // line * line
-
-
-def pdl_launch(pdl: bool, overlap: str, x: torch.Tensor, rows: int, k: int,
-               elem_size: int) -> tuple[int, int, dict]:
-    """(USE_GDC, PF_K, launch options) of a fused kernel: USE_GDC 0 without PDL (asked for
-    and supported here), 1 for overlap "late" (the next kernel launches after the K loop), 2
-    for "early" and "prefetch" (right after the wait); PF_K > 0 only for "prefetch"."""
-    if not (pdl and x.is_cuda and pdl_supported(x.device.index or 0)):
-        return 0, 0, {}
-    if overlap not in PDL_OVERLAP_LEVELS:
-        raise ValueError(f"pdl_overlap must be one of {sorted(PDL_OVERLAP_LEVELS)}, "
-                         f"got {overlap!r}")
-    pf = prefetch_k(rows, k, elem_size) if overlap == "prefetch" else 0
-    return PDL_OVERLAP_LEVELS[overlap], pf, {"launch_pdl": True}
 
 
 def fused_linear_torch(

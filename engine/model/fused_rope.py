@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.fused_gemm import fused_linear_torch, pdl_launch
+from engine.model.fused_gemm import fused_linear_torch
 from engine.model.fused_ops import rope_and_cache_torch, tl, triton, use_triton
 from engine.model.gemm_table import GemmConfig, heuristic_config
+from engine.model.pdl_launch import pdl_launch
 
 if triton is not None:
     from engine.model.fused_gemm import _blocks, _mainloop
@@ -163,7 +164,7 @@ def fused_qkv_rope(
     """One kernel: RMSNorm(h [+ add]) (norm None: h as is), the qkv GEMM, rotary, the K/V cache
     write. Returns (q [T, H, D], the sum h + add when add is given, else None). config: tiles
     (block_n output columns, >= 16; None: the table's heuristic); pdl: programmatic
-    dependent launch where supported, overlapping as `overlap` says (fused_gemm.pdl_launch)."""
+    dependent launch where supported, overlapping as `overlap` says (engine/model/pdl_launch.py)."""
     kw = dict(norm=norm, eps=eps, cos_sin=cos_sin, positions=positions,
               slot_mapping=slot_mapping, k_cache=k_cache, v_cache=v_cache, num_heads=num_heads)
     if not use_triton(h):

@@ -66,7 +66,7 @@ class FusedPath:
     forward fits (engine/model/persistent_step.py), else "five". pdl: launch the
     fused kernels and the Triton attention with programmatic dependent launch (Hopper+),
     overlapping their neighbours as `overlap` says (config key pdl_overlap: late | early |
-    prefetch; engine/model/fused_gemm.pdl_launch).
+    prefetch; engine/model/pdl_launch.py).
     """
 
     layer: str = "plain"

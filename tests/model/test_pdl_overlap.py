@@ -12,8 +12,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model import fused_gemm
-from engine.model.fused_gemm import PREFETCH_BUDGET, pdl_launch, prefetch_k
+from engine.model import pdl_launch as launch_policy
 from engine.model.llama import FusedPath
+from engine.model.pdl_launch import PREFETCH_BUDGET, pdl_launch, prefetch_k
 
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -42,7 +43,7 @@ def test_pdl_launch_levels(monkeypatch, overlap, expected) -> None:
         is_cuda = True
         device = torch.device("cpu")
 
-    monkeypatch.setattr(fused_gemm, "pdl_supported", lambda index: True)
+    monkeypatch.setattr(launch_policy, "pdl_supported", lambda index: True)
     gdc, pf, extra = pdl_launch(True, overlap, FakeCuda(), 576, 576, 2)
     assert (gdc, pf) == expected and extra == {"launch_pdl": True}
     with pytest.raises(ValueError, match="pdl_overlap must be one of"):
