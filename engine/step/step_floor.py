@@ -69,10 +69,11 @@ def live_floor(model: torch.nn.Module, kv_bytes_per_token: float,
     ``model`` once plus ``kv_bytes_per_token`` per token of context, at the curve's peak copy
     bandwidth. Under tensor parallelism pass the leader's shard and one rank's KV share:
     every rank reads its own share at the same time. The peak-copy floor, not the
-    size-aware one: the curve's small reads are single cold-L2 kernels, and a step's GEMMs
-    read their weight tiles faster (H200: the 8B step's size-aware floor 7,297 us against a
-    measured 5,196 us), so the size-aware floor would swallow all kernel time. None without
-    a measured copy bandwidth (a CPU)."""
+    size-aware one: the size-aware floor assumes one read after another, which kernels that
+    overlap beat (H200, 2026-12-04: SmolLM2-135M b16 with PDL prefetch 763 us against a
+    size-aware 800 us; the first curve, reads timed alone, even put the 8B step at 0.67x), so
+    it is no lower bound and could swallow all kernel time. None without a measured copy
+    bandwidth (a CPU)."""
     bw = curve.peak_copy_bw if curve is not None else None
     if not bw:
         return None
