@@ -41,7 +41,10 @@ phase1() {  # $NICE: "nice -n 19" beside the browser phase
 }
 # -rR --rerun-show-tracebacks: a browser test that passed only when re-run says which, and
 # why its earlier attempts failed (a re-run costs 5-60 s; CI's logs named none before).
+# With no arguments it collects tests/browser alone: collecting the whole suite to select
+# its 22 tests cost ~8 CPU-s (torch, transformers and every test module imported).
 phase2() {
+    (( $# )) || set -- tests/browser
     $PY -m pytest -q -rsR --rerun-show-tracebacks -m browser \
         --junitxml=artifacts/junit/phase2.xml "$@"
 }
