@@ -5,14 +5,17 @@
 #      and headless Chromium), in one process, after phase 1.
 # GAPLESS_TEST_TOGETHER=1 runs them at once instead: the browser phase at the caller's
 # priority, phase 1 (and the engines and servers its tests start) at nice +19. The browser
-# phase waits more than it computes (0.65-0.8 of the 2 cores over its ~360-385 s on
-# 2026-12-04), phase 1 keeps both cores busy; one after the other they take ~270 + ~360 s.
+# phase waits more than it computes (~1.3 of the 2 cores over its ~230-250 s on
+# 2026-12-04), phase 1 keeps both cores busy; one after the other they take ~300 + ~235 s.
 # Not the default: of two such runs on a VM loaded by other jobs (load average 10-16), one
 # passed and one failed a phase-1 check that needs engine throughput
 # (tests/ui/test_pages_engine.py's A/B verdict got 7 and 3 decode steps, needs 5 a side), and
 # the browser toggle test was re-run twice (30 s waits). At equal priority (tried earlier the
-# same day) the browser checks failed at load 6-12. Not on a quiet machine yet: see
-# docs/testing.md. A caller already at nice +13 or more gets the phases one after the other
+# same day) the browser checks failed at load 6-12. On a quiet machine (fresh clones,
+# 2026-12-04) it was no faster: 589 s for the line at once (phase 1 at +19 done at 543 s,
+# its Triton-interpreter child alone 330 s) against 584 s one after the other: the line is
+# bound by CPU (/usr/bin/time: 799 and 770 CPU-s, set-up included; see docs/testing.md,
+# fourth pass). A caller already at nice +13 or more gets the phases one after the other
 # (phase 1 could not be put far enough below).
 # In phase 1, tests/conftest.py makes each test module one unit of work for the workers (its
 # module-scoped engines and compiled models are built once, not once per worker), tests/http's
