@@ -84,21 +84,6 @@ def _await_recovery(client: EngineClient, seen: Any) -> None:
         st.rerun(scope="app")
 
 
-def _dead_engine_watch(client: EngineClient, seen: Any) -> None:
-    """A dead engine's Restart button, drawn by the page's watch (a fragment, every second)
-    rather than once by the page's run: in a real browser the button was sometimes left
-    hidden (Streamlit 1.67 kept it as a "retained" element, data-retained, not drawn) under
-    a message that stayed, with no later run to draw it again: 3 of 8 SIGKILLs in a loop of
-    two tabs, quiet machine, 2026-12-04; the browser restart test's "no Restart button
-    within 15 s". Drawn each second, a lost button comes back within a second. A click
-    reruns the whole page, whose run carries out the restart with its progress shown."""
-    if st.session_state.get(RESTART_ASK_KEY) is not None:
-        st.rerun(scope="app")
-    _await_recovery(client, seen)
-    st.button("Restart the engine", key="ui.restart", type="primary", on_click=_ask,
-              args=("restart", seen))
-
-
 def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
                      kept: Callable[[], None] | None = None) -> NoReturn:
     """Say that the engine died (or, with ``not_responding``, hangs) and why, offer a
@@ -115,9 +100,11 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
         st.error(f"The engine is not responding: {not_responding}.")
     else:
         st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
-    st.fragment(run_every=RECOVERY_PERIOD_S)(_dead_engine_watch)(
-        client, getattr(client, "generation", None))
+    seen = getattr(client, "generation", None)
+    st.button("Restart the engine", key="ui.restart", type="primary", on_click=_ask,
+              args=("restart", seen))
     show_restart_outcome()
+    st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery)(client, seen)
     if kept is not None:
         kept()
     st.stop()

@@ -202,63 +202,37 @@ def test_a_restart_in_one_tab_is_seen_in_the_other_and_its_stale_button_does_not
     page.locator(TIMELINE).wait_for()
 
 
-# Sets window.__up once the tab shows a running engine again (its settings line, no dead-engine
-# message), and window.__stale once it says a click of its found the engine already restarted.
-WATCH_RESTART_JS = """() => { window.__up = null; window.__stale = null;
-    const o = new MutationObserver(() => { const t = document.body.innerText;
-      if (window.__up === null && t.includes('mode ') && !t.includes('not running'))
-        window.__up = Date.now();
-      if (window.__stale === null && t.includes('already restarted'))
-        window.__stale = Date.now(); });
-    o.observe(document.body, {subtree: true, childList: true, characterData: true}); }"""
-
-
-def _killed(server, page, other) -> int:
-    """SIGKILL the engine; both tabs show their Restart button; watch them from here."""
+def _restart_seen_in_both(server, page, other) -> None:
+    """Kill the engine, restart it from the first tab, click the other tab's stale
+    Restart: it does nothing, and the other tab follows the restart within 2 s."""
     pid = engine_pid(server[1])
     os.kill(pid, signal.SIGKILL)
     for t in (page, other):
         t.get_by_role("button", name="Restart the engine").wait_for(timeout=15_000)
-    for t in (page, other):
-        t.evaluate(WATCH_RESTART_JS)
-    return pid
-
-
-def _restart_seen_in_both(server, page, other) -> None:
-    """Kill the engine and restart it from the first tab: the other tab, which clicks
-    nothing, follows within 2 s. Kill it again and click Restart in both tabs together: one
-    restart, and the tab whose click came second is told it was already restarted (its view
-    is stale: the engine it saw is gone).
-
-    The stale click used to come once the first tab's restart was under way, and the other
-    tab's watch had then sometimes redrawn it with the engine back (no Restart button left
-    to click, 60 s timeout: 1 of 6 runs of the test alone, quiet machine, 2026-12-04); and
-    its lag then included its own click's wait for the restart lock."""
-    pid = _killed(server, page, other)
+    for t in (page, other):  # watch when each tab shows the running engine again
+        t.evaluate(
+            """() => { window.__up = null; const o = new MutationObserver(() => {
+                  if (window.__up === null && document.body.innerText.includes('mode ')
+                      && !document.body.innerText.includes('not running'))
+                    window.__up = Date.now(); });
+                  o.observe(document.body, {subtree: true, childList: true,
+                                            characterData: true}); }""")
     page.get_by_role("button", name="Restart the engine").click()
+    # The first tab's restart is under way (its progress box is up) before the stale click.
+    # Was a fixed 1 s: under load the first tab's run had not started by then, both restarts
+    # passed the staleness check, and one failed ("engine restart failed" in the server's
+    # log; no "already restarted"): this test's failures and re-runs on CI, 2026-12-04.
+    page.wait_for_function(
+        "() => ['Starting a new engine', 'The engine is running again']"
+        ".some(t => document.body.innerText.includes(t))", timeout=30_000)
+    other.get_by_role("button", name="Restart the engine").click()  # a stale view's
+    other.wait_for_function(
+        "() => document.body.innerText.includes('already restarted')", timeout=30_000)
     for t in (page, other):
         t.wait_for_function("() => window.__up !== null", timeout=ENGINE_START_S * 1000)
     lag = (other.evaluate("window.__up") - page.evaluate("window.__up")) / 1000
     print(f"the other tab showed the restarted engine {lag:.2f} s after the first")
-    restarted = engine_pid(server[1])
-    assert restarted != pid, "the engine was not restarted"
-    assert lag <= 2.0, f"the other tab followed the restart {lag:.2f} s late"
-
-    _killed(server, page, other)
-    # Both clicks go out before either tab's run can redraw (a restart takes seconds: a
-    # new process imports torch); whichever run takes the restart lock second finds the
-    # generation moved and does nothing.
-    page.get_by_role("button", name="Restart the engine").click()
-    other.get_by_role("button", name="Restart the engine").click()
-    for t in (page, other):
-        t.wait_for_function("() => window.__up !== null", timeout=ENGINE_START_S * 1000)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(
-            t.evaluate("window.__stale") for t in (page, other)):
-        time.sleep(0.2)
-    stale = [name for name, t in (("first", page), ("other", other))
-             if t.evaluate("window.__stale")]
     new_pid = engine_pid(server[1])
     time.sleep(3)
-    assert engine_pid(server[1]) == new_pid != restarted, "the stale click restarted it again"
-    assert len(stale) == 1, f"tabs told the engine was already restarted: {stale}"
+    assert engine_pid(server[1]) == new_pid != pid, "the stale button restarted it again"
+    assert lag <= 2.0, f"the other tab followed the restart {lag:.2f} s late"
