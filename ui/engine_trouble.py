@@ -32,8 +32,8 @@ log = logging.getLogger("gapless.ui")
 RESTART_ASK_KEY = "ui.restart_asked"  # (kind, generation seen) of a click not yet carried out
 RESTART_ERROR_KEY = "ui.kill_restart_error"
 RECOVERY_PERIOD_S = 1.0
-DEAD_DRAWN_KEY = "ui.dead_page_drawn_at"  # monotonic time of the dead page's last full run
-REDRAW_DEAD_S = 4.0  # a dead page runs again this often (see _await_recovery)
+REDRAW_DEAD_S = 4.0  # a dead page runs again this often (see _await_recovery_dead)
+DEAD_DRAWN_KEY = "ui.dead_page_drawn_at"  # monotonic time of the dead page's last run
 
 
 def _ask(kind: str, generation: Any) -> None:
@@ -79,19 +79,25 @@ def show_restart_outcome() -> None:
 
 def _await_recovery(client: EngineClient, seen: Any) -> None:
     """A stopped page's watch (a fragment, every second): once the engine is running again
-    (restarted from another tab, or resumed), redraw the whole page; and while it stays
-    dead, redraw the whole page every REDRAW_DEAD_S. In Chromium a dead page was sometimes
-    left with its message and its Restart button hidden (Streamlit 1.67 kept the button as
-    a "retained" element that no later run drew: 3 of 8 kills in a two-tab loop, 2026-12-04,
-    docs/testing.md), and nothing ran the page again. The button stays drawn by the page's
-    run, not by this fragment: a fragment's redraw replaces its elements every second, and a
-    click on the button then waited for a stable element (the reverted 2a1db65)."""
+    (restarted from another tab, or resumed), redraw the whole page."""
     if getattr(client, "generation", None) != seen and client.alive():
         st.rerun(scope="app")
     if engine_status(client).state == "alive":
         st.rerun(scope="app")
+
+
+def _await_recovery_dead(client: EngineClient, seen: Any) -> None:
+    """The dead page's watch: `_await_recovery`, and while the engine stays dead, the whole
+    page again every REDRAW_DEAD_S after its last run (DEAD_DRAWN_KEY). In Chromium a dead
+    page was sometimes left with its message and its Restart button hidden (Streamlit 1.67
+    kept the button as a "retained" element that no later run drew: 3 of 8 kills in a
+    two-tab loop, 2026-12-04, docs/testing.md), and nothing ran the page again. The button
+    stays drawn by the page's run, not by this fragment: a fragment's redraw replaces its
+    elements each time, and a click on the button then waited for a stable element (the
+    reverted 2a1db65)."""
+    _await_recovery(client, seen)
     drawn = st.session_state.get(DEAD_DRAWN_KEY)
-    if drawn is None or time.monotonic() - drawn >= REDRAW_DEAD_S:
+    if drawn is not None and time.monotonic() - drawn >= REDRAW_DEAD_S:
         st.rerun(scope="app")
 
 
@@ -116,7 +122,7 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
               args=("restart", seen))
     st.session_state[DEAD_DRAWN_KEY] = time.monotonic()
     show_restart_outcome()
-    st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery)(client, seen)
+    st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery_dead)(client, seen)
     if kept is not None:
         kept()
     st.stop()
@@ -124,6 +130,7 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
 
 def show_not_responding(client: EngineClient, reason: str | None, key: str) -> None:
     """Say the engine is hung and offer to kill and restart it (the settings are kept)."""
+    st.session_state.pop(DEAD_DRAWN_KEY, None)  # an earlier dead page's: not this page's
     carry_out_restart(client)
     st.error(
         f"**The engine is not responding** ({reason or 'no answer within 2 s'}). "
