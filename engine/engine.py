@@ -138,7 +138,7 @@ class Engine(LiveControl):
         # Every rank's share together: what a token's KV costs to read (the request ledger).
         self.kv_bytes_per_token = kv_bytes_per_block(model.config, 1, self.dtype)
         # The size-aware floor's bandwidth curve, measured before the KV cache takes the free
-        # memory (cached per GPU model; a fraction of a second; None on a CPU).
+        # memory (cached per GPU model; within ENGINE_BUDGET_S; None on a CPU).
         self.floor_curve = engine_curve(self.device)
         num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
                                     self.dtype, tp_size=n_tp)

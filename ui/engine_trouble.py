@@ -130,7 +130,6 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
 
 def show_not_responding(client: EngineClient, reason: str | None, key: str) -> None:
     """Say the engine is hung and offer to kill and restart it (the settings are kept)."""
-    st.session_state.pop(DEAD_DRAWN_KEY, None)  # an earlier dead page's: not this page's
     carry_out_restart(client)
     st.error(
         f"**The engine is not responding** ({reason or 'no answer within 2 s'}). "

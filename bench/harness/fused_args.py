@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from engine.config import PDL_OVERLAPS
+
 
 def add_fused_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fused-layer", default="plain",
@@ -17,8 +19,7 @@ def add_fused_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fused-pdl", action="store_true",
                         help="config key fused_pdl: the fused kernels and the Triton attention "
                              "with programmatic dependent launch")
-    parser.add_argument("--pdl-overlap", default="prefetch",
-                        choices=("late", "early", "prefetch"),
+    parser.add_argument("--pdl-overlap", default="prefetch", choices=PDL_OVERLAPS,
                         help="config key pdl_overlap (with --fused-pdl)")
 
 

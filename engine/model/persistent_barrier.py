@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention.l2_prefetch import prefetch_lines
 from engine.model.fused_ops import tl, triton
 
 if triton is not None:
@@ -85,8 +86,7 @@ if triton is not None:
         for first in range(lo, hi, LINES):
             idx = first + tl.arange(0, LINES)
             ptrs = base + tl.where(idx < hi, idx, lo).to(tl.int64) * 128
-            tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+            prefetch_lines(ptrs)
 
 
 def new_counter(device: torch.device) -> torch.Tensor:
