@@ -29,6 +29,7 @@ from telemetry.records import StepRecord
 from ui.banner import status_banner
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import engine_controls, load_generator, load_switch
+from ui.fragments import live_fragment
 from ui.gauges import gauge_values, gauges_figure, keep_samples, live_window, steps_in_flight
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.kernel_lane import kernel_lane_figure, samples_of
@@ -168,6 +169,14 @@ def live_view(client: EngineClient, settings: dict) -> None:
     user's zoom), in the same frame as when live."""
     if not client.alive():
         st.rerun()  # the full run shows the dead-engine banner
+    # An engine that dies between that check and a call below: the whole app again, which
+    # shows the dead-engine message (it was a traceback in this fragment).
+    with engine_errors(client, "Reading the engine's telemetry"):
+        draw_live(client, settings)
+
+
+def draw_live(client: EngineClient, settings: dict) -> None:
+    """The live view's charts: the history strip, the timeline and the kernel lane."""
     stats = draw_history(client, settings)
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
     if st.session_state.get(PAUSE_KEY):
@@ -294,8 +303,8 @@ def live_page() -> None:
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
     shown = recent_window(frozen_records(client), window) if paused else []
     st.session_state[SHOWN_KEY] = shown if paused else None
-    st.fragment(run_every=CONTROLS_PERIOD_S)(control_bar)(client)
-    st.fragment(run_every=LIVE_PERIOD_S)(live_view)(client, settings)
+    live_fragment(control_bar, CONTROLS_PERIOD_S)(client)
+    live_fragment(live_view, LIVE_PERIOD_S)(client, settings)
 
     pause_col, window_col, trace_col = st.columns([1, 2, 2], vertical_alignment="bottom")
     with pause_col:
@@ -321,7 +330,7 @@ def live_page() -> None:
             )
     st.caption(ASYNC_NOTE)
     device_notice(settings, client)
-    st.fragment(run_every=CONTROLS_PERIOD_S)(controls)(client)
+    live_fragment(controls, CONTROLS_PERIOD_S)(client)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ import streamlit as st
 from ui.bench_runner import RUNS, base_label
 from ui.controls import mode_summary
 from ui.engine_trouble import show_not_responding
+from ui.fragments import live_fragment
 from ui.status import BANNER_PERIOD_S, HANG, EngineStatus, current_settings, engine_status
 
 if TYPE_CHECKING:
@@ -78,4 +79,4 @@ def _banner(client: EngineClient, show_settings: bool) -> None:
 
 def status_banner(client: EngineClient, *, show_settings: bool = True) -> None:
     """The banner fragment (call it once, near the top of every page)."""
-    st.fragment(run_every=BANNER_PERIOD_S)(_banner)(client, show_settings)
+    live_fragment(_banner, BANNER_PERIOD_S)(client, show_settings)

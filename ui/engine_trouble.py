@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import streamlit as st
 
+from ui.fragments import in_fragment
 from ui.status import StaleRestart, engine_status, kill_and_restart, restart_keeping_settings
 from ui.tab import tab_id
 
@@ -106,7 +107,10 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
     """Say that the engine died (or, with ``not_responding``, hangs) and why, offer a
     restart (which kills a hung engine), draw what the page keeps in view without an engine
     (``kept``: the Playground's conversation, a reply cut by the death included), and stop
-    the page here."""
+    the page here. Met inside a live fragment, it reruns the whole app instead, whose first
+    engine call draws this at the top level (ui/fragments.py says why)."""
+    if in_fragment():
+        st.rerun(scope="app")
     carry_out_restart(client)
     reason = None
     try:
@@ -152,13 +156,16 @@ def show_not_responding(client: EngineClient, reason: str | None, key: str) -> N
 def stop_busy(client: EngineClient, late: str) -> NoReturn:
     """A call got no answer in time while the engine's heartbeat still comes: it is busy,
     not hung. Say so (never "not responding", and no kill button), and stop the page; the
-    watch redraws it a second later, when the call is made again."""
+    watch redraws it a second later, when the call is made again. Inside a live fragment
+    only the fragment stops: it runs again within its own period (no watch of its own there,
+    see ui/fragments.py)."""
     st.info(
         f"**The engine is busy** ({late}). It is running (its heartbeat arrives): a long "
         "step or a loaded machine. This page tries again in a second.",
         icon=":material/hourglass_top:",
     )
-    st.fragment(run_every=RECOVERY_PERIOD_S)(_retry_later)(time.monotonic())
+    if not in_fragment():
+        st.fragment(run_every=RECOVERY_PERIOD_S)(_retry_later)(time.monotonic())
     st.stop()
 
 
@@ -171,6 +178,11 @@ def _retry_later(since: float) -> None:
 
 
 def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
+    """Say the engine is hung, offer kill-and-restart, and stop the page with a watch that
+    redraws it once the engine answers. Inside a live fragment: the whole app again instead
+    (as show_dead_engine)."""
+    if in_fragment():
+        st.rerun(scope="app")
     show_not_responding(client, reason, key="ui.kill_restart_page")
     st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery)(
         client, getattr(client, "generation", None))
