@@ -105,6 +105,17 @@ STARTS_ENGINE_PROCESSES = (
 )
 
 
+# Units that only compute (no engine process, server, browser or clock in their checks), run
+# by scripts/test.sh beside the browser tests at nice +19 rather than in phase 1: phase 1 is
+# bound by CPU, the browser phase leaves most of a core idle. Marked `background` here.
+BACKGROUND_UNITS = (
+    INTERPRETER_UNIT,  # the Triton-interpreter child: ~90 CPU-s, one thread
+    "tests/model/test_compiled_generic.py",  # torch.compile on CPU
+    "tests/model/test_fused_greedy.py",
+    "tests/test_smollm2.py",  # the default model against the GGUF it came from
+)
+
+
 def starts_engine_processes(item: pytest.Item) -> bool:
     rel = item.path.relative_to(Path(__file__).parent.parent).as_posix()
     name = getattr(item, "originalname", item.name)
@@ -150,6 +161,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # before -m deselects (this hook runs first)
         if starts_engine_processes(item):
             item.add_marker(pytest.mark.slow)
+        if xdist_group(item) in BACKGROUND_UNITS:
+            item.add_marker(pytest.mark.background)
         if xdist_group(item) in OWN_SERVER_MODULES and "server" in item.fixturenames:
             raise pytest.UsageError(
                 f"{item.nodeid} uses the session `serve` (fixture `server`): remove its module "
