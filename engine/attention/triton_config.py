@@ -112,18 +112,25 @@ def pdl_requested() -> bool:
 
 
 def pdl_available(device: torch.device) -> bool:
-    """PDL needs a real (not interpreted) Triton with grid-dependency control and sm_90+."""
+    """PDL needs a real (not interpreted) Triton with grid-dependency control and sm_90+.
+    The one check of it: the attention and the fused kernels (engine/model/pdl_launch.py)
+    both ask here. Cheap after the first call per device (launches ask it each time)."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
+    return _pdl_on(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _pdl_on(index: int) -> bool:
     try:
         import triton.language as tl
         from triton.backends.nvidia.compiler import CUDAOptions
 
-        if not hasattr(tl.extra.cuda, "gdc_wait"):
+        if not (hasattr(tl.extra.cuda, "gdc_wait")
+                and hasattr(tl.extra.cuda, "gdc_launch_dependents")):
             return False
         if "launch_pdl" not in CUDAOptions.__dataclass_fields__:  # the launch option
             return False
     except Exception:
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
     return torch.cuda.get_device_capability(index)[0] >= 9

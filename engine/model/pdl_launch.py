@@ -9,23 +9,9 @@ bound of the weight prefetch. Pure host code: it never launches a kernel.
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 
-from engine.model.fused_ops import tl, triton
-
-
-@functools.cache
-def pdl_supported(device_index: int) -> bool:
-    """Programmatic dependent launch: Hopper or newer, and a Triton with gdc_wait."""
-    if triton is None or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    cuda_ext = getattr(getattr(tl, "extra", None), "cuda", None)
-    has_gdc = hasattr(cuda_ext, "gdc_wait") and hasattr(cuda_ext, "gdc_launch_dependents")
-    return has_gdc and torch.cuda.get_device_capability(device_index)[0] >= 9
-
+from engine.attention.triton_config import pdl_available
 
 PDL_OVERLAP_LEVELS = {"late": 1, "early": 2, "prefetch": 2}
 PREFETCH_BUDGET = 8 << 20  # bytes of weights a PDL launch asks L2 for before its wait
@@ -47,7 +33,7 @@ def pdl_launch(pdl: bool, overlap: str, x: torch.Tensor, rows: int, k: int,
     """(USE_GDC, PF_K, launch options) of a fused kernel: USE_GDC 0 without PDL (asked for
     and supported here), 1 for overlap "late" (the next kernel launches after the K loop), 2
     for "early" and "prefetch" (right after the wait); PF_K > 0 only for "prefetch"."""
-    if not (pdl and x.is_cuda and pdl_supported(x.device.index or 0)):
+    if not (pdl and x.is_cuda and pdl_available(x.device)):
         return 0, 0, {}
     if overlap not in PDL_OVERLAP_LEVELS:
         raise ValueError(f"pdl_overlap must be one of {sorted(PDL_OVERLAP_LEVELS)}, "

@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+from sm90 import NO_PTXAS, compile_sm90, ptxas_available, signature
 
 from engine.config import EngineConfig
 from engine.model import fused_gemm
@@ -43,7 +44,7 @@ def test_pdl_launch_levels(monkeypatch, overlap, expected) -> None:
         is_cuda = True
         device = torch.device("cpu")
 
-    monkeypatch.setattr(launch_policy, "pdl_supported", lambda index: True)
+    monkeypatch.setattr(launch_policy, "pdl_available", lambda device: True)
     gdc, pf, extra = pdl_launch(True, overlap, FakeCuda(), 576, 576, 2)
     assert (gdc, pf) == expected and extra == {"launch_pdl": True}
     with pytest.raises(ValueError, match="pdl_overlap must be one of"):
@@ -89,25 +90,15 @@ def test_reference_attention_takes_the_launch_keywords() -> None:
 def test_trigger_and_prefetch_placement_sm90(use_gdc, pf_k) -> None:
     """Compiled for sm_90: "late" triggers the next kernel after the K loop's MMAs, "early"
     before them (right after the wait); "prefetch" issues its L2 prefetches before the wait."""
-    from test_fused_ops import _ptxas_available
-
-    if not _ptxas_available():
-        pytest.skip("Triton finds no ptxas to assemble with")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    if not ptxas_available():
+        pytest.skip(NO_PTXAS)
     kernel = fused_gemm._fused_linear_kernel
     const = dict(NORM=True, PAIR=True, RESIDUAL=False, ADD_IN=True, HAS_BIAS=False, BLOCK_M=16,
                  BLOCK_N=16, BLOCK_K=256, NORM_BK=512, USE_GDC=use_gdc, PF_K=pf_k)
-    sig = {}
-    for n in kernel.arg_names:
-        sig[n] = ("constexpr" if n in const else "*bf16" if n.endswith("_ptr")
-                  else "fp32" if n == "eps" else "i32")
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
-             for n in kernel.arg_names if sig[n] not in ("constexpr", "fp32") and n != "M"}
-    ptx = triton.compile(ASTSource(kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": 2, "num_stages": 4}).asm["ptx"]
+    sig = signature(kernel, const, lambda n: "*bf16" if n.endswith("_ptr")
+                    else "fp32" if n == "eps" else "i32")
+    aligned = [n for n in kernel.arg_names if sig[n] not in ("constexpr", "fp32") and n != "M"]
+    ptx = compile_sm90(kernel, const, sig, aligned, num_warps=2, num_stages=4).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     trigger = ptx.index("griddepcontrol.launch_dependents")
     first_mma = ptx.index("mma")
