@@ -25,8 +25,6 @@ to write fails the test. Errors are relative: ||out - ref|| / ||ref||.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from interpreter_child import run_interpreter_child  # tests/ is on sys.path (conftest.py)
@@ -40,6 +38,7 @@ from paged_batches import (
     run_ref,
     run_triton,
 )
+from sm90 import NO_PTXAS, compile_sm90, ptxas_available, signature
 
 from engine.attention.reference import paged_attention as ref_attention
 
@@ -218,15 +217,6 @@ def test_pdl_is_never_used_without_a_gpu_that_has_it(monkeypatch: pytest.MonkeyP
 # ------------------------------------------------- compile for the GPU, on a machine without
 
 
-def _ptxas_available() -> bool:
-    try:
-        from triton import knobs
-
-        return Path(knobs.nvidia.ptxas.path).exists()
-    except Exception:
-        return False
-
-
 SM90_CASES = [
     # dtype, group, head_dim, block_size, pdl, has_window, block_n, table_ahead
     ("bf16", 4, 128, 16, False, False, 64, False),
@@ -243,16 +233,12 @@ SM90_CASES = [
     torch.cuda.is_available() or IN_INTERPRETER,
     reason="on a GPU the test_cuda_* tests compile and run the kernel for real",
 )
-@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+@pytest.mark.skipif(not ptxas_available(), reason=NO_PTXAS)
 @pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
     """Catch compile errors (and shared-memory blow-ups) on a CPU-only machine: build the
     kernel for an H100/H200 target with the specialisations the JIT would apply (unit
     strides on the head dimension, 16-divisible pointers and row strides)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from engine.attention.triton_paged import _paged_attention_kernel as kernel
     from engine.attention.triton_paged import _tile_shape
 
@@ -270,14 +256,10 @@ def test_kernel_compiles_for_sm90_without_a_gpu(case: tuple) -> None:
         "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "sem_ptr": "*i32",
     }
     types = {**ptrs, "scale_log2": "fp32"}
-    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in kernel.arg_names}
+    sig = signature(kernel, const, lambda n: types.get(n, "i32"))
     aligned = [*ptrs, *(n for n in kernel.arg_names if n.startswith("stride") and n not in const)]
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    compiled = triton.compile(
-        ASTSource(kernel, sig, const, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": 4 if block_n <= 64 else 8, "num_stages": 3},
-    )
+    compiled = compile_sm90(kernel, const, sig, aligned,
+                            num_warps=4 if block_n <= 64 else 8, num_stages=3)
     assert compiled.metadata.shared <= 227 * 1024, "exceeds an H100/H200 block's shared memory"
     ptx = compiled.asm["ptx"]
     assert "cp.async" in ptx, "K/V tile loads are no longer software-pipelined"

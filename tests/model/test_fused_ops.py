@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from interpreter_child import run_interpreter_child  # tests/ is on sys.path (conftest.py)
+from sm90 import NO_PTXAS, compile_sm90, ptxas_available, signature
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
@@ -186,15 +187,6 @@ def test_cuda_kernels_match_torch_in_bf16() -> None:
     _check_silu(torch.bfloat16, "cuda", 32, 14336)
 
 
-def _ptxas_available() -> bool:
-    try:
-        from triton import knobs
-
-        return Path(knobs.nvidia.ptxas.path).exists()
-    except Exception:
-        return False
-
-
 SM90_CASES = [
     # kernel, dtype, constexprs
     ("_add_rms_norm_kernel", "bf16", dict(HAS_RESIDUAL=True, BLOCK=4096), 16),
@@ -212,29 +204,18 @@ SM90_CASES = [
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
                     reason="on a GPU the cuda tests compile and run the kernels for real")
-@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+@pytest.mark.skipif(not ptxas_available(), reason=NO_PTXAS)
 @pytest.mark.parametrize("case", SM90_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}")
 def test_kernels_compile_for_sm90_without_a_gpu(case: tuple) -> None:
     """Real compilation (not the interpreter) for an H100/H200 target catches what the
     interpreter lets through: constexpr misuse, pointer arithmetic types, casts."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from engine.model import fused_ops
 
     name, dt, const, warps = case
     kernel = getattr(fused_ops, name)
-    sig = {}
-    for n in kernel.arg_names:
-        if n in const:
-            sig[n] = "constexpr"
-        elif n.endswith("_ptr"):
-            sig[n] = {"pos_ptr": "*i32", "slot_ptr": "*i64"}.get(n, f"*{dt}")
-        else:
-            sig[n] = "fp32" if n == "eps" else "i32"  # N and the strides
+    sig = signature(kernel, const, lambda n: (
+        {"pos_ptr": "*i32", "slot_ptr": "*i64"}.get(n, f"*{dt}") if n.endswith("_ptr")
+        else "fp32" if n == "eps" else "i32"))  # N and the strides
     ptrs = [n for n in kernel.arg_names if n.endswith("_ptr")]
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in ptrs}
-    compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    compiled = compile_sm90(kernel, const, sig, ptrs, num_warps=warps)
     assert compiled.asm["ptx"]

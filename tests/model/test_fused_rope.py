@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sm90 import NO_PTXAS, compile_sm90, ptxas_available, signature
 from test_fused_ops import (
     IN_INTERPRETER,
     flat_batch,
@@ -195,34 +196,20 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave, pf_k) 
     misuse, pointer types), with the launch specialisation a decode step gets (pointers and
     strides divisible by 16): the weight tiles load 16 bytes at a time through cp.async like
     the fused GEMM's, and PDL's wait/launch instructions are there when asked for."""
-    from test_fused_ops import _ptxas_available
-
-    if not _ptxas_available():
-        pytest.skip("Triton finds no ptxas to assemble with")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    if not ptxas_available():
+        pytest.skip(NO_PTXAS)
     from engine.model import fused_rope
 
     kernel = fused_rope._fused_linear_rope_kernel
     const = dict(HALF=32, CACHE_BLOCK=16, NORM=True, ADD_IN=True, HAS_BIAS=True, BLOCK_M=16,
                  BLOCK_N=8 if interleave else 16, BLOCK_K=256, NORM_BK=512, USE_GDC=use_gdc,
                  INTERLEAVE=interleave, PF_K=pf_k)
-    sig, aligned = {}, []
-    for n in kernel.arg_names:
-        if n in const:
-            sig[n] = "constexpr"
-        elif n.endswith("_ptr"):
-            sig[n] = {"pos_ptr": "*i32", "slot_ptr": "*i64"}.get(n, "*bf16")
-        else:
-            sig[n] = "fp32" if n == "eps" else "i32"
-        if sig[n] != "constexpr" and n not in ("M", "H", "KVH", "eps"):
-            aligned.append(n)
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    compiled = triton.compile(ASTSource(kernel, sig, const, attrs),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "num_stages": 3})
+    sig = signature(kernel, const, lambda n: (
+        {"pos_ptr": "*i32", "slot_ptr": "*i64"}.get(n, "*bf16") if n.endswith("_ptr")
+        else "fp32" if n == "eps" else "i32"))
+    aligned = [n for n in kernel.arg_names
+               if sig[n] != "constexpr" and n not in ("M", "H", "KVH", "eps")]
+    compiled = compile_sm90(kernel, const, sig, aligned, num_warps=4, num_stages=3)
     ptx = compiled.asm["ptx"]
     assert "ld.global.v4" in ptx and "cp.async" in ptx
     assert ("griddepcontrol.wait" in ptx) == bool(use_gdc)

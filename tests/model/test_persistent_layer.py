@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from sm90 import NO_PTXAS, compile_sm90, ptxas_available, signature
 from test_fused_ops import (
     IN_INTERPRETER,
-    _ptxas_available,
     flat_batch,
     interp_only,
     needs_cuda,
@@ -105,31 +105,19 @@ SM90_SHAPES = {  # H, KVH, D and the H200's tiles (persistent_step._tiles with g
 }
 
 
-def compile_sm90(heads: int, kvh: int, d: int, tiles: dict, sync: bool):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+def compile_layer_sm90(heads: int, kvh: int, d: int, tiles: dict, sync: bool):
     from engine.model import persistent_layer as pl
 
     kernel = pl._persistent_layer_kernel
     const = _const(heads, kvh, d, tiles, sync)
     ints = {"rope_pos_ptr", "tok_pos_ptr", "req_ptr", "bt_ptr", "bar_ptr"}
-    sig = {}
-    for n in kernel.arg_names:
-        if n in const:
-            sig[n] = "constexpr"
-        elif n.endswith("_ptr"):
-            sig[n] = "*i64" if n in ("slot_ptr", "clk_ptr") else "*i32" if n in ints else "*bf16"
-        else:
-            sig[n] = "fp32" if n in ("eps", "scale_log2") else "i32"
+    sig = signature(kernel, const, lambda n: (
+        ("*i64" if n in ("slot_ptr", "clk_ptr") else "*i32" if n in ints else "*bf16")
+        if n.endswith("_ptr") else "fp32" if n in ("eps", "scale_log2") else "i32"))
     unaligned = ("T", "bar_base", "eps", "scale_log2", "window", "max_blocks")
     aligned = [n for n in kernel.arg_names if sig[n] != "constexpr" and n not in unaligned]
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    return triton.compile(ASTSource(kernel, sig, const, attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "num_stages": pl.LayerTiles._field_defaults[
-                              "num_stages"]})
+    return compile_sm90(kernel, const, sig, aligned, num_warps=4,
+                        num_stages=pl.LayerTiles._field_defaults["num_stages"])
 
 
 def _const(heads: int, kvh: int, d: int, tiles: dict, sync: bool) -> dict:
@@ -165,14 +153,14 @@ def _stack_bytes(cubin: bytes, tmp_path: Path) -> int | None:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
                     reason="on a GPU the cuda tests compile and run the kernel for real")
-@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+@pytest.mark.skipif(not ptxas_available(), reason=NO_PTXAS)
 @pytest.mark.parametrize("shape", sorted(SM90_SHAPES))
 def test_one_launch_kernel_compiles_for_sm90_with_its_barrier(shape, tmp_path) -> None:
     """The real compile at the H200's tiles: the barrier's release add, volatile spin and
     acquire load are there (4 barriers: one a phase boundary), so is the L2 prefetch; the
     phased kernel has none of them; one program fits an SM's shared memory with room (the grid
     must be co-resident) and spills no register."""
-    one = compile_sm90(*SM90_SHAPES[shape], sync=True)
+    one = compile_layer_sm90(*SM90_SHAPES[shape], sync=True)
     ptx = one.asm["ptx"]
     assert len(re.findall(r"red\.global\.gpu\.release\.add", ptx)) == 4
     assert len(re.findall(r"ld\.global\.gpu\.acquire", ptx)) == 4
@@ -182,16 +170,12 @@ def test_one_launch_kernel_compiles_for_sm90_with_its_barrier(shape, tmp_path) -
     assert "ld.global.nc" not in ptx  # activations written by other programs: never non-coherent
     assert one.metadata.shared <= 128 * 1024
     assert _stack_bytes(one.asm["cubin"], tmp_path) in (0, None)
-    phased = compile_sm90(*SM90_SHAPES[shape], sync=False).asm["ptx"]
+    phased = compile_layer_sm90(*SM90_SHAPES[shape], sync=False).asm["ptx"]
     assert not re.search(r"release|acquire|prefetch|fence", phased)
 
 
 def compile_model_sm90(heads: int, kvh: int, d: int, tiles: dict):
     """The whole-model kernel (engine/model/persistent_model.py) at the same constexprs."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from engine.model import persistent_layer as pl
     from engine.model import persistent_model as pm
 
@@ -201,28 +185,25 @@ def compile_model_sm90(heads: int, kvh: int, d: int, tiles: dict):
     const["NCOL"] = len(pm.COLUMNS)
     kinds = {"tbl_ptr": "*i64", "slot_ptr": "*i64", "clk_ptr": "*i64", "rope_pos_ptr": "*i32",
              "tok_pos_ptr": "*i32", "req_ptr": "*i32", "bt_ptr": "*i32", "bar_ptr": "*i32"}
-    sig = {n: "constexpr" if n in const else kinds.get(n, "*bf16") if n.endswith("_ptr")
-           else "fp32" if n in ("eps", "scale_log2") else "i32" for n in kernel.arg_names}
+    sig = signature(kernel, const, lambda n: kinds.get(n, "*bf16") if n.endswith("_ptr")
+                    else "fp32" if n in ("eps", "scale_log2") else "i32")
     unaligned = ("T", "L", "eps", "scale_log2", "window", "max_blocks")
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in kernel.arg_names
-             if sig[n] != "constexpr" and n not in unaligned}
-    return triton.compile(ASTSource(kernel, sig, const, attrs),
-                          target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "num_stages": pl.LayerTiles._field_defaults[
-                              "num_stages"]})
+    aligned = [n for n in kernel.arg_names if sig[n] != "constexpr" and n not in unaligned]
+    return compile_sm90(kernel, const, sig, aligned, num_warps=4,
+                        num_stages=pl.LayerTiles._field_defaults["num_stages"])
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available() or IN_INTERPRETER,
                     reason="on a GPU the cuda tests compile and run the kernel for real")
-@pytest.mark.skipif(not _ptxas_available(), reason="Triton finds no ptxas to assemble with")
+@pytest.mark.skipif(not ptxas_available(), reason=NO_PTXAS)
 def test_whole_model_kernel_keeps_the_vector_loads() -> None:
     """The pointers the whole-model kernel reads from its table (offsets declared multiples
     of 8 elements) still give 16-byte cp.async weight loads, as many as the one-layer
     kernel's; 5 barriers (4 in a layer, 1 between layers)."""
     shape = SM90_SHAPES["smollm2"]
     whole = compile_model_sm90(*shape).asm["ptx"]
-    layer = compile_sm90(*shape, sync=True).asm["ptx"]
+    layer = compile_layer_sm90(*shape, sync=True).asm["ptx"]
     cp16 = r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10"
     assert len(re.findall(cp16, whole)) == len(re.findall(cp16, layer)) > 0
     assert len(re.findall(r"red\.global\.gpu\.release\.add", whole)) == 5
