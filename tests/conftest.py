@@ -100,6 +100,7 @@ STARTS_ENGINE_PROCESSES = (
     "tests/http/test_serve_attach.py::test_serve_attach_serves_the_dashboards_engine",
     "tests/parallel/test_tp_engine.py",
     "tests/parallel/test_tp_lifecycle.py",
+    "tests/process/test_forkserver.py",
     "tests/process/test_process_attach.py",
     "tests/process/test_process_hung.py",
 )

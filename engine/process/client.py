@@ -29,6 +29,7 @@ from engine.core.request import RequestOutput
 from engine.process import endpoint
 from engine.process import timeouts as limits
 from engine.process.endpoint import default_socket_path  # noqa: F401 (API)
+from engine.process.forkserver import start_engine_process
 from engine.process.session import Session
 from engine.process.spawn import EngineProcess, exit_reason, last_words  # noqa: F401
 from engine.process.status import (  # noqa: F401  (re-exported: they belong to the API)
@@ -129,7 +130,7 @@ class EngineClient:
                 session = Session(Connection(sock.detach()), self._bus, proc=None, **liveness)
             else:
                 assert self.config is not None
-                proc = EngineProcess(self.listen_path)
+                proc = start_engine_process(self.listen_path, self.config.device)
                 session = Session(proc.conn, self._bus, proc=proc, **liveness)
                 session.notify(Command.START, config=self.config.to_dict())
             session.wait_ready(self.start_timeout_s)

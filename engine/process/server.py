@@ -2,7 +2,8 @@
 
 Owns the child side of the process boundary (docs/design.md section 5). spawn.py starts this
 module as a fresh interpreter (``python -c "from engine.process.server import main; main()"
---fd N --parent PID [--listen PATH]``), hands it one end of a socket pair (the owner's pipe)
+--fd N --parent PID [--listen PATH]``; forkserver.py forks it with ``--owner PID`` too),
+hands it one end of a socket pair (the owner's pipe)
 and sends the EngineConfig as a dict (Command.START). The child builds the Engine, answers
 Ready (or Failed with a message a user can act on, e.g. a missing model) and then serves
 commands until the owner shuts it down or is gone. With --listen it also accepts attached
@@ -276,12 +277,13 @@ class EngineServer:
                     pass
 
 
-def _watch_parent(parent_pid: int, on_gone: Callable[[str], None]) -> None:
+def _watch_parent(parent_pid: int, owner_pid: int, on_gone: Callable[[str], None]) -> None:
     """Exit at once when the parent is gone (we were re-parented): nothing here outlives it.
-    The kernel frees the device memory of a process that exits."""
+    The kernel frees the device memory of a process that exits. The parent is the owner,
+    or the owner's fork server (forkserver.py), which exits when the owner does."""
     while True:
         if os.getppid() != parent_pid:
-            on_gone(f"the engine's owner (pid {parent_pid}) is gone")
+            on_gone(f"the engine's owner (pid {owner_pid}) is gone")
             os._exit(4)
         time.sleep(WATCHDOG_PERIOD_S)
 
@@ -290,7 +292,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="gapless engine process (started by "
                                      "engine.process.client.EngineClient)")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the owner")
-    parser.add_argument("--parent", type=int, required=True, help="pid of the owner process")
+    parser.add_argument("--parent", type=int, required=True,
+                        help="pid of the parent process: the owner, or its fork server")
+    parser.add_argument("--owner", type=int, default=None,
+                        help="pid of the owner process, when the parent is its fork server")
     parser.add_argument("--listen", help="also accept clients on this Unix socket path")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -306,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
             server[0].abandon(reason)
         log.warning("%s: exiting", reason)
 
-    threading.Thread(target=_watch_parent, args=(args.parent, gone), name="gapless-watchdog",
+    owner = args.parent if args.owner is None else args.owner
+    threading.Thread(target=_watch_parent, args=(args.parent, owner, gone), name="gapless-watchdog",
                      daemon=True).start()
     try:
         _, _, payload = conn.recv()
@@ -335,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             conn.close()
         sys.exit(1)
-    server.append(EngineServer(engine, nvml, listener, listen_path, owner_pid=args.parent))
+    server.append(EngineServer(engine, nvml, listener, listen_path, owner_pid=owner))
     code = server[0].serve(server[0].add_link(conn, owner=True))
     sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: torch's can take seconds, nothing is left

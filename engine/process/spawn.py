@@ -25,6 +25,7 @@ import threading
 from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import BinaryIO
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_OUTPUT_CHARS = 300
@@ -63,21 +64,50 @@ def exit_reason(code: int | None, last_output: str | None = None) -> str:
     return reason
 
 
+def relay_stderr(stream: BinaryIO, last_output: deque[str]) -> None:
+    """The engine's log goes on to our stderr; its last lines explain a crash. Returns (and
+    closes the stream) once the engine process and every holder of the pipe's write end
+    are gone."""
+    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+    for raw in stream:
+        try:
+            if out is not None:
+                out.write(raw)
+                out.flush()
+            else:
+                sys.stderr.write(raw.decode(errors="replace"))
+        except (OSError, ValueError):  # our stderr is closed: keep draining the pipe
+            pass
+        line = raw.decode(errors="replace").strip()
+        if line:
+            last_output.append(line.rsplit("\r", 1)[-1])
+    stream.close()
+
+
+def engine_argv(listen: Path | None) -> list[str]:
+    """The engine process's own arguments, beside the pipe and the parent's pid."""
+    return ["--listen", str(listen)] if listen is not None else []
+
+
+def engine_env() -> dict[str, str]:
+    """The engine process's environment: ours, with this repository first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
 class EngineProcess:
     """The child interpreter running engine.process.server, and the owner's end of its pipe."""
 
     def __init__(self, listen: Path | None = None) -> None:
         parent_sock, child_sock = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env = engine_env()
         fd = child_sock.fileno()
         # -P: never put the working directory first on sys.path, so `engine` is this
         # repository's package whatever folder the parent runs in.
         argv = [sys.executable, "-P", "-c", "from engine.process.server import main; main()",
-                "--fd", str(fd), "--parent", str(os.getpid())]
-        if listen is not None:
-            argv += ["--listen", str(listen)]
+                "--fd", str(fd), "--parent", str(os.getpid()), *engine_argv(listen)]
         try:
             # Its own process group: when the owner dies, the kernel sees an orphaned group
             # and sends it SIGHUP then SIGCONT, so even an engine stopped with SIGSTOP (whose
@@ -105,22 +135,8 @@ class EngineProcess:
         self.exited.set()
 
     def _relay_stderr(self) -> None:
-        """The engine's log goes on to our stderr; its last lines explain a crash."""
         assert self.proc.stderr is not None
-        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
-        for raw in self.proc.stderr:
-            try:
-                if out is not None:
-                    out.write(raw)
-                    out.flush()
-                else:
-                    sys.stderr.write(raw.decode(errors="replace"))
-            except (OSError, ValueError):  # our stderr is closed: keep draining the pipe
-                pass
-            line = raw.decode(errors="replace").strip()
-            if line:
-                self.last_output.append(line.rsplit("\r", 1)[-1])
-        self.proc.stderr.close()
+        relay_stderr(self.proc.stderr, self.last_output)
 
     def exit_reason(self) -> str:
         code = self.proc.returncode

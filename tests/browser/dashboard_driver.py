@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engine_procs import engine_pids  # tests/ is on sys.path (conftest.py)
 
 from ui import headless
 
@@ -193,19 +194,10 @@ def steps_on_the_timeline(page: sync_api.Page, limit_s: float = 60) -> None:
 
 
 def engine_pid(server_pid: int) -> int:
-    """The engine process: the streamlit server's child running engine.process.server."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
-            ppid = int(next(line.split()[1] for line in (proc / "status").read_text()
-                            .splitlines() if line.startswith("PPid:")))
-        except (OSError, StopIteration):
-            continue
-        if ppid == server_pid and b"engine.process.server" in cmd:
-            return int(proc.name)
-    raise AssertionError("no engine process under the streamlit server")
+    """The engine process the streamlit server runs (tests/engine_procs.py)."""
+    pids = engine_pids(server_pid)
+    assert len(pids) == 1, f"engine processes under the streamlit server: {pids}"
+    return pids[0]
 
 
 def long_replies(page: sync_api.Page) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+from engine_procs import engine_pids  # tests/ is on sys.path (conftest.py)
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,11 +43,11 @@ class Server:
     socket: Path  # where other local clients (the dashboard) attach to its engine
 
     def engine_pid(self) -> int:
-        """The engine process: the serve process's only child (started by any of its
-        threads: a restart starts it from the supervisor's)."""
-        tasks = Path(f"/proc/{self.proc.pid}/task")
-        pids = [int(p) for t in tasks.iterdir() for p in (t / "children").read_text().split()]
-        assert len(pids) == 1, f"serve has children {pids}"
+        """The engine process: the serve process's only one (started by any of its threads:
+        a restart starts it from the supervisor's; forked from serve's fork server where
+        there is one, tests/engine_procs.py)."""
+        pids = engine_pids(self.proc.pid)
+        assert len(pids) == 1, f"serve has engine processes {pids}"
         return pids[0]
 
     def output(self) -> str:

@@ -1,0 +1,38 @@
+"""Finding the engine process an owner (a serve or streamlit process, this test) started.
+
+An owner's engine process is its child running engine.process.server, or, where the owner
+forks its engines from a fork server (engine/process/forkserver.py: machines without a GPU),
+a child of that fork server, its own child. A forked engine's command line is its fork
+server's, so the fork server is told apart by being the owner's child.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    try:
+        return [int(p) for t in tasks.iterdir() for p in (t / "children").read_text().split()]
+    except OSError:  # gone meanwhile
+        return []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
+def engine_pids(owner_pid: int) -> list[int]:
+    """The engine processes `owner_pid` runs now, spawned or forked."""
+    found = []
+    for child in _children(owner_pid):
+        cmd = _cmdline(child)
+        if b"engine.process.forkserver_main" in cmd:
+            found += _children(child)
+        elif b"engine.process.server" in cmd:
+            found.append(child)
+    return found

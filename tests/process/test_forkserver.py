@@ -1,0 +1,160 @@
+"""Engine processes forked from a fork server (engine/process/forkserver.py) behave as spawned
+ones to their owner: same output, exit code and reason, process group of their own; the fork
+server is one per owner (and environment), its children are the engines; a dead fork server
+costs nothing but a fresh spawn; where forking is not safe (a GPU machine, a CUDA engine) or
+switched off, engines are spawned fresh.
+
+The rest of the suite runs its CPU engines through the fork server too (tests/engine,
+tests/process, tests/http, tests/ui, tests/browser), which covers hangs, kills, restarts and an
+owner's death; this module checks what is particular to forking.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from engine_procs import engine_pids  # tests/ is on sys.path (conftest.py)
+
+from engine import SamplingParams
+from engine.process import forkserver
+from engine.process.client import EngineClient
+from engine.process.spawn import EngineProcess
+
+SMALL = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
+             block_size=16)
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _pgid(pid: int) -> int:
+    return os.getpgid(pid)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir) -> str:
+    return str(tiny_model_dir("llama"))
+
+
+def test_a_forked_engine_is_the_fork_servers_child_and_answers_as_a_spawned_one(
+        model, monkeypatch) -> None:
+    forked = EngineClient(None, model=model, **SMALL)
+    try:
+        monkeypatch.setenv(forkserver.ENV_SWITCH, "0")
+        spawned = EngineClient(None, model=model, **SMALL)
+    finally:
+        monkeypatch.delenv(forkserver.ENV_SWITCH)
+    try:
+        assert type(forked._session.proc).__name__ == "ForkedEngine"
+        assert isinstance(spawned._session.proc, EngineProcess)
+        server = _ppid(forked.pid)
+        assert server != os.getpid() and _ppid(server) == os.getpid()
+        assert _ppid(spawned.pid) == os.getpid()
+        assert set(engine_pids(os.getpid())) >= {forked.pid, spawned.pid}
+        # A process group of its own, as a spawned engine's; not the fork server's.
+        assert _pgid(forked.pid) == forked.pid != _pgid(server)
+        prompts = [[1, 2, 3, 4], [5, 6, 7]]
+        assert ([forked.generate(p, GREEDY).token_ids for p in prompts]
+                == [spawned.generate(p, GREEDY).token_ids for p in prompts])
+        # A second engine (a restart) comes from the same fork server.
+        forked.restart()
+        assert _ppid(forked.pid) == server
+        assert forked.generate(prompts[0], GREEDY).token_ids == \
+            spawned.generate(prompts[0], GREEDY).token_ids
+    finally:
+        forked.shutdown()
+        spawned.shutdown()
+
+
+def test_a_killed_forked_engine_gives_its_exit_code_and_the_next_start_works(model) -> None:
+    c = EngineClient(None, model=model, **SMALL)
+    try:
+        os.kill(c.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while c.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.death_reason() == "engine process exited with code -9 (SIGKILL)"
+        c.restart()
+        assert c.alive() and len(c.generate([1, 2, 3], GREEDY).token_ids) == 8
+    finally:
+        c.shutdown()
+
+
+def test_a_dead_fork_server_leaves_its_engine_serving_until_it_ends_and_is_replaced(
+        model) -> None:
+    """Killing the fork server re-parents its engine, whose watchdog ends it (nothing outlives
+    its parent); the owner is told, and the next start gets a new fork server."""
+    c = EngineClient(None, model=model, **SMALL)
+    try:
+        server = _ppid(c.pid)
+        os.kill(server, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while c.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not c.alive(), "the engine outlived its fork server"
+        assert c.death_reason()  # says something, whatever the code it could not learn
+        c.restart()
+        assert _ppid(c.pid) not in (server, os.getpid())  # a new fork server's child
+        assert len(c.generate([1, 2], GREEDY).token_ids) == 8
+    finally:
+        c.shutdown()
+
+
+def test_the_owners_death_ends_the_fork_server_and_its_engines(model, tmp_path) -> None:
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time
+        from engine.process.client import EngineClient
+        c = EngineClient(None, model={model!r}, device="cpu", max_num_seqs=2,
+                         max_num_batched_tokens=32, max_model_len=64)
+        print(c.pid, flush=True)
+        time.sleep(120)
+    """))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        engine = int(owner.stdout.readline())
+        server = _ppid(engine)
+        assert _ppid(server) == owner.pid
+        os.kill(engine, signal.SIGSTOP)  # even a stopped engine must go
+        owner.kill()
+        owner.wait(10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists()
+                                                  and _state(p) != "Z" for p in (engine, server)):
+            time.sleep(0.1)
+        assert [p for p in (engine, server) if Path(f"/proc/{p}").exists() and _state(p) != "Z"
+                ] == [], "the fork server or its engine outlived the owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(10)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_forking_only_where_it_is_safe(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv(forkserver.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(forkserver, "GPU_NODES", (str(tmp_path / "no-such-node"),))
+    assert forkserver.forkserver_wanted("cpu") and forkserver.forkserver_wanted("auto")
+    assert not forkserver.forkserver_wanted("cuda")
+    monkeypatch.setenv(forkserver.ENV_SWITCH, "0")
+    assert not forkserver.forkserver_wanted("cpu")
+    monkeypatch.delenv(forkserver.ENV_SWITCH)
+    monkeypatch.setattr(forkserver, "GPU_NODES", (str(tmp_path),))  # a GPU's node exists
+    assert not forkserver.forkserver_wanted("cpu") and not forkserver.forkserver_wanted("auto")
