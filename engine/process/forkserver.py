@@ -18,7 +18,9 @@ Used only where forking cannot go wrong:
 - unless GAPLESS_ENGINE_FORKSERVER=0 (the config-free switch for a user who wants every
   engine a fresh interpreter).
 Anything that fails on the way (the fork server will not start, or dies) falls back to a
-fresh spawn, logged.
+fresh spawn, logged. The price: the fork server stays resident while its owner runs, ~420 MB
+RSS (270 MB anonymous) on this project's VM with torch 2.13 (2026-12-04), its pages shared
+copy-on-write with the engines it forks.
 
 The forked engine behaves as a spawned one (spawn.EngineProcess) to its owner: the same pipe,
 stderr relayed, a process group of its own, the exit code (from the fork server, which reaps
