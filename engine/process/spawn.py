@@ -11,6 +11,8 @@ kernel sends SIGHUP + SIGCONT once the owner is gone (a stopped orphan does not 
 The engine starts through subprocess rather than multiprocessing's spawn context (spawn
 semantics: nothing is inherited but one socket), because spawn re-runs the parent's __main__
 in the child, and under `streamlit run` that imports streamlit in the engine process.
+On a machine without a GPU, forkserver.py forks engines from a fork server instead (started
+the same way, once); it reuses this module's stderr relay, arguments and environment.
 """
 
 from __future__ import annotations
