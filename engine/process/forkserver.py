@@ -96,7 +96,9 @@ _servers_lock = threading.Lock()
 
 
 def _server_for(env: dict[str, str]) -> ForkServer | None:
-    key = (sys.executable, tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE)))
+    # The pid too: a process forked from an owner must not speak on its parent's socket.
+    key = (os.getpid(), sys.executable,
+           tuple(sorted((k, v) for k, v in env.items() if k not in VOLATILE)))
     with _servers_lock:
         server = _servers.get(key)
         if server is not None and server.alive():
