@@ -61,6 +61,9 @@ def test_a_forked_engine_is_the_fork_servers_child_and_answers_as_a_spawned_one(
         assert server != os.getpid() and _ppid(server) == os.getpid()
         assert _ppid(spawned.pid) == os.getpid()
         assert set(engine_pids(os.getpid())) >= {forked.pid, spawned.pid}
+        # Named apart in ps and top (its command line is the fork server's).
+        assert Path(f"/proc/{forked.pid}/comm").read_text().strip() == "gapless-engine"
+        assert Path(f"/proc/{server}/comm").read_text().strip() == "gapless-forksrv"
         # A process group of its own, as a spawned engine's; not the fork server's.
         assert _pgid(forked.pid) == forked.pid != _pgid(server)
         prompts = [[1, 2, 3, 4], [5, 6, 7]]
