@@ -11,6 +11,23 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first, then the parent's pid)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def parent_of(pid: int) -> int:
+    return int(_stat(pid)[1])
+
+
+def process_gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie nobody has reaped yet."""
+    try:
+        return _stat(pid)[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
 def _children(pid: int) -> list[int]:
     tasks = Path(f"/proc/{pid}/task")
     try:

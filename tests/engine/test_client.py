@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_procs import engine_pids  # tests/ is on sys.path (conftest.py)
+from engine_procs import engine_pids, parent_of, process_gone  # tests/ is on sys.path (conftest.py)
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.drivers.loadgen import LoadSpec
@@ -56,22 +56,8 @@ def client(model_dir):
     c.shutdown()
 
 
-def _parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
 class OnlyHere:
     """A class the engine process cannot import."""
-
-
-def process_gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie nobody has reaped yet."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def wait_for(predicate, timeout: float, step: float = 0.01) -> float:
@@ -188,7 +174,7 @@ def test_the_engine_process_does_not_import_streamlit_or_ui(client):
     assert info["pid"] == client.pid and client.pid in engine_pids(os.getpid())
     # Ours: our child, or our fork server's (engine/process/forkserver.py, no GPU here).
     assert info["parent_pid"] == os.getpid() or (
-        os.getpid() == _parent_of(info["parent_pid"]) and not torch.cuda.is_available())
+        os.getpid() == parent_of(info["parent_pid"]) and not torch.cuda.is_available())
     assert info["streamlit_imported"] is False and info["ui_imported"] is False
     if not torch.cuda.is_available():  # a GPU machine has NVML: then there is a reading
         assert client.nvml() is None and client.nvml_reason().startswith("no GPU")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_procs import engine_pids  # tests/ is on sys.path (conftest.py)
+from engine_procs import engine_pids, parent_of, process_gone  # tests/ is on sys.path (conftest.py)
 
 from engine import SamplingParams
 from engine.process import forkserver
@@ -31,14 +31,6 @@ SMALL = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=64, max_model_
              block_size=16)
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _ppid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _pgid(pid: int) -> int:
-    return os.getpgid(pid)
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +49,21 @@ def test_a_forked_engine_is_the_fork_servers_child_and_answers_as_a_spawned_one(
     try:
         assert type(forked._session.proc).__name__ == "ForkedEngine"
         assert isinstance(spawned._session.proc, EngineProcess)
-        server = _ppid(forked.pid)
-        assert server != os.getpid() and _ppid(server) == os.getpid()
-        assert _ppid(spawned.pid) == os.getpid()
+        server = parent_of(forked.pid)
+        assert server != os.getpid() and parent_of(server) == os.getpid()
+        assert parent_of(spawned.pid) == os.getpid()
         assert set(engine_pids(os.getpid())) >= {forked.pid, spawned.pid}
         # Named apart in ps and top (its command line is the fork server's).
         assert Path(f"/proc/{forked.pid}/comm").read_text().strip() == "gapless-engine"
         assert Path(f"/proc/{server}/comm").read_text().strip() == "gapless-forksrv"
         # A process group of its own, as a spawned engine's; not the fork server's.
-        assert _pgid(forked.pid) == forked.pid != _pgid(server)
+        assert os.getpgid(forked.pid) == forked.pid != os.getpgid(server)
         prompts = [[1, 2, 3, 4], [5, 6, 7]]
         assert ([forked.generate(p, GREEDY).token_ids for p in prompts]
                 == [spawned.generate(p, GREEDY).token_ids for p in prompts])
         # A second engine (a restart) comes from the same fork server.
         forked.restart()
-        assert _ppid(forked.pid) == server
+        assert parent_of(forked.pid) == server
         assert forked.generate(prompts[0], GREEDY).token_ids == \
             spawned.generate(prompts[0], GREEDY).token_ids
     finally:
@@ -99,7 +91,7 @@ def test_a_dead_fork_server_leaves_its_engine_serving_until_it_ends_and_is_repla
     its parent); the owner is told, and the next start gets a new fork server."""
     c = EngineClient(None, model=model, **SMALL)
     try:
-        server = _ppid(c.pid)
+        server = parent_of(c.pid)
         os.kill(server, signal.SIGKILL)
         deadline = time.monotonic() + 15
         while c.alive() and time.monotonic() < deadline:
@@ -107,7 +99,7 @@ def test_a_dead_fork_server_leaves_its_engine_serving_until_it_ends_and_is_repla
         assert not c.alive(), "the engine outlived its fork server"
         assert c.death_reason()  # says something, whatever the code it could not learn
         c.restart()
-        assert _ppid(c.pid) not in (server, os.getpid())  # a new fork server's child
+        assert parent_of(c.pid) not in (server, os.getpid())  # a new fork server's child
         assert len(c.generate([1, 2], GREEDY).token_ids) == 8
     finally:
         c.shutdown()
@@ -127,28 +119,20 @@ def test_the_owners_death_ends_the_fork_server_and_its_engines(model, tmp_path) 
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         engine = int(owner.stdout.readline())
-        server = _ppid(engine)
-        assert _ppid(server) == owner.pid
+        server = parent_of(engine)
+        assert parent_of(server) == owner.pid
         os.kill(engine, signal.SIGSTOP)  # even a stopped engine must go
         owner.kill()
         owner.wait(10)
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists()
-                                                  and _state(p) != "Z" for p in (engine, server)):
+        while time.monotonic() < deadline and not all(map(process_gone, (engine, server))):
             time.sleep(0.1)
-        assert [p for p in (engine, server) if Path(f"/proc/{p}").exists() and _state(p) != "Z"
-                ] == [], "the fork server or its engine outlived the owner"
+        assert [p for p in (engine, server) if not process_gone(p)] == [], \
+            "the fork server or its engine outlived the owner"
     finally:
         if owner.poll() is None:
             owner.kill()
             owner.wait(10)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
 
 
 def test_forking_only_where_it_is_safe(monkeypatch, tmp_path) -> None:
