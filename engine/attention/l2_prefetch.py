@@ -30,7 +30,11 @@ def kv_prefetch_fits(tokens: int, kv_heads: int, head_dim: int, elem_size: int) 
     return rows * head_dim * elem_size * 2 <= KV_PREFETCH_BUDGET
 
 
-if triton is not None:
+if triton is None:
+    # Importable without triton (the dashboard's install has none): the kernels that call
+    # these are never defined there either.
+    prefetch_lines = prefetch_kv = None
+else:
 
     @triton.jit
     def prefetch_lines(ptrs):
