@@ -38,11 +38,11 @@ if TYPE_CHECKING:
     from engine.process.client import EngineClient
 
 RESULT_KEY = "anatomy.result"
-SCREENSHOT = SHIPPED_ANATOMY.parents[4] / "docs" / "screenshots" / "anatomy-8b-h200.png"
+SCREENSHOT = SHIPPED_ANATOMY.parents[1] / "screenshots" / "anatomy-8b-h200.png"
 
 
 def show_shipped() -> None:
-    """The H200 anatomy shipped in bench/results/: what a decode step's kernels look like."""
+    """The H200 anatomy shipped in docs/recordings/: what a decode step's kernels look like."""
     doc = load_shipped_anatomy()
     if doc is None:
         st.warning(f"The shipped H200 anatomy is missing ({SHIPPED_ANATOMY.name}).")

@@ -3,7 +3,7 @@
 Owns turning an anatomy summary (engine.step.anatomy.anatomy_summary's plain dict: per-step
 timing, kernel families, a compact Chrome trace with one row per family) into rows and a
 plotly figure, and reading the shipped H200 anatomy (``python -m bench anatomy``'s JSON in
-bench/results/) that the page shows where there are no kernels to record (a CPU). Pure
+docs/recordings/) that the page shows where there are no kernels to record (a CPU). Pure
 functions: no streamlit, no engine, no clock reads; it never writes a file.
 """
 
@@ -23,9 +23,9 @@ FAMILY_COLOURS: dict[str, str] = {
 }
 
 
-# The 8B decode-step anatomy measured on the H200 (bench/suites/anatomy.py, commit c6fe613).
-SHIPPED_ANATOMY = (Path(__file__).resolve().parents[1] / "bench" / "results"
-                   / "2026-12-03-nvidia-h200-c6fe613" / "anatomy" / "anatomy_llama-8b.json")
+# The 8B decode-step anatomy written by `python -m bench anatomy`; its meta says where and when.
+SHIPPED_ANATOMY = (Path(__file__).resolve().parents[1] / "docs" / "recordings"
+                   / "anatomy-h200-llama-8b.json")
 
 
 def load_shipped_anatomy(path: Path = SHIPPED_ANATOMY) -> dict[str, Any] | None:

@@ -75,7 +75,7 @@ def test_on_a_cpu_it_says_there_are_no_kernels_and_shows_the_shipped_h200_anatom
     assert not asked
     shipped = at.dataframe[0].value  # the shipped H200 results, then its family table
     gapless = shipped[(shipped["implementation"] == "gapless") & (shipped["batch"] == 32)]
-    assert list(gapless["kernels/step"]) == [373]  # the H200 8B step, bench/results
+    assert list(gapless["kernels/step"]) == [373]  # the shipped 8B step, docs/recordings
     assert any("H200" in c.value and "commit" in c.value for c in at.caption)
 
 

@@ -139,11 +139,10 @@ def test_kernel_busy_is_estimated_only_from_an_anatomy_calibration() -> None:
     assert "estimated" in titles(gauges_figure(v))[1]
 
 
-# Recorded on the H200 (bench truth, main e105790, SmolLM2-135M b16, four modes): the step
-# records of each mode's bare, reference and sampled windows, and the kernel samples.
-H200_KERNELS = (Path(__file__).resolve().parents[2] / "bench" / "results"
-                / "2026-12-04-nvidia-h200-e105790" / "truth" / "truth"
-                / "recording-smollm2-135m.jsonl")
+# A shipped recording (bench truth, SmolLM2-135M b16, four modes): the step records of each
+# mode's bare, reference and sampled windows, and the kernel samples.
+H200_KERNELS = (Path(__file__).resolve().parents[2] / "docs" / "recordings"
+                / "h200-smollm2-135m.jsonl")
 
 
 def test_kernel_busy_is_measured_from_recorded_kernel_samples() -> None:
