@@ -5,7 +5,8 @@
     python -m bench gpu --suites a,b [--budget a=SECONDS,...] [--args a='...'] [-- options]
     python -m bench ab SUITE --trees BEFORE,AFTER [--rounds 3] [-- options]
 
-A suite writes JSON + markdown into bench/results/<date>-<machine>-<commit>/<suite>/ (or --out);
+A suite writes JSON + markdown into artifacts/bench/<date>-<machine>-<commit>/<suite>/ (or --out;
+git ignores artifacts/);
 the harness adds stdout.txt (what it printed) and summary.json (its returned summary with the
 command, machine and commit).
 `gpu` runs several suites, each in its own process with its own time budget, into one folder;

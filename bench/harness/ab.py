@@ -73,8 +73,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("suite")
     ap.add_argument("--trees", required=True, help="BEFORE,AFTER: two source trees")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default=None, help="results folder (default: bench/results/"
-                    "<date>-<machine>-<commit>/ab-<suite>)")
+    ap.add_argument("--out", default=None, help=report.out_help("ab-<suite>/"))
     args = ap.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     if len(trees) != 2 or not all(t.is_dir() for t in trees):

@@ -1,8 +1,10 @@
 """Reporting for benchmarks: markdown tables, the results folder
-`bench/results/<YYYY-MM-DD>-<machine>-<shortcommit>/<suite>/`, and the JSON + markdown files a
-suite leaves there with the command, machine, commit and date that produced them.
+`artifacts/bench/<YYYY-MM-DD>-<machine>-<shortcommit>/<suite>/` (ignored by git; `--out` picks
+another), and the JSON + markdown files a suite leaves there with the command, machine, commit
+and date that produced them.
 
-Owns names and files; never measures anything.
+Owns names and files; never measures anything, and never writes inside the tracked tree: runs
+are records, and the figures worth keeping are copied into docs/benchmarks.md by hand.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "artifacts" / "bench"
+
+
+def out_help(tail: str = "") -> str:
+    """The help of an `--out` option: the default folder (tail: the part under the run folder)."""
+    return f"folder for the files (default: artifacts/bench/<date>-<machine>-<commit>/{tail})"
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
@@ -33,8 +40,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]],
 
 
 def short_commit() -> str:
-    """BENCH_COMMIT if set, else git's short HEAD (with + when the tree has changes), else
-    'nocommit' (a copy of the tree without .git)."""
+    """BENCH_COMMIT if set (`ab` names each tree so), else git's short HEAD, else 'nocommit'
+    (a copy of the tree without .git)."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
@@ -71,8 +78,8 @@ def machine_name() -> str:
 
 
 def run_folder(root: Path | None = None) -> Path:
-    """`<root>/<date>-<machine>-<commit>` (root: BENCH_RESULTS or bench/results)."""
-    root = Path(root or os.environ.get("BENCH_RESULTS") or RESULTS)
+    """`<root>/<date>-<machine>-<commit>` (root: artifacts/bench/ in the checkout)."""
+    root = Path(root or RESULTS)
     return root / f"{time.strftime('%Y-%m-%d')}-{machine_name()}-{short_commit()}"
 
 

@@ -108,8 +108,7 @@ def main(argv: list[str]) -> int:
                     help="seconds for a suite without --budget (default %(default)s)")
     ap.add_argument("--args", action="append", default=[], metavar="SUITE='OPTIONS'",
                     help="options for one suite only (repeatable)")
-    ap.add_argument("--out", default=None, help="results folder (default: bench/results/"
-                    "<date>-<machine>-<commit>, or under $BENCH_RESULTS)")
+    ap.add_argument("--out", default=None, help=report.out_help())
     args = ap.parse_args(argv)
     names = [s.strip() for s in args.suites.split(",") if s.strip()]
     for name in names:

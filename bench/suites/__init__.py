@@ -14,6 +14,8 @@ import pkgutil
 from pathlib import Path
 from types import ModuleType
 
+from bench.harness import report
+
 
 def module_name(suite: str) -> str:
     return "bench.suites." + suite.replace("-", "_")
@@ -45,8 +47,6 @@ def parser(suite: str, mod: ModuleType | None = None) -> argparse.ArgumentParser
     """The suite's argument parser, with the harness's own --out option."""
     mod = mod or load(suite)
     ap = argparse.ArgumentParser(prog=f"python -m bench {suite}", description=mod.DESCRIPTION)
-    ap.add_argument("--out", default=None,
-                    help="folder for this suite's files (default: bench/results/"
-                         "<date>-<machine>-<commit>/<suite>/, or under $BENCH_RESULTS)")
+    ap.add_argument("--out", default=None, help=report.out_help(f"{suite}/"))
     mod.add_arguments(ap)
     return ap

@@ -1,5 +1,0 @@
-NOTEARDOWN="TEARDOWN_CUPTI=0 DISABLE_CUPTI_LAZY_REINIT=1"
-part loss 170 'python3 -m bench truth-loss --out $P/loss > $P/loss.log 2>&1; echo rc=$?; grep -v "^USDT" $P/loss.log | tail -30'
-part truthA 110 'python3 -m bench truth --presets smollm2-135m:16,llama-8b:32 --modes sync-graphs,async-graphs,sync-eager,async-eager --repeats 1 --window-s 0.5 --pairs 0 --out $P/truth > $P/truth.log 2>&1; echo rc=$?; grep -v "^USDT" $P/truth.log | grep -E "^\[|lost|kernel record" | cut -c1-220 | tail -24'
-part truthB 110 "env $NOTEARDOWN python3 -m bench truth --presets smollm2-135m:16,llama-8b:32 --modes sync-graphs,async-graphs,sync-eager,async-eager --repeats 1 --window-s 0.5 --pairs 0 --out \$P/truth > \$P/truth.log 2>&1; echo rc=\$?; grep -v '^USDT' \$P/truth.log | grep -E '^\[|lost|kernel record' | cut -c1-220 | tail -24"
-part costB 130 "env $NOTEARDOWN python3 -m bench truth-cost --cost-period 10 --pair-new 1024 --pairs 3 --out \$P/cost > \$P/cost.log 2>&1; echo rc=\$?; grep -v '^USDT' \$P/cost.log | tail -15"
