@@ -35,12 +35,12 @@ from engine.model.hf_config import text_config
 from engine.parallel.leader import TPLeader
 from engine.sizing import check_fits, kv_bytes_per_block, num_blocks_for
 from engine.step import heap
-from engine.step.floor_probe import engine_curve
+from engine.instruments.floor_probe import engine_curve
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
-from engine.step.sentinel import Sentinel
-from engine.step.step_floor import live_floor
+from engine.instruments.sentinel import Sentinel
+from engine.instruments.step_floor import live_floor
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 
@@ -205,7 +205,7 @@ class Engine(LiveControl):
         # (under TP the leader's model is its shard, and each rank reads its KV share)
         self.loop.byte_floor = live_floor(model, self.kv_bytes_per_token / max(1, n_tp),
                                           self.floor_curve)
-        # Measured kernels of a few steps every period (engine/step/kernel_trace.py).
+        # Measured kernels of a few steps every period (engine/instruments/kernel_trace.py).
         self.loop.pipeline.kernels.set_period(config.kernel_sample_period_s)
 
     # ------------------------------------------------------------------------ requests

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from engine.step.sentinel import check_sample_every
+from engine.instruments.sentinel import check_sample_every
 
 
 class LiveControl:

@@ -15,7 +15,7 @@ step is the range that holds that call. Events without a correlation (CPU ops, f
 a CPU) belong to the range that holds them in time.
 
 It must never import torch or anything of ours, read clocks or touch a profiler: the engine
-records (engine/step/anatomy.py), this module only reads what was recorded.
+records (engine/instruments/anatomy.py), this module only reads what was recorded.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Small reads never reach a GPU's peak bandwidth: a kernel that reads 2 MB pays its launch,
 its ramp-up and its tail for little data. A `BandwidthCurve` holds measured (bytes, bytes/s)
-points from 1 MB to 1 GB, read with a cold L2 (engine/step/floor_probe.py measures it at
+points from 1 MB to 1 GB, read with a cold L2 (engine/instruments/floor_probe.py measures it at
 engine start, cached per GPU model; telemetry/curves/<gpu>.json are the shipped ones), and
 gives the size-aware time of a read: the bandwidth at that size, interpolated in log-log,
 clamped at the ends.

@@ -1,6 +1,6 @@
 """Step anatomy figures: one recorded step as a kernel timeline, and the family table.
 
-Owns turning an anatomy summary (engine.step.anatomy.anatomy_summary's plain dict: per-step
+Owns turning an anatomy summary (engine.instruments.anatomy.anatomy_summary's plain dict: per-step
 timing, kernel families, a compact Chrome trace with one row per family) into rows and a
 plotly figure, and reading the shipped H200 anatomy (``python -m bench anatomy``'s JSON in
 docs/recordings/) that the page shows where there are no kernels to record (a CPU). Pure
@@ -95,7 +95,7 @@ def step_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                "between kernels (us)": round(s["gap_us"], 1)}
         if "times_floor" in s:
             row["x byte floor"] = round(s["times_floor"], 2)
-        # Both floors from the engine's start-up curve (engine/step/step_floor.py), on a GPU
+        # Both floors from the engine's start-up curve (engine/instruments/step_floor.py), on a GPU
         for key, label in (("x_peak_floor", "x peak-copy floor"),
                            ("x_size_aware_floor", "x size-aware floor")):
             if s.get(key) is not None:

@@ -5,7 +5,7 @@
 #   OUT=/path bash bench/gpu/pdl.sh
 # 1. tests (~120 s): the PDL and fused CUDA tests at this commit (pdl_available is now the one
 #    check of PDL for the attention and the fused kernels); predicted: all pass.
-# 2. floor (~20 s): engine.step.floor_probe.measure_curve as the engine runs it (in a CUDA graph,
+# 2. floor (~20 s): engine.instruments.floor_probe.measure_curve as the engine runs it (in a CUDA graph,
 #    back to back over cold buffers), against the shipped telemetry/curves/nvidia-h200.json
 #    (which came from the same method in a script). Predicted: within 5% at 1 MB, 32 MB, 1 GB.
 # 3. anatomy (~90 s): decode-step span at this commit (code moved after the last figures:
@@ -21,7 +21,7 @@ T tests 150 python3 -m pytest -q -rf -p no:cacheprovider -o addopts= -m cuda \
     tests/model/test_pdl_overlap.py tests/model/test_fused_cuda.py tests/model/test_fused_rope.py \
     tests/kernel/test_paged_attention.py --junitxml="$OUT/junit.xml"
 T floor 40 python3 -c "
-import json; from engine.step.floor_probe import measure_curve
+import json; from engine.instruments.floor_probe import measure_curve
 c = measure_curve('cuda'); print(c)
 s = json.load(open('telemetry/curves/nvidia-h200.json')); print(s)"
 A="python3 -m bench anatomy --impls gapless --steps 10 --warmup 3"

@@ -8,7 +8,7 @@ decodes:
 0. *bare*: ``--window-s`` with no profiler at all: the step period the tracers perturb;
 1. *reference*: torch.profiler (CUDA activities only, our sampler off) over ``--window-s``:
    kernel busy = union of device work (host copies left out) / first kernel to last;
-2. *ours*: the engine's kernel sampler (engine/step/kernel_trace.py) at ``--sample-period``
+2. *ours*: the engine's kernel sampler (engine/instruments/kernel_trace.py) at ``--sample-period``
    over the next ``--window-s``: kernel busy from the sampled steps' measured kernels
    (telemetry.kernels.kernel_busy). Target: within 1 pp of (1);
 3. the waterfall of (2)'s window (telemetry.waterfall): byte floor at the size-aware
@@ -24,7 +24,7 @@ Then, on the first shape: a step anatomy (async + graphs) against both floors pe
 GPM's DRAM bandwidth over a decode-only window against the anatomy's bytes / time; the
 sampler's cost (engine at the default period vs off, alternated pairs); and a telemetry
 recording of the four modes with kernel samples for the dashboard (recording.jsonl). On a GPU
-the size-aware floor curve is measured first (engine/step/floor_probe.py; curve.json).
+the size-aware floor curve is measured first (engine/instruments/floor_probe.py; curve.json).
 
     python -m bench truth                                  # the H200, ~4 min
     python -m bench truth --device cpu --presets tiny:4 --dtype float32 --window-s 0.3 \\
@@ -110,7 +110,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
     sampler = eng.loop.pipeline.kernels
     sampler.set_period(0)
     batch = len(prompts)
-    from engine.step.kernel_trace_clock import unsaved
+    from engine.instruments.kernel_trace_clock import unsaved
 
     def fresh_batch() -> list[Any]:
         """The batch from its prompts again: every window decodes the same contexts (a
@@ -306,7 +306,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                                "torch": torch.__version__, "shapes": {}}
     curve = None
     if cuda:
-        from engine.step.floor_probe import measure_curve
+        from engine.instruments.floor_probe import measure_curve
 
         t = time.perf_counter()
         curve = measure_curve()
@@ -370,7 +370,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             torch.cuda.empty_cache()
     if nvml is not None:
         nvml.close()
-    from engine.step import kernel_trace
+    from engine.instruments import kernel_trace
 
     summary["trace_read_from_objects"] = kernel_trace.READ_OBJECTS
     summary["total_s"] = time.perf_counter() - T0

@@ -54,7 +54,7 @@ def contexts_of(rec: Any, prompt: int, first_decode_step: int) -> list[int]:
 def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
                  args: argparse.Namespace, curve: Any, out: Path) -> dict[str, Any]:
     from bench.suites.truth_engine import params, wait_decoding
-    from engine.step.anatomy import record_anatomy
+    from engine.instruments.anatomy import record_anatomy
     from telemetry.anatomy import family_table
     from telemetry.floor import size_aware_seconds
 
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         pass
     curve = None
     if cuda:
-        from engine.step.floor_probe import curve_for_device
+        from engine.instruments.floor_probe import curve_for_device
 
         curve = curve_for_device()
     else:

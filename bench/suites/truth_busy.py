@@ -247,8 +247,8 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     from torch.profiler import ProfilerActivity, profile
 
     from bench.harness.trace import profiler_trace
-    from engine.step.kernel_trace_clock import clock_lost
-    from engine.step.kernel_trace_read import _HOST_COPY, lost_launches
+    from engine.instruments.kernel_trace_clock import clock_lost
+    from engine.instruments.kernel_trace_read import _HOST_COPY, lost_launches
 
     before = clock_offset_ns()
     prof = profile(activities=[ProfilerActivity.CUDA])

@@ -64,7 +64,7 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
     the cost apart (VARIANTS): the profiler sessions alone, or the conversion's GIL share."""
     from bench.harness.timing import alternated_pairs
     from bench.suites.truth_engine import make_engine, params
-    from engine.step import kernel_trace
+    from engine.instruments import kernel_trace
 
     if variant not in VARIANTS:
         raise ValueError(f"cost variant must be one of {', '.join(VARIANTS)}, got {variant!r}")

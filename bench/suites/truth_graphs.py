@@ -258,7 +258,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     summary: dict[str, Any] = {"device": torch.cuda.get_device_name(),
                                "torch": torch.__version__, "synthetic": synthetic(args)}
     if args.presets:
-        from engine.step import kernel_trace
+        from engine.instruments import kernel_trace
 
         summary["engine"] = {}
         for item in args.presets.split(","):

@@ -102,8 +102,8 @@ def _count(events: list[dict[str, Any]]) -> dict[str, int]:
 def child(recipe: str) -> list[dict[str, Any]]:
     """Run one recipe in this process; a row per profiler session."""
     step, torch = _workload()
-    from engine.step.kernel_trace import _start
-    from engine.step.kernel_trace_read import object_events
+    from engine.instruments.kernel_trace import _start
+    from engine.instruments.kernel_trace_read import object_events
 
     for _ in range(3):
         step()

@@ -23,7 +23,7 @@ kernel sampler's own way of starting and stopping the profiler (CUDA activities 
 
 The export-order check (``clock``, run last): a CPU + CUDA session's trace written at once,
 after another session has started, and after another session has run and stopped; counts
-its CUDA events at ts 0 (engine/step/kernel_trace_clock.py says why they would be).
+its CUDA events at ts 0 (engine/instruments/kernel_trace_clock.py says why they would be).
     python -m bench truth-sessions --device cpu    # CPU: says there is nothing to measure
 """
 
@@ -62,8 +62,8 @@ def clock_check(x: torch.Tensor) -> dict[str, Any]:
 
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.step.kernel_trace import _start
-    from engine.step.kernel_trace_clock import CUDA_CATS, clock_lost
+    from engine.instruments.kernel_trace import _start
+    from engine.instruments.kernel_trace_clock import CUDA_CATS, clock_lost
 
     def session() -> Any:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -100,8 +100,8 @@ def one_session(x: torch.Tensor, g: Any, launches: int, body: int,
     """One session; with ``other_thread`` the kernels are launched by another thread than
     the one that starts and stops the profiler (as the truth suite's reference window does
     while the engine's loop thread launches)."""
-    from engine.step.kernel_trace import _start
-    from engine.step.kernel_trace_read import object_events
+    from engine.instruments.kernel_trace import _start
+    from engine.instruments.kernel_trace_read import object_events
 
     def work() -> None:
         for _ in range(launches):

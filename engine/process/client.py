@@ -334,7 +334,7 @@ class EngineClient:
 
     def record_anatomy(self, n_steps: int = 8, timeout_s: float = 30.0) -> dict[str, Any]:
         """Record the kernels of the next n_steps steps in the engine process: the dict of
-        engine.step.anatomy.anatomy_summary (per-step timing, family table, Chrome trace)."""
+        engine.instruments.anatomy.anatomy_summary (per-step timing, family table, Chrome trace)."""
         return dict(self._call(Command.RECORD_ANATOMY, timeout=timeout_s + 30.0,
                                n_steps=n_steps, timeout_s=timeout_s))
 

@@ -72,9 +72,9 @@ class Commands:
 
     def record_anatomy(self, link: ClientLink, n_steps: int = 8,
                        timeout_s: float = 30.0) -> dict[str, Any]:
-        """Kernels of the next n_steps steps (engine.step.anatomy); the server runs it on a
+        """Kernels of the next n_steps steps (engine.instruments.anatomy); the server runs it on a
         thread of its own, so it blocks no client's other commands."""
-        from engine.step.anatomy import anatomy_summary, record_anatomy
+        from engine.instruments.anatomy import anatomy_summary, record_anatomy
 
         return anatomy_summary(record_anatomy(self.engine, n_steps, timeout_s))
 

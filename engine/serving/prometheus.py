@@ -290,7 +290,7 @@ class _LiveGauges(Collector):
                     bool(settings.get("cuda_graphs")), labelled=False)
         yield gauge("gapless:cuda_graphs_available", "1 when CUDA graphs can be turned on.",
                     bool(settings.get("cuda_graphs_available")), labelled=False)
-        # The async-correctness sentinel (engine/step/sentinel.py), while it is on: its
+        # The async-correctness sentinel (engine/instruments/sentinel.py), while it is on: its
         # mismatch rate is rate(mismatches) / rate(checked).
         for key, metric, doc in SENTINEL_COUNTERS:
             if key in stats:

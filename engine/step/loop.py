@@ -37,7 +37,7 @@ from engine.step.protocols import (  # noqa: F401  (re-exported: the loop's cont
     describe,
 )
 from engine.step.runner import ModelRunner
-from engine.step.sentinel import Sentinel
+from engine.instruments.sentinel import Sentinel
 from engine.step.streams import StreamSet
 from engine.step.text import RequestText, stop_reason
 from telemetry.bus import TelemetryBus
@@ -69,8 +69,8 @@ class StepLoop:
     ) -> None:
         self.runner = runner
         self.followers = followers
-        self.sentinel = sentinel  # the async-correctness check (engine.step.sentinel)
-        # A step's byte floor (ns) from its total context (engine/step/step_floor.py
+        self.sentinel = sentinel  # the async-correctness check (engine.instruments.sentinel)
+        # A step's byte floor (ns) from its total context (engine/instruments/step_floor.py
         # live_floor), set by the engine on a GPU; None: records carry floor_ns 0.
         self.byte_floor: Callable[[int], int] | None = None
         self.scheduler = scheduler

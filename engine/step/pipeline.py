@@ -14,9 +14,9 @@ It never decides what runs: see engine.loop.
 Timing (telemetry on): each op is timed by events on its stream; a CUDA-graph replay also
 hands over the events recorded inside its graph, so its compute span starts at the graph's
 first kernel and the launch latency before it is a compute.launch span. A step-anatomy
-recording (engine.step.anatomy), when one is asked for, wraps the recorded steps' launches
+recording (engine.instruments.anatomy), when one is asked for, wraps the recorded steps' launches
 in profiler ranges; otherwise it costs one attribute test per step. The kernel sampler
-(engine.step.kernel_trace) does the same for a few steps every period on CUDA, yields to the
+(engine.instruments.kernel_trace) does the same for a few steps every period on CUDA, yields to the
 anatomy (one profiler at a time), and its finished samples ride out on the next step record
 whose results are read.
 """
@@ -31,8 +31,8 @@ import torch
 
 from engine.core.batch import BufferLayout, HostView, StepMeta
 from engine.core.scheduler import SchedulerOutput
-from engine.step.anatomy import AnatomyRecorder, marked
-from engine.step.kernel_trace import KernelSampler
+from engine.instruments.anatomy import AnatomyRecorder, marked
+from engine.instruments.kernel_trace import KernelSampler
 from engine.step.runner import DeviceView
 from engine.step.slot_guard import SlotGuards
 from engine.step.streams import Event, Stream, StreamSet, TimedOp
@@ -161,7 +161,7 @@ class Pipeline:
                     with ks.marked(record.step):
                         return self._launch(slot, sched, meta, record, compute_fn)
                 return self._launch(slot, sched, meta, record, compute_fn)
-        if self.anatomy.active:  # a step-anatomy recording (engine.step.anatomy) is on
+        if self.anatomy.active:  # a step-anatomy recording (engine.instruments.anatomy) is on
             self.anatomy.warmup = max(self.anatomy.warmup, ks.warmup)
             name = self.anatomy.begin_step(record.step)
             if name is not None and self.streams.is_cuda:

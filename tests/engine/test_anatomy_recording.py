@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.step.anatomy import anatomy_summary, record_anatomy
+from engine.instruments.anatomy import anatomy_summary, record_anatomy
 from telemetry.anatomy import family_table, group_by_step
 
 CFG = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
@@ -127,7 +127,7 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
     assert rec.device == "cuda" and len(rec.steps) == 6
     with_marker = {m.step: m for m in group_by_step(
         rec.events, device_cats=("kernel", "gpu_memcpy", "gpu_memset"), keep_marker=True)}
-    from engine.step.kernel_trace_read import lost_launches
+    from engine.instruments.kernel_trace_read import lost_launches
 
     print(join_report(rec.events, rec.steps[0].step))
     print(f"recorded again: {rec.retried}")
@@ -161,6 +161,6 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
               "after it)")
         assert abs(ours_us - from_marker) <= 5, (ours_us, from_marker, body_gap)
     # The first recording was good: no session of ours started before its trace was written
-    # (engine/step/kernel_trace_clock.py; at d8db309 and 20280ab the sampler's did, and every
+    # (engine/instruments/kernel_trace_clock.py; at d8db309 and 20280ab the sampler's did, and every
     # CUDA event of this graph recording sat at ts 0).
     assert rec.retried is None, rec.retried

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.step.kernel_trace import KernelSampler, NoRuntimeEvents, to_sample
-from engine.step.kernel_trace_read import LostKernels
+from engine.instruments.kernel_trace import KernelSampler, NoRuntimeEvents, to_sample
+from engine.instruments.kernel_trace_read import LostKernels
 
 OFF_US = 1_000_000.0  # the trace clock runs 1 s ahead of ours (in us)
 SPIN = "void at::cuda::(anonymous namespace)::spin_kernel(long)"
@@ -171,7 +171,7 @@ class _Result:
 
 @pytest.mark.parametrize("shift_ns", [0, 5_000])
 def test_objects_are_trusted_only_if_they_agree_with_the_export(monkeypatch, shift_ns):
-    from engine.step import kernel_trace
+    from engine.instruments import kernel_trace
 
     monkeypatch.setattr(kernel_trace, "READ_OBJECTS", None)
     monkeypatch.setattr(kernel_trace, "READ_TIMES", {})
@@ -208,8 +208,8 @@ def test_samples_that_lost_their_kernels_are_counted_until_a_good_one(monkeypatc
     showing a lane that looks idle."""
     import queue
 
-    from engine.step import kernel_trace
-    from engine.step import kernel_trace_clock as clock
+    from engine.instruments import kernel_trace
+    from engine.instruments import kernel_trace_clock as clock
     from telemetry.kernels import KernelRecord, SampledStep, make_sample
 
     good = make_sample([SampledStep(1, [KernelRecord("nvjet", "gemm", 0, 10)])], None)

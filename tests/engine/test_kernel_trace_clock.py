@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.step import anatomy as anatomy_mod
-from engine.step import kernel_trace_clock as clock
-from engine.step.anatomy import AnatomyRecorder, record_anatomy
-from engine.step.kernel_trace import KernelSampler, to_sample
+from engine.instruments import anatomy as anatomy_mod
+from engine.instruments import kernel_trace_clock as clock
+from engine.instruments.anatomy import AnatomyRecorder, record_anatomy
+from engine.instruments.kernel_trace import KernelSampler, to_sample
 from telemetry.anatomy import STEP_MARKER
 
 T0 = 5_520_571_979_001.855  # us, as in the H200 trace (relative to Kineto's base time)
@@ -61,7 +61,7 @@ def test_a_trace_with_its_cuda_events_at_ts_0_is_found_and_a_good_one_passes():
 def test_the_sampler_drops_a_zeroed_trace_and_releases_its_hold(monkeypatch):
     import time
 
-    from engine.step import kernel_trace
+    from engine.instruments import kernel_trace
 
     def convert(*job):
         raise clock.ClockLost("kernel sampler: 14 of 18 CUDA events at ts 0")
@@ -78,7 +78,7 @@ def test_the_sampler_drops_a_zeroed_trace_and_releases_its_hold(monkeypatch):
 
 
 def test_no_session_of_ours_starts_while_a_trace_waits_to_be_written(monkeypatch):
-    from engine.step import kernel_trace
+    from engine.instruments import kernel_trace
 
     started = []
     monkeypatch.setattr(kernel_trace, "prime_profiler", lambda: None)

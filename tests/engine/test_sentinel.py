@@ -99,7 +99,7 @@ def test_live_toggle_and_validation(tiny_model_dir):
 
 
 def test_margin_forgives_ties_not_errors():
-    from engine.step.sentinel import Sentinel, _Check
+    from engine.instruments.sentinel import Sentinel, _Check
 
     s = Sentinel(model=None, backend=None, stream=None, event=None, device=torch.device("cpu"),
                  dtype=torch.bfloat16, chunk_tokens=16, block_size=4, sample_every=1)

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.step.anatomy import AnatomyRecording, anatomy_summary
-from engine.step.step_floor import engine_step_floors, step_floor, weight_reads
+from engine.instruments.anatomy import AnatomyRecording, anatomy_summary
+from engine.instruments.step_floor import engine_step_floors, step_floor, weight_reads
 from telemetry.anatomy import Kernel, StepKernels
 from telemetry.floor import BandwidthCurve
 
@@ -83,7 +83,7 @@ def test_the_live_floor_is_the_weights_and_the_context_s_kv_at_peak_copy():
     """StepRecord.floor_ns, the waterfall's byte floor on the Live page and /metrics: the
     weights once plus the KV of the step's total context, at the curve's peak copy rate
     (not the size-aware one, which is above a measured 8B step on the H200)."""
-    from engine.step.step_floor import live_floor
+    from engine.instruments.step_floor import live_floor
 
     f = live_floor(_Tiny(False), 4096, CURVE)
     assert f(0) == int(272_384 / 2e12 * 1e9)
@@ -98,7 +98,7 @@ def test_an_engine_with_a_curve_publishes_each_step_s_byte_floor(tiny_model_dir,
     curve (a CPU) it stays 0 and the waterfall's floor part with it."""
     from engine import Engine, EngineConfig, SamplingParams
     from engine import engine as engine_module
-    from engine.step.step_floor import live_floor, weight_reads
+    from engine.instruments.step_floor import live_floor, weight_reads
     from telemetry.collect import StepCollector
     from telemetry.waterfall import waterfall
 

@@ -9,7 +9,7 @@ mixed_prompts(9, seed=5) has near-ties (exact top-2 gap 0.0035 of 4.19 at its th
 bf16 paths disagree on it (at its eighth token). On the H200 at b8e3c6a the kernel's paths
 flipped there, and every token after was the fp64 argmax given the tokens before it. So the
 CUDA test holds each produced token to transformers' fp32 argmax teacher-forced on the tokens
-before it, forgiving the sentinel's bf16 tie margin (engine/step/sentinel.py TIE_MARGIN), as
+before it, forgiving the sentinel's bf16 tie margin (engine/instruments/sentinel.py TIE_MARGIN), as
 the async-correctness sentinel does; a wrong K/V write or rotary puts tokens far outside it.
 
 ``test_interp_*`` run only in the TRITON_INTERPRET=1 child the parent test starts.
@@ -60,7 +60,7 @@ def greedy_within_ties(model_dir, prompts, got, device) -> list[tuple[int, int, 
     ties forgiven as (request, token index, gap)."""
     from transformers import AutoModelForCausalLM
 
-    from engine.step.sentinel import TIE_MARGIN
+    from engine.instruments.sentinel import TIE_MARGIN
 
     rel, abs_ = TIE_MARGIN[torch.bfloat16]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)

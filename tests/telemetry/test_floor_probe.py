@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.step import floor_probe
+from engine.instruments import floor_probe
 from telemetry.floor import BandwidthCurve
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU

@@ -2,7 +2,7 @@
 
 Owns the engine's one profiler session for sampling (torch.profiler's Kineto/CUPTI backend,
 driven through its low-level enable/disable calls). One process holds one CUPTI subscriber,
-so the on-demand step anatomy (engine/step/anatomy.py) and this sampler take turns: while an
+so the on-demand step anatomy (engine/instruments/anatomy.py) and this sampler take turns: while an
 anatomy recording is asked for or running the sampler stays off, and a sample in progress is
 dropped when one is asked for (the pipeline arbitrates; anatomy wins).
 
@@ -21,7 +21,7 @@ through their correlation ids the kernels, belong to that step. (Bracketing by
 brackets on the H200.) The profiler is stopped once the last of them has had its results
 read (no sync: those kernels are done). The extra step only gives the window's end (its
 first kernel). Stopping costs the loop thread the profiler's disable call; the trace is read
-and grouped by step on a worker thread (engine/step/kernel_trace_read.py; one sample at a
+and grouped by step on a worker thread (engine/instruments/kernel_trace_read.py; one sample at a
 time: no sample starts while the last converts), and the finished
 `telemetry.kernels.KernelSample` rides out on the next step record the loop publishes
 (``StepRecord.kernel_samples``). Should a trace carry no runtime events (a Kineto build
@@ -64,8 +64,8 @@ from typing import Any
 
 import torch
 
-from engine.step import kernel_trace_clock as clock
-from engine.step.kernel_trace_read import (
+from engine.instruments import kernel_trace_clock as clock
+from engine.instruments.kernel_trace_read import (
     LostKernels,
     NoRuntimeEvents,
     _same,
@@ -153,7 +153,7 @@ class KernelSampler:
                 # Never while the last sample converts: the worker shares the GIL with this
                 # thread, and a CPU-bound step would show its conversion as idle GPU; nor
                 # while any trace of ours waits to be written (a new session would zero its
-                # CUDA times: engine/step/kernel_trace_clock.py).
+                # CUDA times: engine/instruments/kernel_trace_clock.py).
                 return False
             t0 = time.perf_counter_ns()
             try:
@@ -344,7 +344,7 @@ def prime_profiler() -> None:
     is initialised on the thread that registered it (else Kineto prints "External init
     callback must run in same thread as registerClient"). It did not fix the anatomy's CUDA
     events at ts 0 (H200, 20280ab): their cause was a trace written after the sampler's next
-    session had started (engine/step/kernel_trace_clock.py)."""
+    session had started (engine/instruments/kernel_trace_clock.py)."""
     global _PRIMED
     if _PRIMED or torch.autograd._profiler_enabled():
         return

@@ -8,7 +8,7 @@ had its results read (so all its kernels are done; in async mode the launch of t
 after it falls inside the recording too, unmarked). The caller then gets the Chrome trace
 (Perfetto opens it) and the steps grouped into kernels and families (telemetry.anatomy).
 Until the caller has written the trace no other session of ours starts (Kineto converts CUDA
-times at export with the latest session's converter: engine/step/kernel_trace_clock.py), and
+times at export with the latest session's converter: engine/instruments/kernel_trace_clock.py), and
 a trace whose CUDA events lost their times anyway is recorded once more.
 
 Zero cost when off: the pipeline tests one attribute per step. While recording, the profiler
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from engine.step import kernel_trace_clock as clock
-from engine.step.step_floor import engine_step_floors
+from engine.instruments import kernel_trace_clock as clock
+from engine.instruments.step_floor import engine_step_floors
 from telemetry.anatomy import (
     STEP_MARKER,
     GapCalibration,
@@ -64,11 +64,11 @@ class AnatomyRecording:
     # In-step gaps per step key, for estimating kernel busy from step busy (None when the
     # recorded steps' records were not on the bus: telemetry off).
     calibration: GapCalibration | None = None
-    # Each recorded step's byte floor at peak copy and size-aware (engine/step/step_floor.py,
+    # Each recorded step's byte floor at peak copy and size-aware (engine/instruments/step_floor.py,
     # from the engine's start-up curve); empty on a CPU
     floors: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Why a first recording was discarded and this one made (its CUDA events had lost their
-    # times: engine/step/kernel_trace_clock.py); None when the first one was good
+    # times: engine/instruments/kernel_trace_clock.py); None when the first one was good
     retried: str | None = None
 
 
@@ -168,7 +168,7 @@ class AnatomyRecorder:
         from torch.profiler import ProfilerActivity, profile
 
         if self.cuda:
-            from engine.step.kernel_trace import prime_profiler
+            from engine.instruments.kernel_trace import prime_profiler
 
             prime_profiler()  # the process's first session loses its first steps' kernels
             prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])

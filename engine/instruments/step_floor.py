@@ -2,12 +2,12 @@
 
 Owns the reads one step makes and their two floors: all the bytes at the peak-copy bandwidth,
 and each read at its size's achievable bandwidth from the curve the engine measured at start
-(``Engine.floor_curve``, engine/step/floor_probe.py; telemetry/floor.py does the sums). A
+(``Engine.floor_curve``, engine/instruments/floor_probe.py; telemetry/floor.py does the sums). A
 step reads every weight tensor once (the input embedding table only where it is also the LM
 head: otherwise a step reads a few of its rows) and, per layer, K and V over the batch's
 contexts (one paged-attention read each; the contexts come from ``StepRecord.chunks``), as
 bench/suites/truth_anatomy.py counts them. The step anatomy's summary reads it
-(engine/step/anatomy.py). It never measures, and returns nothing without a curve.
+(engine/instruments/anatomy.py). It never measures, and returns nothing without a curve.
 """
 
 from __future__ import annotations

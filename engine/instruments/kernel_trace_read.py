@@ -1,7 +1,7 @@
 """Reading a finished kernel-sampler trace: the profiler's events (Kineto's JSON export or the
 result's own event objects, as Chrome-trace dicts) grouped by sampled step on our clock, as a
 `telemetry.kernels.KernelSample`. Pure functions of the events and the sampler's bracket
-marks (engine/step/kernel_trace.py says how steps are bracketed), so they are tested on a CPU
+marks (engine/instruments/kernel_trace.py says how steps are bracketed), so they are tested on a CPU
 from synthetic traces. It never starts or stops a profiler.
 """
 
@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from typing import Any
 
-from engine.step.kernel_trace_clock import ClockLost, clock_lost
+from engine.instruments.kernel_trace_clock import ClockLost, clock_lost
 from telemetry.anatomy import STEP_MARKER, group_by_step
 from telemetry.kernels import (
     MARKER_PATTERN,
