@@ -4,7 +4,7 @@
 A change that makes the suite faster must not lower these numbers; compare two commits:
 
     python scripts/count_checks.py                 # the working tree
-    python scripts/count_checks.py --rev 16bbb62   # a commit (read with git show)
+    python scripts/count_checks.py --rev HEAD~1    # a commit (read with git show)
 """
 
 from __future__ import annotations

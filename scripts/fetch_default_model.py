@@ -194,9 +194,8 @@ def convert(gguf: Path, out: Path) -> None:
 
 def read_gguf_once() -> None:
     """transformers parses the GGUF afresh for the config, the weights and the tokenizer
-    (4 times, ~4.4 s each on a 2-core CPU: a Python loop over its 49k-token vocabulary);
-    it only reads the parse, so one parse per file serves them all (2026-12-04: the
-    conversion took 36 s, 17.8 s of it in GGUFReader)."""
+    (4 times, each a Python loop over its 49k-token vocabulary, about half the conversion's
+    time); it only reads the parse, so one parse per file serves them all."""
     try:
         import gguf
     except ImportError:

@@ -187,7 +187,7 @@ def gapless_panels(exported: set[str]) -> list[dict[str, Any]]:
               [(f"rate(gapless:padded_tokens_total{RATE})", "padded"),
                (f"rate(gapless:discarded_tokens_total{RATE})", "discarded")]),
     ]
-    if "gapless_step_seconds_total" in exported:  # the step waterfall (issue 20)
+    if "gapless_step_seconds_total" in exported:  # the step waterfall
         panels.append(panel(
             "Step waterfall", "Where each second of step time goes, by component.",
             [(f"sum by(component) (rate(gapless_step_seconds_total{RATE}))", "{{component}}")],

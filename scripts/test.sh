@@ -5,19 +5,17 @@
 #      and headless Chromium) in one process, and beside them, at nice +19, the background
 #      tests (marked `background` by tests/conftest.py: the Triton-interpreter child and a few
 #      modules that only compute, with no clock in their checks) in another.
-# Why: phase 1 is bound by CPU (both cores busy: ~475 CPU-s in ~243 s, 2026-12-04), while the
-# browser phase mostly waits on the browser and the engine (~1.2 of the 2 cores over its
-# ~240 s). The background tests fill the idle core there; at nice +19 they take only what the
-# browser phase leaves. Running all of phase 1 beside the browser phase was no faster (589 s
-# against 584 s, 2026-12-04, docs/testing.md): there was not enough idle CPU for it, and its
-# clocked checks (throughput, timeouts) failed under that load. The background tests hold no
-# such check.
+# Why: phase 1 is bound by CPU (every core busy), while the browser phase mostly waits on
+# the browser and the engine. The background tests fill the idle CPU there; at nice +19 they
+# take only what the browser phase leaves. All of phase 1 beside the browser phase is no
+# faster: there is not enough idle CPU for it, and its clocked checks (throughput, timeouts)
+# fail under that load. The background tests hold no such check.
 # In phase 1, tests/conftest.py makes each test module one unit of work for the workers (its
 # module-scoped engines and compiled models are built once, not once per worker), tests/http's
 # tests that share one `engine serve` one unit, longest first. Phase 1 and the background
-# tests run torch with one CPU thread a process (OMP_NUM_THREADS=1, kept if set): two workers,
-# each starting engine processes, with 2 threads each on 2 cores slowed each other about 2x;
-# with one thread, 2 workers left the cores part idle (its tests mostly wait on engine
+# tests run torch with one CPU thread a process (OMP_NUM_THREADS=1, kept if set): workers that
+# each start engine processes with a thread per core slow each other down; with one thread,
+# as many workers as cores leave the cores part idle (its tests mostly wait on engine
 # processes, servers and timeouts), so it runs 3 workers. The browser phase keeps torch's
 # default thread count (see docs/testing.md).
 # Each lane's junit XML goes to artifacts/junit/ (ignored by git; the background tests' output
@@ -44,9 +42,9 @@ background() {
         -m "background and not browser" --junitxml=artifacts/junit/background.xml "$@"
 }
 # -rR --rerun-show-tracebacks: a browser test that passed only when re-run says which, and
-# why its earlier attempts failed (a re-run costs 5-60 s; CI's logs named none before).
+# why its earlier attempts failed.
 # With no arguments it collects tests/browser alone: collecting the whole suite to select
-# its 22 tests cost ~8 CPU-s (torch, transformers and every test module imported).
+# the browser tests would import torch, transformers and every test module.
 browser() {
     (( $# )) || set -- tests/browser
     $PY -m pytest -q -rsR --rerun-show-tracebacks -m browser \

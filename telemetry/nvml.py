@@ -10,8 +10,8 @@ missing: it reports ``available = False`` with a ``reason`` such as
 touch CUDA or torch, and never block the engine (it runs on its own daemon thread).
 
 Utilisation comes from ``nvmlDeviceGetSamples(h, NVML_GPU_UTILIZATION_SAMPLES, last_ts)``
-where the driver supports it: the mean of the driver's own samples (~200 ms each on an
-H200) taken since the previous reading, which loses nothing between our polls. Where it is
+where the driver supports it: the mean of the driver's own samples taken since the previous
+reading, which loses nothing between our polls. Where it is
 not supported we fall back to ``nvmlDeviceGetUtilizationRates``.
 
 Each poll also reads the GPM counters (telemetry.gpm: memory bandwidth used, SM activity)

@@ -19,10 +19,9 @@ per step of sampled steps of the same key (graph bucket, or eager token count) a
 context (`KernelTimes`), else of the same token count, else by the kernel share of all
 samples. Kernel time per step, not a share of the span: a sampled graph step's span is
 stretched by the profiler (its body starts up to a few hundred us after the marker) while
-its kernels are not, so a share taken there and applied to an unsampled step read half the
-kernel busy of unperturbed steps (H200, e105790: tiny model sync + graphs 10.95% against
-22.6%). The kernel parts over a window are so the kernel busy of the window's own
-(unsampled, unperturbed) steps. So the parts sum to the window by construction; without
+its kernels are not, so a share taken there and applied to an unsampled step would read
+about half the kernel busy of unperturbed steps. The kernel parts over a window are so the
+kernel busy of the window's own (unsampled, unperturbed) steps. So the parts sum to the window by construction; without
 samples (a CPU, or none yet) the kernel parts are None and `host_phases` gives the CPU's
 side instead.
 
@@ -69,16 +68,14 @@ class KernelTimes:
     """Measured kernel time per step (ns): each sampled step's own; for any other step, the
     sampled steps of its key (graph bucket, or eager token count) at the nearest contexts
     (interpolated between the two around it, the nearest one outside their range: a step's
-    attention time grows with its context; SmolLM2 b16 sync + graphs on the H200, e105790:
-    928 us at decode step 3, 949 us at step 141, the same 290 kernels each); else the kernel
+    attention time grows with its context while its kernels stay the same); else the kernel
     share of all sampled steps' compute spans times its own span.
 
     A step whose key no sample has (the eager step that captures a batch's graphs, a step of
     a bucket not sampled yet) takes the sampled steps with its token count, graph or eager:
-    they run the same kernels (H200, 1405657: 8B batch 32, 5,100 us a graph step, 5,070 an
-    eager one). Before that fallback such a step got the share of all samples' spans times
-    its own span, and a 30 ms capture step read as 29 ms of kernels: the 8B graph rows'
-    dashboard read +1.8 and +3.4 pp against the reference there."""
+    they run the same kernels, within a percent of each other's time. The share of all
+    samples' spans would not do for it: a capture step's span is mostly capture, not
+    kernels."""
 
     by_step: dict[int, int] = field(default_factory=dict)
     by_key: dict[object, list[tuple[int, int]]] = field(default_factory=dict)  # (ctx, ns)

@@ -6,12 +6,10 @@ import os
 import sys
 from pathlib import Path
 
-# One CPU thread per process for torch's (OpenMP's) intra-op work under pytest-xdist: each of
-# the 2 workers (and the engine processes they start, which inherit this) otherwise runs 2
-# threads on the 2 cores, and the spinning threads of 4+ pools slow each other: greedy
-# equality, fused greedy, prefix cache and async pipeline took 34 s on 2 workers, 17 s
-# with 1 thread each (2026-12-04 10:31 UTC, load average 2.7-3.7, another session's niced
-# job included). Set before torch is imported (it reads it then); a caller's value is kept.
+# One CPU thread per process for torch's (OpenMP's) intra-op work under pytest-xdist: each
+# worker (and the engine processes it starts, which inherit this) otherwise runs a thread per
+# core, and the spinning threads of several pools on the same cores slow each other down.
+# Set before torch is imported (it reads it then); a caller's value is kept.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -41,50 +39,49 @@ has_cuda = torch.cuda.is_available()
 SESSION_FOLDERS = ("http", "browser")
 # tests/http modules that never use the session `serve` (its `server` fixture): each starts
 # servers of its own (an engine to kill, stop or orphan) or none, so each is a unit of its own
-# beside the folder's, and the folder's one unit (the critical path of phase 1: ~200 s on one
-# worker at 83a7815, quiet) is not made to wait for them. pytest_collection_modifyitems checks
+# beside the folder's, and the folder's one unit (the critical path of phase 1) is not made
+# to wait for them. pytest_collection_modifyitems checks
 # that none of their tests asks for `server` (a second worker would start a second serve).
 OWN_SERVER_MODULES = tuple(f"tests/http/{m}.py" for m in (
     "test_background_server", "test_client_death", "test_engine_death", "test_engine_silence",
     "test_metrics_sentinel", "test_model_names", "test_orphan", "test_serve_attach",
     "test_serve_cli"))
 # Handed out first under xdist, in this order (a worker takes the next unit when it runs
-# dry): the longest units, so that no long one starts last. Wall seconds of the unit at
-# 105f6e2 (3 workers, load 7-12: another session's browser tests ran beside); the browser
-# tests run in a phase of their own in scripts/test.sh (a plain `-n 2 --dist loadgroup` run
-# puts them first, on one worker, beside the rest). The kernel test modules whose time was
-# their interpreter child (fused_rope, paged_attention, fused_gemm...) are short units now.
+# dry): the longest units, longest first, so that no long one starts last. The browser tests
+# run in a phase of their own in scripts/test.sh (a plain `-n 2 --dist loadgroup` run puts
+# them first, on one worker, beside the rest). The kernel test modules share one interpreter
+# child (INTERPRETER_UNIT), so each of them alone is a short unit.
 FIRST = (
-    "tests/browser",  # 416 s at 20280ab
-    INTERPRETER_UNIT,  # ~200 s: the interpreter children, 124 + 76 + 58 + 56 + 50 + 30...
-    "tests/http",  # 162 s, one `engine serve` for all of it (the modules above apart)
-    "tests/engine/test_client.py",  # 96
-    "tests/test_smollm2.py",  # 69
-    "tests/http/test_engine_silence.py",  # 63
-    "tests/model/test_compiled_generic.py",  # 62
-    "tests/process/test_process_hung.py",  # 61
-    "tests/ui/test_pages_engine.py",  # 59
-    "tests/process/test_process_attach.py",  # 54
-    "tests/model/test_fused_greedy.py",  # 49
-    "tests/http/test_serve_attach.py",  # 48
-    "tests/http/test_orphan.py",  # 42
-    "tests/engine/test_cli.py",  # 37
-    "tests/ui/test_playground_chat.py",  # 34
-    "tests/parallel/test_tp_engine.py",  # 26
-    "tests/engine/test_client_anatomy.py",  # 24
-    "tests/http/test_engine_death.py",  # 22
-    "tests/ui/test_pages_monitoring.py",  # 20
-    "tests/ui/test_pages_fake.py",  # 19
-    "tests/engine/test_async_pipeline.py",  # 19
-    "tests/parallel/test_tp_lifecycle.py",  # 17
-    "tests/engine/test_prefix_cache.py",  # 17
-    "tests/ui/test_playground_engine.py",  # 16
-    "tests/http/test_model_names.py",  # 16
-    "tests/ui/test_requests_ledger.py",  # 15
+    "tests/browser",
+    INTERPRETER_UNIT,  # the interpreter children of the kernel tests
+    "tests/http",  # one `engine serve` for all of it (OWN_SERVER_MODULES apart)
+    "tests/engine/test_client.py",
+    "tests/test_smollm2.py",
+    "tests/http/test_engine_silence.py",
+    "tests/model/test_compiled_generic.py",
+    "tests/process/test_process_hung.py",
+    "tests/ui/test_pages_engine.py",
+    "tests/process/test_process_attach.py",
+    "tests/model/test_fused_greedy.py",
+    "tests/http/test_serve_attach.py",
+    "tests/http/test_orphan.py",
+    "tests/engine/test_cli.py",
+    "tests/ui/test_playground_chat.py",
+    "tests/parallel/test_tp_engine.py",
+    "tests/engine/test_client_anatomy.py",
+    "tests/http/test_engine_death.py",
+    "tests/ui/test_pages_monitoring.py",
+    "tests/ui/test_pages_fake.py",
+    "tests/engine/test_async_pipeline.py",
+    "tests/parallel/test_tp_lifecycle.py",
+    "tests/engine/test_prefix_cache.py",
+    "tests/ui/test_playground_engine.py",
+    "tests/http/test_model_names.py",
+    "tests/ui/test_requests_ledger.py",
 )
 
 # Modules (or single tests, "path::name") that start engine processes (EngineClient,
-# `python -m engine [serve]`, TP workers): 10-60 s per start on a 2-core VM. Marked slow
+# `python -m engine [serve]`, TP workers): seconds per start on a small CPU. Marked slow
 # here, so the everyday quick line (`-m "not slow and not browser"`, docs/testing.md) leaves
 # them to the full line, which runs them unchanged. tests/http's tests that use the session
 # `serve` process (its `server` fixture) are marked slow the same way.
@@ -110,7 +107,7 @@ STARTS_ENGINE_PROCESSES = (
 # by scripts/test.sh beside the browser tests at nice +19 rather than in phase 1: phase 1 is
 # bound by CPU, the browser phase leaves most of a core idle. Marked `background` here.
 BACKGROUND_UNITS = (
-    INTERPRETER_UNIT,  # the Triton-interpreter child: ~90 CPU-s, one thread
+    INTERPRETER_UNIT,  # the Triton-interpreter child: one thread, compute only
     "tests/model/test_compiled_generic.py",  # torch.compile on CPU
     "tests/model/test_fused_greedy.py",
     "tests/test_smollm2.py",  # the default model against the GGUF it came from

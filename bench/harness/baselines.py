@@ -1,5 +1,5 @@
 """transformers' own continuous batching (`generate_batch`) on a suite's workload: the figure
-gapless is compared against (issue 11).
+gapless is compared against.
 
 Same random-weight model shape, same prompts, greedy, a fixed number of new tokens, no EOS,
 `paged|sdpa` attention, CUDA graphs, sync or async batching (on a CPU: no graphs, sync only,

@@ -1,7 +1,7 @@
 """The byte floor of a decode step: the bytes it must read (weights, then the KV cache of every
 request) over a bandwidth. With no compute or launch cost it is what the step cannot beat.
 
-COPY_BW is the device-to-device copy bandwidth measured on the lent H200 (4.22 TB/s). The
+COPY_BW is an H200's device-to-device copy bandwidth (docs/benchmarks.md gives the figure). The
 size-aware floor reads each tensor at the bandwidth a read of its size achieves (telemetry.floor's
 measured curve): one read per weight tensor of the model, one per layer for K and for V. It is
 imported lazily and the column is left out where the module or a curve is absent. (The fused
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-COPY_BW = 4.22e12  # bytes/s, device-to-device copy on the lent H200 (docs/benchmarks.md)
+COPY_BW = 4.22e12  # bytes/s: an H200's device-to-device copy (docs/benchmarks.md)
 
 
 def read_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
