@@ -28,9 +28,8 @@ MODEL_DIR = ROOT / "models" / "gapless-tiny-python"
 # The first 2,991 bytes of asyncio/taskgroups.py of Python 3.12.3, a held-out file of the split
 # in training/corpus.py (the model never trained on it), behind a one-line provenance comment.
 SNIPPET = Path(__file__).parent / "data" / "heldout_snippet.py.txt"
-# Measured 2.3746 nats/token (CPU, fp32, torch 2.13, 2026-12-02; the same through
-# engine.model.scoring and our paged attention as through transformers sdpa); training
-# reported 2.1349 over
+# The snippet scores about 2.37 nats/token (CPU, fp32; the same through engine.model.scoring
+# and our paged attention as through transformers sdpa); training reports about 2.13 over
 # all held-out files. The margin covers kernel and version drift (about 1e-4), not damage: one
 # matrix replaced by noise of its own scale gave 2.54 (layer 3 down_proj) and 2.70 (o_proj), the
 # final norm halved 2.95, random weights about ln(8192) = 9.0.

@@ -45,7 +45,7 @@ def test_bf16_greedy_equals_generate(llama, async_batching, num_slots, graphs):
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_cublaslt_greedy_equals_generate(llama, graphs):
-    """blas_library: cublaslt (issue 22): the engine's GEMMs through cuBLASLt still give
+    """blas_library: cublaslt: the engine's GEMMs through cuBLASLt still give
     generate's greedy tokens in bf16 (generate ran on torch's default, cuBLAS)."""
     model_dir, prompts, expected = llama
     before = torch.backends.cuda.preferred_blas_library()
@@ -70,8 +70,8 @@ def test_blas_library_auto_is_cublaslt_on_hopper_only(llama):
 
 
 def test_torch_backend_on_cuda_matches_in_float32(llama):
-    """The reference backend computes attention in fp32; against bf16 generate a near-tie
-    flipped once (seen on the H200, 2026-12-02), so it is held to fp32 generate instead."""
+    """The reference backend computes attention in fp32, so against bf16 generate a near-tie
+    can flip; it is held to fp32 generate instead."""
     model_dir, prompts, _ = llama
     expected = hf_greedy(model_dir, prompts, MAX_NEW, "cuda", torch.float32)
     got, _, settings = cuda_engine_outputs(model_dir, prompts, MAX_NEW, attention_backend="torch",

@@ -1,5 +1,5 @@
 """Configuration mistakes end in a ValueError that says what is wrong, where, and what is
-allowed (issue 10, item 11; issue 9's graph_buckets), fast: YAML syntax errors with file,
+allowed, fast: YAML syntax errors with file,
 line and column, duplicate keys, non-UTF-8 files, values of the wrong type, sizes that
 cannot fit in memory, and model or tokenizer folders that do not exist (never a Hub
 lookup)."""

@@ -1,4 +1,4 @@
-"""Request ids at the boundary (issue 10, items 1, 3 and 11): an abort never touches a later
+"""Request ids at the boundary: an abort never touches a later
 request that reuses the id, unhashable or non-string ids are refused before anything is
 queued, a finished id is free again at once, and engine-made ids never collide with a
 caller's. Batch-mates of every fault finish with their solo tokens."""

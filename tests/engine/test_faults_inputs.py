@@ -1,6 +1,6 @@
-"""Bad input is refused at the boundary, before anything is queued (issue 10, items 2, 9, 10
-and 11): values that would overflow the device's int32/float32 fields, a prompt too long to
-tokenize, text that is not UTF-8, and generate() calls that are all-or-nothing."""
+"""Bad input is refused at the boundary, before anything is queued: values that would overflow
+the device's int32/float32 fields, a prompt too long to tokenize, text that is not UTF-8, and
+generate() calls that are all-or-nothing."""
 
 from __future__ import annotations
 

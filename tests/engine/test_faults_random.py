@@ -1,4 +1,4 @@
-"""The invariant of issue 10 under fire: many good requests in flight while a second thread
+"""The serving invariant under fire: many good requests in flight while a second thread
 injects bad input of every kind through the Engine API (bad ids, bad params, bad prompts,
 aborts of unknown and unhashable ids, callbacks raising SystemExit and others, a prompt whose
 tokens the tokenizer cannot decode) and a third switches mode and slots live. Every good

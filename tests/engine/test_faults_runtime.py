@@ -1,4 +1,4 @@
-"""Faults while serving (issue 10, items 4, 5 and 8, and the invariant): a request's own
+"""Faults while serving, and the invariant: a request's own
 fault (its tokenizer's decode, its callbacks, SystemExit included) ends that request alone
 with "error" and a message; after an engine fault the engine can be reconfigured and serves
 on; anything that escapes the loop thread marks the engine dead, ends every open request

@@ -77,7 +77,7 @@ def test_bracket_launches_missed_at_the_profiler_start_lose_only_that_step():
 
 
 def test_a_graph_step_that_lost_its_first_kernels_is_left_out_not_counted_short():
-    """Kineto/CUPTI drop the first kernel records of a session (pytorch issue 192021): a
+    """Kineto/CUPTI drop the first kernel records of a session (pytorch/pytorch#192021): a
     graph step whose marker (its first kernel) is gone lost some of its work, and counting
     the rest would read the GPU as idler than it was. The window starts at the next step."""
     events, marks = trace([7, 8, 9])
@@ -204,7 +204,7 @@ def test_bracket_time_counts_only_where_the_gpu_was_idle():
 
 def test_samples_that_lost_their_kernels_are_counted_until_a_good_one(monkeypatch):
     """The engine's stats carry the sampler's state, so the Live page can say when the
-    profiler came back without kernel records (CUPTI on the H200, issue 20) instead of
+    profiler came back without kernel records (CUPTI can drop them) instead of
     showing a lane that looks idle."""
     import queue
 

@@ -1,4 +1,4 @@
-"""Traces whose CUDA events lost their times (issue 20, H200 at d8db309 and 20280ab): Kineto
+"""Traces whose CUDA events lost their times: Kineto
 converts CUDA times at export with the latest session's converter, so a trace written after
 another session started has its kernels, copies and runtime calls at ts 0 while its CPU ops
 and ranges keep real times. On a CPU, from synthetic traces shaped like the H200's: the check

@@ -73,10 +73,8 @@ def test_sampled_kernel_busy_matches_the_profiler(tmp_path, mode):
     reference's kernel time at its steps' contexts, within 1 pp. Busy as each tracer reads it
     (kernel time / the period of the steps it traced) is also held within 2 pp in eager mode. In
     graph mode that raw figure is printed, not held: both tracers slow a CPU-bound graph step,
-    each its own way (H200, 20280ab, this test: sampled steps 857 us a period, unsampled 554 us,
-    the profiler's window read 15.2% busy against the sampler's 10.2%, with 75 us of kernels a
-    step in every sample), so their raw busy figures differ by how much each slowed the step
-    (bench/suites/truth_busy.py; docs/benchmarks.md, issue 20)."""
+    each its own way, with the same kernel time a step in every sample, so their raw busy
+    figures differ by how much each slowed the step (docs/benchmarks.md)."""
     from bench.suites import truth
 
     # Long requests: each window decodes a fresh batch (~0.5 ms steps), so the tiny model

@@ -1,4 +1,4 @@
-"""The 1,000-request load test of issue 10 as a test: requests arrive while the mode and the
+"""A 1,000-request load as a test: requests arrive while the mode and the
 slot count switch live every ~50 ms and ~5% of requests are aborted. Every request ends
 exactly once; every one that was not aborted has its solo sync run's tokens; an aborted one
 has a prefix of them; nothing is held at the end. Sized for a 2-core CI machine."""

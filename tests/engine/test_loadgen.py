@@ -75,13 +75,13 @@ def test_keeps_the_requested_concurrency_then_stops(engine):
     assert gen.submitted - gen.finished <= 3
     assert gen.errors == 0
     wait_idle(engine, 2.0)  # stop() aborted what was still in flight
-    # Aborted requests are counted apart, never as finished (issue 25, 12).
+    # Aborted requests are counted apart, never as finished.
     assert gen.inflight == 0 and gen.finished + gen.aborted == gen.submitted
     assert gen.stats()["aborted"] == gen.aborted <= 3
 
 
 def test_requests_aborted_by_stop_are_not_counted_as_finished(engine):
-    """Issue 25, 12: the load's 'finished' included the requests stop() aborted."""
+    """The load's 'finished' never includes the requests stop() aborted."""
     wait_idle(engine)
     gen = LoadGenerator(engine, LoadSpec(concurrency=2, prompt_len=8, max_tokens=240)).start()
     deadline = time.monotonic() + 5.0

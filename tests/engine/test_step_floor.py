@@ -1,5 +1,5 @@
 """A step's byte floor from the engine's start-up curve (Engine.floor_curve), both ways, and
-the step anatomy's summary showing each recorded step against both (issue 20)."""
+the step anatomy's summary showing each recorded step against both."""
 
 from __future__ import annotations
 

@@ -22,9 +22,9 @@ MAX_NEW = 12
 
 # The reference for each family. Llama's tiny config has distinct logits: transformers'
 # generate (sdpa, whole prompts) is the reference. The Qwen2/Qwen3 tiny configs have a
-# near-tie that bf16 rounding flips: on the H200 (2026-12-02) every engine path, transformers'
-# modeling code included, picked token 26 where generate picked 176 (prompt 4, token 7): the
-# engine's chunked prefill through paged attention rounds differently from one sdpa pass.
+# near-tie that bf16 rounding flips: every engine path, transformers' modeling code included,
+# can pick token 26 where generate picks 176 (prompt 4, token 7): the engine's chunked
+# prefill through paged attention rounds differently from one sdpa pass.
 # For them the reference is the engine on transformers' modeling code (same chunking, same
 # attention, same rounding), so the test isolates what the fused model changes.
 GENERATE_IS_REFERENCE = {"llama"}

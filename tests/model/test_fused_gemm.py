@@ -1,4 +1,4 @@
-"""The gate_up GEMM with SiLU-and-mul in its epilogue (engine/model/fused_gemm.py, issue 22):
+"""The gate_up GEMM with SiLU-and-mul in its epilogue (engine/model/fused_gemm.py):
 the Triton kernel against its torch twin (interpreter on CPU in fp32, real kernel on CUDA in
 bf16), a whole fused-model forward with the epilogue on vs the torch path for the Llama,
 Mistral, Qwen2 and Qwen3 tiny configs, and on CUDA greedy bf16 equality with the epilogue on,

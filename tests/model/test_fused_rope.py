@@ -1,5 +1,5 @@
-"""The qkv GEMM with rotary and the KV-cache write in its epilogue (engine/model/fused_rope.py,
-issue 22): the Triton kernel against its torch twin (the fused norm-prologue GEMM's twin, then
+"""The qkv GEMM with rotary and the KV-cache write in its epilogue (engine/model/fused_rope.py):
+the Triton kernel against its torch twin (the fused norm-prologue GEMM's twin, then
 rope_and_cache_torch) under the interpreter in fp32 and on CUDA in bf16, for Llama / Mistral /
 Qwen2-like head layouts (GQA, MHA, bias, head_dim not a power of two, N and K not multiples of
 the tiles, the pending residual add in the prologue). Through the engine (greedy tokens against

@@ -1,7 +1,7 @@
 """How a PDL launch of the fused kernels overlaps its neighbours (config key pdl_overlap):
 the bytes a kernel asks L2 for before its wait, the launch each setting gives, the config's
 check, and (compiled for sm_90 on the CPU) where the trigger and the prefetches land in the
-kernel. The timing is the H200's to say (docs/benchmarks.md, issue 22)."""
+kernel. The timing is a GPU's to say (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -193,8 +193,8 @@ def test_cuda_attention_with_kv_prefetch_equals_plain_launch() -> None:
 
 
 def test_kv_prefetch_only_within_its_budget() -> None:
-    """Shapes only: SmolLM2-135M b16 (3 MB) and Llama-3.2-1B b1 prefetch, batch-32 shapes of
-    1B (17 MB) and 8B (34 MB), where the H200 measured a loss, do not."""
+    """Shapes only: SmolLM2-135M b16 (3 MB) and Llama-3.2-1B b1 prefetch; the batch-32 shapes
+    of 1B (17 MB) and 8B (34 MB), where a prefetch costs more than it saves, do not."""
     from engine.attention.l2_prefetch import kv_prefetch_fits
 
     assert kv_prefetch_fits(16, 3, 64, 2)

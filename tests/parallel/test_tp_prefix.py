@@ -1,6 +1,6 @@
 """Prefix caching under tensor parallelism (CPU, gloo, 2 processes): greedy tokens with
 caching on at TP 2 equal those with caching off at TP 1, sync and async, with chunked prefill
-and preemption forced, and the shared prefix actually hit (issue 24). The leader owns the
+and preemption forced, and the shared prefix actually hit. The leader owns the
 scheduler and the block tables; every rank writes and reads the same cached blocks of its
 share of the KV heads, so a hit must be a hit on every rank."""
 

@@ -100,7 +100,7 @@ def test_family_table_and_floor() -> None:
     ("Memset (Device)", "copies"),
     ("at::native::reduce_kernel<512, 1>", "elementwise"),
     ("my_custom_thing", "other"),
-    # the graph start marker as the H200 named it (e105790: the elementwise rule took it)
+    # the graph start marker as CUDA names it (the elementwise rule would take it)
     ("void at::native::vectorized_elementwise_kernel<4, at::native::bitwise_not_kernel_cuda"
      "(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#2}", "marker"),
 ])

@@ -66,9 +66,8 @@ def with_context(r: StepRecord, ctx: int) -> StepRecord:
 
 
 def test_unsampled_steps_get_the_sampled_kernel_time_not_its_share_of_a_stretched_span():
-    """A sampled graph step's span is stretched by the profiler (H200, e105790: tiny model,
-    sampled steps 744 us a period against 326 us bare; the body starts ~150 us after the
-    marker), its kernels are not: an unsampled step of the same key gets the sampled
+    """A sampled graph step's span is stretched by the profiler (its body starts well after
+    the marker), its kernels are not: an unsampled step of the same key gets the sampled
     kernel time (60), not the sampled share of its own span (60/200 of 100 = 30)."""
     a = step(0, 0, (50, 250))  # sampled, span 200
     b = step(1, 300, (350, 450))  # not sampled, span 100
@@ -84,8 +83,7 @@ def test_unsampled_steps_get_the_sampled_kernel_time_not_its_share_of_a_stretche
 
 
 def test_kernel_time_follows_the_context_between_sampled_steps():
-    """Attention time grows with context (H200, e105790, SmolLM2 b16 sync + graphs: 928 us
-    at decode step 3, 949 us at step 141): an unsampled step gets the sampled steps' time
+    """Attention time grows with context: an unsampled step gets the sampled steps' time
     interpolated at its context, the nearest one's outside their range."""
     s0, s1 = with_context(step(0, 0, (50, 150)), 100), with_context(step(1, 200, (250, 350)), 300)
     sample = make_sample([sampled(0, [(50, 110)]), sampled(1, [(250, 330)])], None)
@@ -101,8 +99,8 @@ def test_kernel_time_follows_the_context_between_sampled_steps():
 def test_a_step_of_an_unsampled_key_takes_the_sampled_steps_of_its_token_count():
     """The eager step that captures a batch's graphs (or any step of a key not sampled yet)
     runs the same kernels as the batch's graph steps: it gets their kernel time at its
-    context, not the share of all samples times its long span (H200, 1405657: a ~30 ms
-    capture step in the 8B bare window read as ~29 ms of kernels, the dashboard +3.4 pp)."""
+    context, not the share of all samples times its long span (which would read a capture
+    step as almost all kernels)."""
     a = with_context(step(0, 0, (50, 250)), 100)  # sampled graph step (bucket 1), span 200
     sample = make_sample([sampled(0, [(50, 60), (200, 250)])], next_start_ns=None)  # 60 ns
     capture = with_context(step(1, 300, (350, 1350)), 100)  # eager, 1000 ns span
