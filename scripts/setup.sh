@@ -27,9 +27,8 @@ reqs=requirements.txt
 [[ $dev == 1 ]] && reqs=requirements-dev.txt
 
 # The pinned packages go in with uv where it installs (from PyPI, into the venv): it fetches,
-# unpacks and byte-compiles in parallel, 32 s instead of pip's 78 s for requirements-dev.txt
-# on this 2-core VM (2026-12-04, load average 1.5-2.2, fresh venv, empty caches). uv reads
-# no pip configuration, so pip's find-links (where this VM keeps its CPU torch wheel) and
+# unpacks and byte-compiles in parallel, in less than half pip's time for requirements-dev.txt
+# on a small machine. uv reads no pip configuration, so pip's find-links (where this VM keeps its CPU torch wheel) and
 # index are passed on; where uv fails, pip installs as before.
 uv_install() {
     .venv/bin/python -m pip install -q "uv==0.13.9" >/dev/null 2>&1 || return 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The shipped model's device run: one H200, one call, under 9 minutes.
+# The shipped model's device run: one GPU, one call.
 #
 # Trains a dropout sweep side by side on the one GPU (each run is launch-bound, so they share
 # it well), ships the run with the lowest validation loss to models/gapless-tiny-python, and
