@@ -3,8 +3,9 @@ config.yaml, say what a thing does and why, never when it was measured or who as
 
 Owns the check and its four rules; it reads files and never writes one. A line fails on:
 - a date (year-month-day);
-- an issue of this project (the word issue and its number, or a number after a bare "#";
-  an upstream one is written with its repository, owner/repo#NUMBER, or as a URL);
+- an issue of this project (the word issue and its number, or a number of two digits or more
+  after a bare "#", so that a label like "run #2" passes; an upstream issue is written with its
+  repository, owner/repo#NUMBER, or as a URL);
 - a commit id (7 to 40 lowercase hex characters with at least one digit and one letter);
 - a measured figure beside a GPU name (a GPU or architecture name on a line, and a number
   with a unit on it or on a neighbouring line of the same comment or docstring).
@@ -28,7 +29,7 @@ NOT_OURS = {".git", ".venv", "artifacts", "models", "__pycache__", "node_modules
             ".gl", ".carry", ".pytest_cache", ".ruff_cache"}
 
 DATE = re.compile(r"(?<!\d)(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\d)")
-ISSUE = re.compile(r"\bissues?\s+#?\d+\b|(?<![\w./#-])#\d+\b", re.IGNORECASE)
+ISSUE = re.compile(r"\bissues?\s+#?\d+\b|(?<![\w./#-])#\d{2,}\b", re.IGNORECASE)
 COMMIT = re.compile(r"(?<![\w.])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?!\w)")
 GPU = re.compile(r"\b(?:[HBA]100|H200|H800|GH200|GB200|B200|A10G?|A40|L40S?|V100|T4|"
                  r"MI[23]\d0X?|RTX ?\d{4}\w*|Hopper|Ampere|Blackwell)\b")
@@ -141,7 +142,7 @@ the step takes 763 us.
 import x  # see issue 22 for why
 y = 0xdeadbeef12  # a mask; c6fe613 was the last commit to change it
 # fixed on 2026-12-04, see #35
-z = "2026-12-04 e105790 issue 7"  # a plain string is code, not prose
+z = "2026-12-04 e105790 issue 7"  # a plain string is code, not prose; "async #2" is a label
 # Written in 2026-12 (a month, not a date), for an H200, with no figure.
 w = 1  # upstream: pytorch/pytorch#192021; 8 MB of L2 on a Hopper
 '''
