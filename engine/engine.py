@@ -1,9 +1,11 @@
 """The public engine: submit, stream, generate, abort, configure, shut down.
 
 Owns the boundary: validating prompts and sampling params (ValueError that says what is
-allowed, and the engine keeps serving), request handles, and the loop thread that runs
-the StepLoop. Commands from other threads queue up and apply at the next step boundary.
-Never imports UI code.
+allowed, and the engine keeps serving), request handles, the loop thread that runs the
+StepLoop, and live control: the settings that change at the next step boundary (async
+batching, slots, CUDA graphs, the sentinel), their version, and what settings() and stats()
+report. Commands from other threads queue up and apply at the next step boundary; a change
+never touches a step in flight. Never imports UI code.
 """
 
 from __future__ import annotations
@@ -28,19 +30,20 @@ from engine.core.request import Request, RequestOutput
 from engine.core.scheduler import Scheduler
 from engine.handles import DeltaCallback, FinishCallback, HandleSink, RequestHandle
 from engine.inputs import PromptInput
-from engine.live_control import LiveControl
+from engine.instruments.floor_probe import engine_curve
+from engine.instruments.kernel_trace import KernelSampler
+from engine.instruments.observer import Instruments
+from engine.instruments.sentinel import Sentinel, check_sample_every
+from engine.instruments.step_floor import live_floor
 from engine.model import loader
 from engine.model.blas import apply_blas_library
 from engine.model.hf_config import text_config
 from engine.parallel.leader import TPLeader
 from engine.sizing import check_fits, kv_bytes_per_block, num_blocks_for
 from engine.step import heap
-from engine.instruments.floor_probe import engine_curve
 from engine.step.graphs import GraphCache, default_buckets
 from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
-from engine.instruments.sentinel import Sentinel
-from engine.instruments.step_floor import live_floor
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 
@@ -54,7 +57,7 @@ def _stable_seed(engine_seed: int, request_id: str) -> int:
     return zlib.crc32(f"{engine_seed}:{request_id}".encode()) & 0x7FFFFFFF
 
 
-class Engine(LiveControl):
+class Engine:
     def __init__(
         self,
         config: EngineConfig,
@@ -118,7 +121,7 @@ class Engine(LiveControl):
         else:
             model, self.model_impl = loader.select_model_impl(model, config.model_impl,
                                                               self.max_model_len, owned)
-        if hasattr(model, "set_fused_path"):  # the gapless decode layer's kernels (issue 22)
+        if hasattr(model, "set_fused_path"):  # the gapless decode layer's kernels
             from engine.model.llama import FusedPath
 
             model.set_fused_path(FusedPath(config.fused_layer, config.fused_pdl,
@@ -169,6 +172,17 @@ class Engine(LiveControl):
                                 self.streams.compute.stream,  # type: ignore[attr-defined]
                                 config.max_num_seqs, timing=config.telemetry)
         self.bus = TelemetryBus(enabled=config.telemetry)
+        # What watches the step: the kernel sampler (CUDA, telemetry on), the step anatomy
+        # on demand, the sentinel (not under tensor parallelism).
+        self.instruments = Instruments(
+            cuda=self.streams.is_cuda,
+            kernels=KernelSampler(enabled=self.streams.is_cuda and config.telemetry,
+                                  period_s=config.kernel_sample_period_s),
+            sentinel=None if tp is not None else Sentinel(
+                model=model, backend=backend, stream=self.streams.compute,
+                event=self.streams.event, device=self.device, dtype=self.dtype,
+                chunk_tokens=config.max_num_batched_tokens, block_size=config.block_size,
+                sample_every=config.sentinel_sample_every))
         self._sink = HandleSink()
         gen = getattr(model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
@@ -191,22 +205,132 @@ class Engine(LiveControl):
                                   config.cuda_graphs and graphs is not None),
             graphs=graphs,
             graphs_unavailable=unavailable,
-            bus=self.bus if config.telemetry else None,
+            bus=self.instruments.publisher(self.bus) if config.telemetry else None,
             sink=self._sink,
             tokenizer=tokenizer,
             eos_ids=eos_ids,
             followers=tp,
-            sentinel=None if tp is not None else Sentinel(
-                model=model, backend=backend, stream=self.streams.compute,
-                event=self.streams.event, device=self.device, dtype=self.dtype,
-                chunk_tokens=config.max_num_batched_tokens, block_size=config.block_size,
-                sample_every=config.sentinel_sample_every),
+            observer=self.instruments,
         )
         # (under TP the leader's model is its shard, and each rank reads its KV share)
         self.loop.byte_floor = live_floor(model, self.kv_bytes_per_token / max(1, n_tp),
                                           self.floor_curve)
-        # Measured kernels of a few steps every period (engine/instruments/kernel_trace.py).
-        self.loop.pipeline.kernels.set_period(config.kernel_sample_period_s)
+
+    # ------------------------------------------------------------------- live control
+    def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
+                  cuda_graphs: bool | None = None,
+                  sentinel_sample_every: int | None = None) -> dict[str, Any]:
+        """Change live settings; they take effect at the next step boundary (the pipeline
+        drains first). Returns the settings in force afterwards."""
+        if async_batching is not None and not isinstance(async_batching, bool):
+            raise ValueError(f"async_batching must be true or false, got {async_batching!r}")
+        if num_slots is not None and (type(num_slots) is not int or num_slots not in (1, 2, 3)):
+            raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
+        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
+        if cuda_graphs and self.loop.graphs is None:
+            raise ValueError(f"cuda_graphs cannot be turned on: {self.loop.graphs_reason()}")
+        if sentinel_sample_every is not None:
+            check_sample_every(sentinel_sample_every)
+            if sentinel_sample_every and self.instruments.sentinel is None:
+                raise ValueError("the sentinel cannot be turned on with tensor_parallel_size > 1")
+        before = self._live_settings()
+        self._run_command("configure", (async_batching, num_slots, cuda_graphs,
+                                        sentinel_sample_every))
+        if self._live_settings() != before:
+            self.settings_version += 1
+        return self.settings()
+
+    def run_on_loop(self, fn: Any, timeout_s: float = 60.0) -> Any:
+        """``fn()`` on the loop thread at the next step boundary (no launch of ours in
+        progress on that thread); its result, or its exception raised here. For tools that
+        must not act while the loop launches: a profiler session stopped from another thread
+        while the loop thread was launching left that thread's kernel launches unrecorded
+        in later sessions (bench/suites/truth_kick.py)."""
+        return self._run_command("call", fn, timeout_s)
+
+    def _run_command(self, kind: str, arg: Any, timeout_s: float | None = None) -> Any:
+        """Queue a command for the next step boundary and wait for its result, noticing a
+        loop that died or stopped meanwhile (then _check_serving raises)."""
+        done: Future[Any] = Future()
+        with self._lock:
+            self._check_serving()
+            self._command(kind, arg, done)
+        if self._thread is None:
+            self._apply_commands()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                return done.result(timeout=0.1)
+            except TimeoutError:
+                self._check_serving()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"the engine loop did not run the {kind!r} command "
+                                       f"within {timeout_s:g} s") from None
+
+    def _live_settings(self) -> tuple[Any, ...]:
+        s = self.loop.settings
+        return (s.async_batching, s.num_slots, self.loop.graphs_active,
+                self.instruments.sentinel_sample_every)
+
+    def settings(self) -> dict[str, Any]:
+        s = self.loop.settings
+        return {
+            "async_batching": s.async_batching,
+            "num_slots": s.num_slots,
+            "cuda_graphs": self.loop.graphs_active,
+            "cuda_graphs_available": self.loop.graphs is not None and not self.loop.graphs.failure,
+            "cuda_graphs_reason": self.loop.graphs_reason(),
+            "sentinel_sample_every": self.instruments.sentinel_sample_every,
+            "settings_version": self.settings_version,
+            "device": self.device.type,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "model": self.config.model,
+            "attention_backend": self.backend_name,
+            "model_impl": self.model_impl,
+            "fused_layer": self.fused_layer,
+            "blas_library": self.blas_library,
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            "torch_compile": self.torch_compile,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "block_size": self.config.block_size,
+            "prefix_caching": self.config.prefix_caching,
+            "telemetry": self.config.telemetry,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        sch = self.scheduler
+        return {
+            "running": len(sch.running),
+            "waiting": len(sch.waiting),
+            "kv_blocks_used": sch.allocator.num_used,
+            "kv_blocks_total": sch.allocator.num_blocks,
+            "steps": self.loop.step_no,
+            "generated_tokens": self.loop.generated_tokens,
+            "discarded_tokens": self.loop.discarded_tokens,
+            "preemptions": sch.total_preemptions,
+            # Prefix cache (tokens): looked up at admission, and found cached there.
+            "prefix_cache_queries": sch.allocator.queries,
+            "prefix_cache_hits": sch.allocator.hits,
+            "kv_blocks_cached": sch.allocator.num_cached,
+            # Submitted and not finished, including requests not yet picked up by the loop.
+            "unfinished": self._sink.num_open,
+            **self.instruments.stats(),
+        }
+
+    def _reconfigure(self, async_batching: bool | None, num_slots: int | None,
+                     cuda_graphs: bool | None, sentinel_sample_every: int | None) -> None:
+        """On the loop thread, at a step boundary: the launched steps finish, then the
+        sentinel's queued checks, then the settings change."""
+        self.loop.drain()
+        if sentinel_sample_every is not None:
+            self.instruments.set_sentinel_sample_every(sentinel_sample_every)
+        else:
+            self.instruments.drain()
+        self.loop.reconfigure(async_batching, num_slots, cuda_graphs)
 
     # ------------------------------------------------------------------------ requests
     def output_token_ids(self, request_id: str) -> list[int] | None:
@@ -321,7 +445,7 @@ class Engine(LiveControl):
             elif kind == "configure":
                 assert done is not None
                 try:
-                    self.loop.reconfigure(*arg)
+                    self._reconfigure(*arg)
                 except Exception as e:  # the caller is told; the engine serves on
                     log.exception("configure failed")
                     done.set_exception(RuntimeError(f"configure failed: {describe(e)}"))
@@ -344,15 +468,12 @@ class Engine(LiveControl):
                     self.loop.recover(e)
                     worked = True
                 if not worked:
-                    # Idle: a kernel sample still open would never see its last step
-                    # (and would hold the profiler): drop it, on this thread that owns it.
-                    self.loop.pipeline.kernels.abort()
                     self._wake.wait(0.05)
                     self._wake.clear()
         except BaseException as e:  # nothing may end this thread silently
             self._die(e)
         finally:
-            self.loop.pipeline.kernels.close()  # the profiler is this thread's to stop
+            self.instruments.close()  # the profiler is this thread's to stop
 
     def _die(self, error: BaseException) -> None:
         """The loop thread cannot go on: say why to every caller, now and later."""

@@ -99,6 +99,7 @@ ENGINE_LAYERS = [
     {"attention"},
     {"model"},
     {"step"},
+    {"instruments"},
     {"parallel"},
     {"engine"},
     {"drivers"},

@@ -107,7 +107,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
     cuda = args.device == "cuda"
     sync_or_async, graphs = mode.split("-")
     eng.configure(async_batching=sync_or_async == "async", cuda_graphs=graphs == "graphs")
-    sampler = eng.loop.pipeline.kernels
+    sampler = eng.instruments.kernels
     sampler.set_period(0)
     batch = len(prompts)
     from engine.instruments.kernel_trace_clock import unsaved

@@ -71,7 +71,7 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
     period = getattr(args, "cost_period", 2.0)
     on = make_engine(model, args, len(prompts), args.pair_new, period=period)
     off = make_engine(model, args, len(prompts), args.pair_new, period=0.0)
-    on.loop.pipeline.kernels.keep_results = variant != "no-convert"
+    on.instruments.kernels.keep_results = variant != "no-convert"
     switch = kernel_trace.CONVERT_SWITCH_S
     if variant == "switch-5ms":
         kernel_trace.CONVERT_SWITCH_S = None
@@ -86,8 +86,8 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
             return len(prompts) * args.pair_new / (time.perf_counter() - t)
 
         res = alternated_pairs(lambda: run(off), lambda: run(on), args.pairs)
-        samples = on.loop.pipeline.kernels.samples_made
-        convert = [round(x * 1e3, 2) for x in on.loop.pipeline.kernels.convert_s]
+        samples = on.instruments.kernels.samples_made
+        convert = [round(x * 1e3, 2) for x in on.instruments.kernels.convert_s]
     finally:
         kernel_trace.CONVERT_SWITCH_S = switch
         on.shutdown()

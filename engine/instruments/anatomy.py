@@ -44,9 +44,8 @@ from telemetry.anatomy import (
 )
 
 MAX_STEPS = 256
-# Run under the profiler before the recorded steps, not recorded: a session's first kernel
-# records can be lost (H200 2026-12-04: the first recorded graph step had none, with no
-# warm-up step at d680094 and with one at 37c6b63; pytorch issue 192021).
+# Run under the profiler before the recorded steps, not recorded: Kineto/CUPTI can lose a
+# session's first kernel records (a graph step recorded first can come out with none).
 WARMUP_STEPS = 2
 
 
@@ -140,8 +139,8 @@ class AnatomyRecorder:
                     # zero its CUDA times: the recording starts a step later)
                     self._active, self._pending = self._pending, None
                     # The step during which the profiler starts is not recorded: its first
-                    # launches pay CUPTI's start-up (on the H200 a graph step's kernels were
-                    # lost from the trace), as the kernel sampler's warm-up step.
+                    # launches pay CUPTI's start-up (a graph step's kernels can be lost from
+                    # the trace), as the kernel sampler's warm-up step.
                     self._active.first_step = step + self.warmup
                     self._active.t0 = time.perf_counter()
                     self._start()
@@ -225,7 +224,7 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
     more (``retried`` says why); twice bad raises kernel_trace_clock.ClockLost."""
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    recorder: AnatomyRecorder = engine.loop.pipeline.anatomy
+    recorder: AnatomyRecorder = engine.instruments.anatomy
     req = recorder.request(n_steps, trace_dir or tempfile.gettempdir())
     if not req.done.wait(timeout_s):
         recorder.cancel(req)

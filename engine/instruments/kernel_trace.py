@@ -1,51 +1,16 @@
 """The kernel sampler: measured kernels of a few consecutive steps every period, always on.
 
-Owns the engine's one profiler session for sampling (torch.profiler's Kineto/CUPTI backend,
-driven through its low-level enable/disable calls). One process holds one CUPTI subscriber,
-so the on-demand step anatomy (engine/instruments/anatomy.py) and this sampler take turns: while an
-anatomy recording is asked for or running the sampler stays off, and a sample in progress is
-dropped when one is asked for (the pipeline arbitrates; anatomy wins).
+Owns the engine's profiler session for sampling (torch.profiler's Kineto backend, CUDA
+activities only) and its worker thread: every ``period_s`` the next warm-up + ``steps`` + 1
+steps are recorded, each sampled launch bracketed by two zero-cycle spin kernels on a side
+stream whose correlation ids tell which launch calls (and so which kernels) belong to which
+step; the trace is grouped by step on the worker (kernel_trace_read.py) and put on the host
+clock from the brackets' own timestamps. A sample reaches the bus on the record of the step
+that closed its window (`SamplePublisher`). It takes turns with the step anatomy (one CUPTI
+subscriber per process: the anatomy wins, engine/instruments/observer.py arbitrates).
 
-Every ``period_s`` (config kernel_sample_period_s, default 10 s; 0 = off) the next ``warm-up
-+ steps + 1`` steps are recorded (the warm-up steps, one at first, are not counted: the
-profiler may drop a session's first kernel records, pytorch issue 192021; a sample whose
-counted steps lost kernels leaves those steps out, and the next sample warms up longer; a
-process's first session is a throwaway, `prime_profiler`) with CUDA activities only (no
-CPU-op recording: it would slow an eager step's dispatch and so change the very busy figure
-it measures). Each sampled step's launch is bracketed by two launches of a zero-cycle spin
-kernel (``torch.cuda._sleep(0)``) on a side stream of ours, which orders nothing of the
-step's: in the trace, the spin kernels' correlation ids name their launch calls on the CPU
-timeline, so the launch calls made between a step's two brackets on the same thread, and
-through their correlation ids the kernels, belong to that step. (Bracketing by
-``cudaEventQuery`` calls and matching them by time, tried first, found only 1 to 4 of 10
-brackets on the H200.) The profiler is stopped once the last of them has had its results
-read (no sync: those kernels are done). The extra step only gives the window's end (its
-first kernel). Stopping costs the loop thread the profiler's disable call; the trace is read
-and grouped by step on a worker thread (engine/instruments/kernel_trace_read.py; one sample at a
-time: no sample starts while the last converts), and the finished
-`telemetry.kernels.KernelSample` rides out on the next step record the loop publishes
-(``StepRecord.kernel_samples``). Should a trace carry no runtime events (a Kineto build
-without them), the sampler falls back to CPU activities with ``gapless.step <n>`` ranges, as
-the anatomy records.
-
-Clock: kernel times come in the profiler's clock. Each bracket launch notes
-time.perf_counter_ns just before and after it; the median difference of midpoints puts the
-trace on our clock (error about a microsecond; no assumption about which clock Kineto uses).
-
-Why torch.profiler: it is installed wherever torch is, and the anatomy already uses it.
-cupti-python (NVIDIA's CUPTI bindings) would give the same activity records with less
-overhead but is not installed on the GPU machine and would still have to share the one
-subscriber; timestamps written by our own kernels (%globaltimer) need every kernel to be ours
-(cuBLAS GEMMs are not) and measure only what we instrument.
-
-It must never start while another profiler runs, never block the loop on the trace's
-conversion, and never leave the profiler on after an error. Its sessions start and stop on
-the loop thread, between steps, as the anatomy's do. A torch.profiler session stopped from
-another thread while the loop thread was launching left that thread's eager kernel launches
-without kernel records in every later session of the process (H200, 2026-12-04: launches of
-other threads and streams, Triton's included, were recorded at the same moments; graph
-launches were too); a tool that profiles the engine from outside starts and stops its session
-with `Engine.run_on_loop`, as `bench truth` does.
+It must never start while another profiler runs, never start or stop a session off the loop
+thread, never block the loop on a conversion, and never leave the profiler on after an error.
 """
 
 from __future__ import annotations
@@ -248,49 +213,61 @@ class KernelSampler:
     def _work(self) -> None:
         assert self._jobs is not None
         while (item := self._jobs.get()) is not None:
-            job, token = item
-            t0 = time.perf_counter()
-            switch = sys.getswitchinterval()
-            if CONVERT_SWITCH_S is not None:
-                sys.setswitchinterval(CONVERT_SWITCH_S)
             try:
-                sample = convert(*job)
-            except NoRuntimeEvents as e:  # this Kineto: fall back to CPU activities
-                self.with_cpu = True
-                self._failed(e)
-                continue
-            except clock.ClockLost as e:  # written after another session started: no times
-                self.clock_lost += 1
-                self._failed(e, retry_s=self.period_s)
-                continue
-            except LostKernels as e:  # the profiler dropped every counted step's kernels
-                self.lost_samples += 1
-                self.lost_in_row += 1
-                self.warmup = min(2 * self.warmup + self.steps, MAX_WARMUP_STEPS)
-                self._failed(e, retry_s=self.period_s)  # longer warm-up, same period
-                continue
-            except Exception as e:  # a bad trace loses one sample, never the loop
-                self._failed(e)
-                _dump(job, e)
-                continue
-            finally:
-                clock.release(token)
-                sys.setswitchinterval(switch)
-                self.convert_s.append(time.perf_counter() - t0)
+                sample = self._convert(*item)
+                if sample is not None:
+                    self.ready.append(sample)
+            finally:  # counted once its sample is ready: the publisher waits on this count
                 self._converted += 1
-            if sample is not None and self.samples_made < 2 and os.environ.get(
-                    "GAPLESS_KERNEL_TRACE_DUMP_ALL"):
-                _dump(job, None, os.environ["GAPLESS_KERNEL_TRACE_DUMP_ALL"])
-            if sample is not None:
-                if sample.skipped_steps:
-                    # Kineto/CUPTI drop the first kernel records of a session, more of them
-                    # as the process runs more sessions (pytorch issue 192021): warm up
-                    # longer so that the counted steps come after the loss.
-                    self.warmup = min(self.warmup + sample.skipped_steps + 1,
-                                      MAX_WARMUP_STEPS)
-                self.samples_made += 1
-                self.lost_in_row = 0
-                self.ready.append(sample)
+
+    def _convert(self, job: tuple[Any, int, int, dict, int, dict],
+                 token: int) -> KernelSample | None:
+        """One trace into a sample, on the worker; None when the sample is lost (counted)."""
+        t0 = time.perf_counter()
+        switch = sys.getswitchinterval()
+        if CONVERT_SWITCH_S is not None:
+            sys.setswitchinterval(CONVERT_SWITCH_S)
+        try:
+            sample = convert(*job)
+        except NoRuntimeEvents as e:  # this Kineto: fall back to CPU activities
+            self.with_cpu = True
+            self._failed(e)
+            return None
+        except clock.ClockLost as e:  # written after another session started: no times
+            self.clock_lost += 1
+            self._failed(e, retry_s=self.period_s)
+            return None
+        except LostKernels as e:  # the profiler dropped every counted step's kernels
+            self.lost_samples += 1
+            self.lost_in_row += 1
+            self.warmup = min(2 * self.warmup + self.steps, MAX_WARMUP_STEPS)
+            self._failed(e, retry_s=self.period_s)  # longer warm-up, same period
+            return None
+        except Exception as e:  # a bad trace loses one sample, never the loop
+            self._failed(e)
+            _dump(job, e)
+            return None
+        finally:
+            clock.release(token)
+            sys.setswitchinterval(switch)
+            self.convert_s.append(time.perf_counter() - t0)
+        if sample is not None and self.samples_made < 2 and os.environ.get(
+                "GAPLESS_KERNEL_TRACE_DUMP_ALL"):
+            _dump(job, None, os.environ["GAPLESS_KERNEL_TRACE_DUMP_ALL"])
+        if sample is not None:
+            if sample.skipped_steps:
+                # Kineto/CUPTI drop the first kernel records of a session, more of them as
+                # the process runs more sessions: warm up longer so that the counted steps
+                # come after the loss.
+                self.warmup = min(self.warmup + sample.skipped_steps + 1, MAX_WARMUP_STEPS)
+            self.samples_made += 1
+            self.lost_in_row = 0
+        return sample
+
+    @property
+    def converting(self) -> bool:
+        """A stopped sample is still being converted (its records wait for it)."""
+        return self._submitted != self._converted
 
     def stats(self) -> dict[str, Any]:
         """What the engine's stats() reports of the sampler: samples made, samples whose
@@ -342,9 +319,8 @@ def prime_profiler() -> None:
     """Once per process, before the first session of ours: a throwaway torch.profiler session
     (CPU and CUDA activities) on the thread that builds the engine, so that Kineto's client
     is initialised on the thread that registered it (else Kineto prints "External init
-    callback must run in same thread as registerClient"). It did not fix the anatomy's CUDA
-    events at ts 0 (H200, 20280ab): their cause was a trace written after the sampler's next
-    session had started (engine/instruments/kernel_trace_clock.py)."""
+    callback must run in same thread as registerClient"). CUDA events at ts 0 have another
+    cause: a trace written after the next session started (kernel_trace_clock.py)."""
     global _PRIMED
     if _PRIMED or torch.autograd._profiler_enabled():
         return
@@ -373,12 +349,11 @@ def _start(with_cpu: bool) -> None:
     _enable_profiler(cfg.config(create_trace_id=False), acts)
 
 
-# Which way traces are read: Kineto's JSON export (the reader every H200 figure up to d680094
-# was made with), or with GAPLESS_KERNEL_TRACE_READ=objects the profiler's objects where the
-# first sample finds them the same and faster (None until it compared the two, per process;
-# =objects-only: always the objects, to compare the two readers on a GPU).
-# The export is the default again: on the H200 (5f96d07) the objects were no faster (0.106 vs
-# 0.109 s for an 8B sample) and the graph rows read low after they came in (not yet known why).
+# Which way traces are read: Kineto's JSON export (the default), or with
+# GAPLESS_KERNEL_TRACE_READ=objects the profiler's objects where the first sample finds them
+# the same and faster (None until it compared the two, per process; =objects-only: always the
+# objects, to compare the two readers on a GPU). The export is the default because the
+# objects were no faster and read graph rows low (docs/benchmarks.md).
 READ_OBJECTS: bool | None = {"objects": None, "objects-only": True}.get(
     os.environ.get("GAPLESS_KERNEL_TRACE_READ", "json"), False)
 READ_TIMES: dict[str, float] = {}  # the first sample's conversion both ways, seconds

@@ -1,7 +1,7 @@
 """One profiler trace at a time until it is written: Kineto's CUDA times are converted at
 export, with a converter the next session replaces.
 
-Why (issue 20; read in pytorch/kineto and torch's profiler_kineto.cpp): with CUPTI's TSC
+Why (read in pytorch/kineto and torch's profiler_kineto.cpp): with CUPTI's TSC
 timestamps (Kineto's default on Linux), each CUDA record (kernel, memcpy, runtime call) keeps
 its raw TSC value, and ``timestamp()`` converts it *when it is called*, through one
 process-wide function, ``libkineto::get_time_converter()``. Every profiler session replaces
@@ -11,12 +11,10 @@ any earlier time. So a trace exported after another session has started converts
 record with the wrong origin: ts 0, dur 0. CPU ops and the GPU user-annotation ranges are
 converted while the session is processed at stop, so they keep real times.
 
-That is what the H200 showed at d8db309 and 20280ab: the anatomy stopped its session on the
-loop thread, the caller's thread exported the trace a little later, and in between the
-kernel sampler (armed 0.5 s after the engine is built, off during the anatomy) started its
-first session on the loop thread: every kernel, memcpy and runtime call of the anatomy's
-graph recording sat at ts 0 while its ranges had real times. The eager test recorded after it
-had no sample starting in that gap (the sampler's next one was 10 s away).
+It happens when the anatomy stops its session on the loop thread, the caller's thread
+exports the trace a little later, and in between the kernel sampler starts a session: every
+kernel, memcpy and runtime call of the anatomy's recording then sits at ts 0 while its ranges
+keep real times.
 
 So: a finished session whose trace is not written yet is *held* here (`hold` / `release`);
 no session of ours starts while one is held (`unsaved`): the sampler skips its turn, the

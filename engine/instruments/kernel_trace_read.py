@@ -66,7 +66,7 @@ _GRAPH_LAUNCH = re.compile(r"GraphLaunch")
 class LostKernels(ValueError):
     """The trace kept runtime calls but no kernel record of a sampled step: the profiler
     dropped them (Kineto/CUPTI lose the kernel records at the start of a session, more of
-    them the more sessions the process has run; pytorch issue 192021)."""
+    them the more sessions the process has run: pytorch/pytorch#192021)."""
 
 
 def lost_launches(events: list[dict[str, Any]], until_us: float | None = None) -> int:
@@ -101,7 +101,7 @@ def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, in
         raise kind(f"kernel sampler: {len(calls)} bracket launches in the trace for "
                    f"{len(ours)} brackets ({len(runtime)} runtime events, {kernels} kernels, "
                    f"{lost_launches(events)} kernel launches without a record"
-                   + ("; the profiler dropped the kernel records: pytorch issue 192021)"
+                   + ("; the profiler dropped the kernel records: pytorch/pytorch#192021)"
                       if not calls else ")"))
     # Launches made just after the profiler started may be missing: match from the end.
     matched = list(zip(ours[len(ours) - len(calls):], calls, strict=True))
@@ -207,7 +207,7 @@ def to_sample(events: list[dict[str, Any]], first: int, steps: int,
     if sample is None and lost:
         raise LostKernels(f"kernel sampler: no whole step among {steps + 1} sampled steps; "
                           f"{lost} kernel launches have no record in the trace (the profiler "
-                          "dropped them: pytorch issue 192021)")
+                          "dropped them: pytorch/pytorch#192021)")
     if sample is not None:
         sample.skipped_steps = steps - len(sample.steps)
         sample.lost_launches = lost

@@ -1,4 +1,4 @@
-"""A recorded step's byte floor on this engine, both ways (issue 20's honest floor).
+"""A recorded step's byte floor on this engine, both ways (the honest floor).
 
 Owns the reads one step makes and their two floors: all the bytes at the peak-copy bandwidth,
 and each read at its size's achievable bandwidth from the curve the engine measured at start
@@ -70,10 +70,9 @@ def live_floor(model: torch.nn.Module, kv_bytes_per_token: float,
     bandwidth. Under tensor parallelism pass the leader's shard and one rank's KV share:
     every rank reads its own share at the same time. The peak-copy floor, not the
     size-aware one: the size-aware floor assumes one read after another, which kernels that
-    overlap beat (H200, 2026-12-04: SmolLM2-135M b16 with PDL prefetch 763 us against a
-    size-aware 800 us; the first curve, reads timed alone, even put the 8B step at 0.67x), so
-    it is no lower bound and could swallow all kernel time. None without a measured copy
-    bandwidth (a CPU)."""
+    overlap beat (a small model's step with PDL prefetch runs below it), so it is no lower
+    bound and could swallow all kernel time. None without a measured copy bandwidth (a
+    CPU)."""
     bw = curve.peak_copy_bw if curve is not None else None
     if not bw:
         return None

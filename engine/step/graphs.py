@@ -9,16 +9,15 @@ because every step is serialised on the compute stream.
 Each graph also carries two timing events recorded inside it (``external=True``), at its
 first kernel and after its last: `replay_fn` hands them to the pipeline with the replay, so a
 step's compute span runs from its first kernel to its last, not from when the stream reached
-the launch (docs/design.md section 4; checked on the lent H200 with torch 2.11). The first event
-follows a one-element marker kernel, not the graph's start: an event node at the head of a
-graph fired ~190 us (tiny model) to ~0.7 ms (8B shape) before the first kernel ran when the
-graph was launched onto an idle stream (sync mode), because the graph's kernels were still
-being launched; the event after a kernel fires once kernels run. The marker costs one
-~2 us kernel per replay, and the events are read only once the step's results are in: no
-host sync. The marker kernel itself lies before the span: profilers see it as the graph's
-first kernel, so the anatomy and the kernel sampler know it by name (``bitwise_not``) and
-leave it out of the step (on the H200 it made our span start 3.2-3.8 us after the
-profiler's first kernel: the marker's duration and the gap after it).
+the launch (docs/design.md section 4). The first event follows a one-element marker kernel,
+not the graph's start: an event node at the head of a graph fires well before the first
+kernel runs when the graph is launched onto an idle stream (sync mode), because the graph's
+kernels are still being launched; the event after a kernel fires once kernels run. The
+marker costs one tiny kernel per replay, and the events are read only once the step's
+results are in: no host sync. The marker kernel itself lies before the span: profilers see
+it as the graph's first kernel, so the anatomy and the kernel sampler know it by name
+(``bitwise_not``) and leave it out of the step (our span starts after the profiler's first
+kernel by the marker's duration and the gap after it).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The Python heap as the step loop sees it: keeping full garbage collections short.
 
 Owns one policy. A full (generation 2) collection walks every tracked object in the process:
-torch, transformers and a loaded model make that ~400k objects, and one full collection on
-the loop thread then stops the engine for 0.2-0.4 s (`python -m bench step-cpu --gc`: 425 ms on
-the 2-core VM; one unexplained 190-330 ms gap per long 8B run on the H200). `settle()`, once
+torch, transformers and a loaded model make that hundreds of thousands of objects, and one
+full collection on the loop thread then stops the engine for a visible pause (`python -m bench
+step-cpu --gc` measures it; docs/benchmarks.md). `settle()`, once
 the model is loaded and the graphs captured, collects once and moves everything alive into
 the permanent generation (`gc.freeze()`), so later collections walk only what the engine
 made since. Thresholds stay CPython's: a larger generation-0 threshold made the longest

@@ -34,13 +34,13 @@ from engine.step.protocols import (  # noqa: F401  (re-exported: the loop's cont
     RequestFault,
     RequestSink,
     StepFollowers,
+    StepObserver,
+    StepPublisher,
     describe,
 )
 from engine.step.runner import ModelRunner
-from engine.instruments.sentinel import Sentinel
 from engine.step.streams import StreamSet
 from engine.step.text import RequestText, stop_reason
-from telemetry.bus import TelemetryBus
 from telemetry.records import RequestEvent, Span, StepRecord
 
 log = logging.getLogger("gapless.loop")
@@ -60,18 +60,18 @@ class StepLoop:
         settings: LiveSettings,
         graphs: GraphCache | None,
         graphs_unavailable: str | None,
-        bus: TelemetryBus | None,
+        bus: StepPublisher | None,
         sink: RequestSink,
         tokenizer: Any,
         eos_ids: set[int],
         followers: StepFollowers | None = None,
-        sentinel: Sentinel | None = None,
+        observer: StepObserver | None = None,
     ) -> None:
         self.runner = runner
         self.followers = followers
-        self.sentinel = sentinel  # the async-correctness check (engine.instruments.sentinel)
-        # A step's byte floor (ns) from its total context (engine/instruments/step_floor.py
-        # live_floor), set by the engine on a GPU; None: records carry floor_ns 0.
+        self.observer = observer  # the instruments (engine.instruments), told of each step
+        # A step's byte floor (ns) from its total context, set by the engine on a GPU
+        # (engine.instruments.step_floor.live_floor); None: records carry floor_ns 0.
         self.byte_floor: Callable[[int], int] | None = None
         self.scheduler = scheduler
         self.streams = streams
@@ -85,7 +85,8 @@ class StepLoop:
         self.max_model_len = scheduler.max_model_len
         self.block_size = scheduler.block_size
         self.scratch = runner.scratch
-        self.pipeline = Pipeline(streams, layout, settings.num_slots, timing=bus is not None)
+        self.pipeline = Pipeline(streams, layout, settings.num_slots, timing=bus is not None,
+                                 observer=observer)
         self.inflight: InflightStep | None = None
         self.step_no = 0
         self.discarded_tokens = 0
@@ -124,10 +125,13 @@ class StepLoop:
         The loop is then ready to serve, and to be reconfigured."""
         for slot in self.pipeline.slots:
             if slot.inflight is not None:
+                step = slot.inflight
                 try:
-                    self.pipeline.wait_results(slot.inflight)
+                    self.pipeline.wait_results(step)
                 except Exception:  # the step's requests end below anyway
                     pass
+                if self.observer is not None:
+                    self.observer.after_results(step.step)
         self.inflight = None
         alloc = self.scheduler.allocator
         alloc.complete_all()
@@ -145,13 +149,9 @@ class StepLoop:
         return self.graphs.failure if self.graphs is not None else None
 
     def reconfigure(self, async_batching: bool | None, num_slots: int | None,
-                    cuda_graphs: bool | None, sentinel_sample_every: int | None = None) -> None:
+                    cuda_graphs: bool | None) -> None:
         """Apply new live settings at a step boundary, draining the pipeline first."""
         self.drain()
-        if self.sentinel is not None:
-            self.sentinel.drain()
-            if sentinel_sample_every is not None:
-                self.sentinel.sample_every = sentinel_sample_every
         if async_batching is not None:
             self.settings.async_batching = async_batching
         if num_slots is not None and num_slots != len(self.pipeline.slots):
@@ -199,8 +199,6 @@ class StepLoop:
     # ---------------------------------------------------------------------------- step
     def step(self) -> bool:
         """Run one step boundary. Returns False when there was nothing to do."""
-        if self.sentinel is not None:
-            self.sentinel.poll()  # reads a finished check, queues the next chunk: no wait
         t0 = now()
         sched = self.scheduler.schedule()
         t1 = now()
@@ -208,10 +206,8 @@ class StepLoop:
             if self.inflight is not None:
                 self.drain()
                 return True
-            if self.sentinel is not None and self.sentinel.busy:
-                self.sentinel.poll(wait=True)  # idle: the checks may have the device
-                return True
-            return False
+            # Idle: the instruments may have work of their own (then this was no idle round).
+            return self.observer.idle() if self.observer is not None else False
         step_no = self.step_no
         self.step_no += 1
         # From here this step holds its requests' blocks: a block released before it has
@@ -295,6 +291,8 @@ class StepLoop:
         rec = step.record
         rec.spans.append(Span("cpu.wait", tw, tp))
         rec.spans.append(Span("cpu.post", tp, now()))
+        if self.observer is not None:  # outside the step's spans: the instruments' own time
+            self.observer.after_results(step.step)
         if self.bus is not None:
             for op in step.ops:
                 start, end = op.span_ns()
@@ -372,8 +370,8 @@ class StepLoop:
                 req.error, reason = describe(e), "error"
         self.scheduler.finish(req, reason)
         req.finished_ns = now()
-        if self.sentinel is not None:
-            self.sentinel.offer(req)
+        if self.observer is not None:
+            self.observer.finished(req)
         if self.bus is not None:
             self.bus.publish_event(RequestEvent(
                 req.request_id, "finished", now(), prompt_tokens=req.prompt_len, reason=reason,

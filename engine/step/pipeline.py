@@ -13,12 +13,9 @@ It never decides what runs: see engine.loop.
 
 Timing (telemetry on): each op is timed by events on its stream; a CUDA-graph replay also
 hands over the events recorded inside its graph, so its compute span starts at the graph's
-first kernel and the launch latency before it is a compute.launch span. A step-anatomy
-recording (engine.instruments.anatomy), when one is asked for, wraps the recorded steps' launches
-in profiler ranges; otherwise it costs one attribute test per step. The kernel sampler
-(engine.instruments.kernel_trace) does the same for a few steps every period on CUDA, yields to the
-anatomy (one profiler at a time), and its finished samples ride out on the next step record
-whose results are read.
+first kernel and the launch latency before it is a compute.launch span. An observer
+(engine.step.protocols.StepObserver: the instruments) may wrap a step's launch and its
+compute; without one a launch costs one attribute test more.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ import torch
 
 from engine.core.batch import BufferLayout, HostView, StepMeta
 from engine.core.scheduler import SchedulerOutput
-from engine.instruments.anatomy import AnatomyRecorder, marked
-from engine.instruments.kernel_trace import KernelSampler
+from engine.step.protocols import StepObserver
 from engine.step.runner import DeviceView
 from engine.step.slot_guard import SlotGuards
 from engine.step.streams import Event, Stream, StreamSet, TimedOp
@@ -109,15 +105,13 @@ class Pipeline:
         layout: BufferLayout,
         num_slots: int,
         timing: bool = True,
+        observer: StepObserver | None = None,
     ) -> None:
         self.streams = streams
         self.layout = layout
         # With telemetry off, no timing events are recorded around the step's work.
         self.timing = timing
-        # Step anatomy on demand; inactive it costs one attribute test per step.
-        self.anatomy = AnatomyRecorder(cuda=streams.is_cuda)
-        # Measured kernels of a few steps every period (CUDA, telemetry on): see kernel_trace.
-        self.kernels = KernelSampler(enabled=streams.is_cuda and timing)
+        self.observer = observer
         self.slots: list[Slot] = []
         self.resize(num_slots)
 
@@ -152,25 +146,15 @@ class Pipeline:
         record: StepRecord,
         compute_fn: Callable[[], None],
     ) -> InflightStep:
-        ks = self.kernels
-        if ks.armed:
-            if self.anatomy.active:  # one profiler at a time: the anatomy's turn
-                ks.abort()
-            else:
-                if ks.begin_step(record.step):
-                    with ks.marked(record.step):
-                        return self._launch(slot, sched, meta, record, compute_fn)
-                return self._launch(slot, sched, meta, record, compute_fn)
-        if self.anatomy.active:  # a step-anatomy recording (engine.instruments.anatomy) is on
-            self.anatomy.warmup = max(self.anatomy.warmup, ks.warmup)
-            name = self.anatomy.begin_step(record.step)
-            if name is not None and self.streams.is_cuda:
-                # Kernels find their step through the launch calls made inside this range.
-                with torch.profiler.record_function(name):
-                    return self._launch(slot, sched, meta, record, compute_fn)
-            if name is not None:  # host streams: the work runs on the stream's thread
-                compute_fn = marked(name, compute_fn)
-        return self._launch(slot, sched, meta, record, compute_fn)
+        obs = self.observer
+        if obs is None:
+            return self._launch(slot, sched, meta, record, compute_fn)
+        ctx = obs.before_launch(record.step)
+        compute_fn = obs.around_compute(record.step, compute_fn)
+        if ctx is None:
+            return self._launch(slot, sched, meta, record, compute_fn)
+        with ctx:  # kernels find their step through the launch calls made inside it
+            return self._launch(slot, sched, meta, record, compute_fn)
 
     def _launch(
         self,
@@ -259,13 +243,6 @@ class Pipeline:
             raise
         finally:
             step.slot.inflight = None  # read, or failed: either way the slot is free again
-            if self.anatomy.active:
-                self.anatomy.step_done(step.step)
-            ks = self.kernels
-            if ks.open:
-                ks.step_done(step.step)
-            if ks.ready:
-                step.record.kernel_samples = ks.take()
         if step.error is not None:
             guards.reset()
             raise step.error

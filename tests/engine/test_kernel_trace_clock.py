@@ -159,7 +159,7 @@ def test_the_anatomy_records_once_more_when_its_trace_lost_the_cuda_times(
 
     rec = _Recorder(start)
     rec.warmup = 0
-    engine = SimpleNamespace(loop=SimpleNamespace(pipeline=SimpleNamespace(anatomy=rec)))
+    engine = SimpleNamespace(instruments=SimpleNamespace(anatomy=rec))
     stop = threading.Event()
     loop = threading.Thread(target=_drive, args=(rec, stop), daemon=True)
     loop.start()

@@ -36,7 +36,7 @@ def test_kernels_of_a_sampled_step_lie_inside_its_compute_span(tiny_model_dir, g
         time.sleep(0.3)
         eng.generate([[3, 4]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
         records = eng.bus.snapshot_steps(4000)
-        sampler = eng.loop.pipeline.kernels
+        sampler = eng.instruments.kernels
     finally:
         eng.shutdown()
     samples = [s for r in records for s in r.kernel_samples]

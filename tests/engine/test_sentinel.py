@@ -37,7 +37,7 @@ def test_clean_engine_has_no_mismatch_across_live_switches(tiny_model_dir):
             prompts = mixed_prompts(12, seed=i)
             outs = eng.generate(prompts, GREEDY)
             n += len(outs)
-        eng.loop.sentinel.drain()
+        eng.instruments.sentinel.drain()
         stats = eng.stats()
     assert stats["sentinel_checked"] == n
     assert stats["sentinel_tokens_checked"] == n * GREEDY.max_tokens
@@ -62,12 +62,12 @@ def test_one_corrupted_carry_over_token_makes_it_fire(tiny_model_dir):
 
         runner.compute = corrupt_once
         eng.generate(mixed_prompts(12, seed=5), GREEDY)
-        eng.loop.sentinel.drain()
+        eng.instruments.sentinel.drain()
         stats = eng.stats()
     assert len(calls) > 12
     assert stats["sentinel_mismatches"] == 1, stats
     assert 1 <= stats["sentinel_tokens_mismatched"] < GREEDY.max_tokens
-    last = eng.loop.sentinel.last_mismatch
+    last = eng.instruments.sentinel.last_mismatch
     assert last is not None and last.produced != last.expected
 
 
@@ -76,7 +76,7 @@ def test_samples_one_in_n_greedy_requests_only(tiny_model_dir):
         sampled = SamplingParams(max_tokens=4, temperature=0.8, seed=1, ignore_eos=True)
         eng.generate(mixed_prompts(9, seed=2), sampled)
         eng.generate(mixed_prompts(9, seed=3), GREEDY)
-        eng.loop.sentinel.drain()
+        eng.instruments.sentinel.drain()
         stats = eng.stats()
     assert stats["sentinel_checked"] == 3  # the 3rd, 6th and 9th greedy request
     assert stats["sentinel_mismatches"] == 0
@@ -86,7 +86,7 @@ def test_live_toggle_and_validation(tiny_model_dir):
     with engine(tiny_model_dir("llama")) as eng:
         assert eng.configure(sentinel_sample_every=2)["sentinel_sample_every"] == 2
         eng.generate(mixed_prompts(4, seed=4), GREEDY)
-        eng.loop.sentinel.drain()
+        eng.instruments.sentinel.drain()
         assert eng.stats()["sentinel_checked"] == 2
         assert eng.configure(sentinel_sample_every=0)["sentinel_sample_every"] == 0
         eng.generate(mixed_prompts(4, seed=4), GREEDY)
@@ -116,7 +116,7 @@ def test_margin_forgives_ties_not_errors():
 def test_bf16_clean_engine_has_no_mismatch(tiny_model_dir):
     with engine(tiny_model_dir("llama"), dtype="bfloat16", sentinel_sample_every=1) as eng:
         outs = eng.generate(mixed_prompts(12, seed=6), GREEDY)
-        eng.loop.sentinel.drain()
+        eng.instruments.sentinel.drain()
         stats = eng.stats()
     assert stats["sentinel_checked"] == len(outs)
     assert stats["sentinel_mismatches"] == 0, stats

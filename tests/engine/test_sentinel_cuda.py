@@ -24,7 +24,7 @@ def test_cuda_sentinel_silent_across_live_switches(tiny_model_dir):
                                                     (False, 2, True), (True, 3, True)]):
             eng.configure(async_batching=async_, num_slots=slots, cuda_graphs=graphs)
             n += len(eng.generate(mixed_prompts(12, seed=i), GREEDY))
-        eng.loop.sentinel.drain()
+        eng.instruments.sentinel.drain()
         stats = eng.stats()
     assert stats["sentinel_checked"] == n
     assert stats["sentinel_mismatches"] == 0, stats
@@ -45,6 +45,6 @@ def test_cuda_sentinel_fires_on_one_corrupted_token(tiny_model_dir):
 
         runner.compute = corrupt_once
         eng.generate(mixed_prompts(12, seed=5), GREEDY)
-        eng.loop.sentinel.drain()
+        eng.instruments.sentinel.drain()
         stats = eng.stats()
     assert stats["sentinel_mismatches"] == 1, stats
