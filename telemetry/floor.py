@@ -2,10 +2,11 @@
 
 Small reads never reach a GPU's peak bandwidth: a kernel that reads 2 MB pays its launch,
 its ramp-up and its tail for little data. A `BandwidthCurve` holds measured (bytes, bytes/s)
-points from 1 MB to 1 GB, read with a cold L2 (engine/instruments/floor_probe.py measures it at
-engine start, cached per GPU model; telemetry/curves/<gpu>.json are the shipped ones), and
-gives the size-aware time of a read: the bandwidth at that size, interpolated in log-log,
-clamped at the ends.
+points from 1 MB to 1 GB, read with a cold L2, and gives the size-aware time of a read: the
+bandwidth at that size, interpolated in log-log, clamped at the ends. A curve belongs to a
+GPU model, its driver and torch's version (`GpuIdentity`): engine/instruments/floor_probe.py
+measures it once per identity and caches it under `cache_path`; telemetry/curves/<gpu>.json
+are the shipped ones, per GPU model, for where nothing was measured.
 
 Every "x floor" figure is printed twice: against the peak-copy floor (all bytes at one
 peak bandwidth) and against the size-aware floor (each read at its size's bandwidth).
@@ -81,22 +82,32 @@ def slug(gpu: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
 
 
-def curve_paths(gpu: str) -> list[Path]:
-    """Where a GPU model's curve may be: the per-user cache first, then the shipped file."""
-    return [CACHE_DIR / f"{slug(gpu)}.json", CURVES_DIR / f"{slug(gpu)}.json"]
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What a measured curve holds for: the GPU model, the driver version, torch's version."""
+
+    gpu: str
+    driver: str
+    torch: str
+
+
+def cache_path(ident: GpuIdentity, cache_dir: Path | None = None) -> Path:
+    """The cached curve of one GPU model, driver and torch version: a new driver or torch
+    gets a measurement of its own."""
+    name = f"{slug(ident.gpu)}--driver-{slug(ident.driver)}--torch-{slug(ident.torch)}"
+    return (cache_dir or CACHE_DIR) / f"{name}.json"
 
 
 def load_curve(gpu: str = DEFAULT_GPU) -> BandwidthCurve | None:
-    """The cached or shipped curve of a GPU model, or None."""
-    for path in curve_paths(gpu):
-        if path.is_file():
-            with open(path) as f:
-                return BandwidthCurve.from_dict(json.load(f))
-    return None
+    """The shipped curve of a GPU model, or None."""
+    path = CURVES_DIR / f"{slug(gpu)}.json"
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        return BandwidthCurve.from_dict(json.load(f))
 
 
-def save_curve(curve: BandwidthCurve, path: Path | None = None) -> Path:
-    path = path or CACHE_DIR / f"{slug(curve.gpu)}.json"
+def save_curve(curve: BandwidthCurve, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(curve.to_dict(), indent=1) + "\n")

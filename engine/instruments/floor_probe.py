@@ -12,15 +12,16 @@ time: the usual "copy bandwidth").
 
 Why in a graph: one read timed alone by events (the first probe, a sum to a scalar queued
 behind a spin) counted ~6 us of launch and event overhead into every read, so a 33 MB read
-came out at 1.7 TB/s while the 8B model's o projection (33.5 MB) ran at 2.5 TB/s inside the
-step's graph: a "floor" the step beat by 1.5x (H200, 2026-12-04, docs/benchmarks.md).
+came out slower than the 8B model's own o projection of the same size read inside the step's
+graph: a "floor" the step beat (docs/benchmarks.md).
 Kernels that overlap (programmatic dependent launch, one persistent kernel) can still go
 below this floor, which assumes one read after another.
 
-`curve_for_device` returns the cached or shipped curve of this GPU model or measures and
-caches it (the bench suites); `engine_curve` is engine start's: this machine's cached
-measurement (one taken by this method), else a measurement within a few seconds' budget,
-cached per GPU model; the shipped curve only when measuring fails; nothing on a CPU.
+The curve is a property of the GPU, its driver and torch: `engine_curve` (engine start, and
+the bench suites through `curve_for_device`) reads the one cached on disk for this GPU
+model, driver and torch version (telemetry.floor.cache_path), and measures it only when
+there is none, once, then caches it. The shipped curve of the GPU model stands in only when
+measuring fails; nothing on a CPU.
 
 It must never run on a CPU (ValueError) nor keep its buffers after returning.
 """
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from telemetry.floor import CACHE_DIR, BandwidthCurve, load_curve, save_curve, slug
+from telemetry.floor import BandwidthCurve, GpuIdentity, cache_path, load_curve, save_curve
 
 log = logging.getLogger("gapless.floor")
 
@@ -49,7 +50,6 @@ READ_METHOD = "row sums back to back in a CUDA graph, cold buffers"
 # event fires, so an idle stream's launch latency is not counted as copying time.
 QUEUE_CYCLES = 40_000
 PARTIAL = "partial"
-ENGINE_BUDGET_S = 3.0  # engine start (this in-graph method not yet timed at engine start)
 
 
 def _read_seconds(data: torch.Tensor, size: int, row: int, repeats: int,
@@ -121,31 +121,41 @@ def measure_curve(device: torch.device | str = "cuda", repeats: int = 5,
                           measured=time.strftime("%Y-%m-%d"))
 
 
-def curve_for_device(device: torch.device | str = "cuda") -> BandwidthCurve:
-    """This GPU model's cached (or shipped) curve, else a fresh measurement, cached."""
-    name = torch.cuda.get_device_name(torch.device(device))
-    curve = load_curve(name)
-    if curve is None:
-        curve = measure_curve(device)
+def gpu_identity(device: torch.device) -> GpuIdentity:
+    """What a measured curve belongs to: the GPU model, the driver (NVML's version string,
+    else the CUDA driver API version torch reports) and torch's version."""
+    name = torch.cuda.get_device_name(device)
+    driver = "unknown"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
         try:
-            save_curve(curve)
-        except OSError:  # a read-only home: measure again next time
-            pass
-    return curve
+            driver = str(pynvml.nvmlSystemGetDriverVersion())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML here: the driver API version is the next best thing
+        get = getattr(torch._C, "_cuda_getDriverVersion", None)
+        if get is not None:
+            try:
+                driver = f"cuda-{get()}"
+            except Exception:
+                pass
+    return GpuIdentity(name, driver, torch.__version__)
 
 
-def engine_curve(device: torch.device, *, budget_s: float = ENGINE_BUDGET_S,
-                 cache_dir: Path | None = None, gpu_name: str | None = None,
+def engine_curve(device: torch.device, *, cache_dir: Path | None = None,
+                 identity: GpuIdentity | None = None,
                  measure: Callable[..., BandwidthCurve] = measure_curve,
                  ) -> BandwidthCurve | None:
-    """At engine start: this machine's measured curve for its GPU model, from the cache, or
-    measured now within ``budget_s`` and cached (complete curves only); None on a CPU. A
-    failed or partial measurement falls back to the shipped curve of that model (or None).
-    The shipped curve is another machine's: a measurement here, once, is preferred."""
+    """This GPU's curve: the cached measurement for its model, driver and torch version, or
+    a measurement now, cached (complete curves only: the next start reads it); None on a CPU.
+    A failed or partial measurement falls back to the shipped curve of the model, if any
+    (another machine's: a measurement here is preferred, and tried again next time)."""
     if device.type != "cuda":
         return None
-    name = gpu_name or torch.cuda.get_device_name(device)
-    path = (cache_dir or CACHE_DIR) / f"{slug(name)}.json"
+    ident = identity or gpu_identity(device)
+    path = cache_path(ident, cache_dir)
     if path.is_file():
         try:
             cached = load_curve_file(path)
@@ -156,18 +166,26 @@ def engine_curve(device: torch.device, *, budget_s: float = ENGINE_BUDGET_S,
             log.warning("floor curve cache %s unreadable (%s): measuring again", path, e)
     t0 = time.perf_counter()
     try:
-        curve = measure(device, budget_s=budget_s)
+        curve = measure(device)
     except Exception as e:  # out of memory at start, a driver error: the shipped curve
         log.warning("floor probe failed (%s); using the shipped curve if any", e)
-        return load_curve(name)
-    log.info("floor probe: %d sizes in %.2f s on %s", len(curve.points),
-             time.perf_counter() - t0, name)
+        return load_curve(ident.gpu)
+    log.info("floor probe: %d sizes in %.2f s on %s, cached in %s", len(curve.points),
+             time.perf_counter() - t0, ident.gpu, path)
     if PARTIAL in curve.method:
-        return load_curve(name) or curve
+        return load_curve(ident.gpu) or curve
     try:
         save_curve(curve, path)
     except OSError:  # a read-only home: measure again next time
         pass
+    return curve
+
+
+def curve_for_device(device: torch.device | str = "cuda") -> BandwidthCurve:
+    """`engine_curve` for a CUDA device that must have a curve (the bench suites)."""
+    curve = engine_curve(torch.device(device))
+    if curve is None:
+        raise ValueError(f"the floor probe needs a CUDA device, got {device}")
     return curve
 
 

@@ -1,6 +1,7 @@
-"""Engine start's floor curve on a CPU, with a fake measurement: nothing on a CPU; measured
-once per GPU model and cached; a partial (over budget) or failed measurement is not cached
-and falls back to the shipped curve."""
+"""The floor curve is a property of the GPU: measured once per GPU model, driver and torch
+version and cached on disk, read from that cache at every later engine start (a new driver or
+torch measures again); nothing on a CPU; a partial or failed measurement is not cached and
+falls back to the shipped curve. CPU tests with a fake measurement, and one on CUDA."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 import torch
 
 from engine.instruments import floor_probe
-from telemetry.floor import BandwidthCurve
+from telemetry.floor import BandwidthCurve, GpuIdentity, cache_path, save_curve
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
+GPU = GpuIdentity("Test GPU", "550.54.15", "2.11.0+cu130")
 
 
 def _curve(method=f"fake {floor_probe.READ_METHOD}"):
@@ -19,47 +21,70 @@ def _curve(method=f"fake {floor_probe.READ_METHOD}"):
 
 class Fake:
     def __init__(self, result):
-        self.result, self.calls = result, []
+        self.result, self.calls = result, 0
 
-    def __call__(self, device, budget_s):
-        self.calls.append(budget_s)
+    def __call__(self, device):
+        self.calls += 1
         if isinstance(self.result, Exception):
             raise self.result
         return self.result
+
+
+def _start(tmp_path, fake, ident=GPU):
+    """What an engine start does for its curve."""
+    return floor_probe.engine_curve(CUDA, cache_dir=tmp_path, identity=ident, measure=fake)
 
 
 def test_nothing_on_a_cpu(tmp_path):
     fake = Fake(_curve())
     assert floor_probe.engine_curve(torch.device("cpu"), cache_dir=tmp_path,
                                     measure=fake) is None
-    assert fake.calls == []
+    assert fake.calls == 0
 
 
-def test_measured_once_within_the_budget_then_read_from_the_cache(tmp_path):
+def test_measured_at_the_first_start_only_then_read_from_the_cache(tmp_path):
     fake = Fake(_curve())
-    got = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
-                                   measure=fake, budget_s=2.5)
-    assert got == _curve() and fake.calls == [2.5]
-    assert (tmp_path / "test-gpu.json").is_file()
-    again = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
-                                     measure=fake)
-    assert again == _curve() and fake.calls == [2.5]  # not measured twice
+    assert _start(tmp_path, fake) == _curve() and fake.calls == 1
+    assert cache_path(GPU, tmp_path).is_file()
+    for _ in range(3):  # later engine starts, other processes: no measurement
+        assert _start(tmp_path, fake) == _curve()
+    assert fake.calls == 1
+
+
+@pytest.mark.parametrize("changed", [
+    GpuIdentity("Test GPU", "560.28.03", GPU.torch),   # a driver update
+    GpuIdentity("Test GPU", GPU.driver, "2.12.0+cu130"),  # a torch update
+    GpuIdentity("Other GPU", GPU.driver, GPU.torch),  # another GPU model
+])
+def test_another_driver_torch_or_gpu_is_measured_again(tmp_path, changed):
+    fake = Fake(_curve())
+    _start(tmp_path, fake)
+    assert _start(tmp_path, fake, changed) == _curve() and fake.calls == 2
+    assert cache_path(changed, tmp_path) != cache_path(GPU, tmp_path)
+    assert _start(tmp_path, fake, changed) == _curve() and fake.calls == 2  # cached too
+
+
+def test_the_cache_path_is_a_plain_file_name():
+    path = cache_path(GpuIdentity("NVIDIA H200", "cuda-13000", "2.11.0+cu130"))
+    assert path.name == "nvidia-h200--driver-cuda-13000--torch-2-11-0-cu130.json"
 
 
 def test_a_cached_curve_of_the_old_method_is_measured_again(tmp_path):
     """A cache written by the first probe (one read timed alone: small reads came out slower
     than the model's own kernels read) is replaced by a measurement of the current method."""
-    from telemetry.floor import save_curve
-
     save_curve(_curve("sum(bf16->fp32) after a 256 MB L2 flush, CUDA events, median of 5"),
-               tmp_path / "test-gpu.json")
+               cache_path(GPU, tmp_path))
     fake = Fake(_curve())
-    got = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
-                                   measure=fake, budget_s=2.0)
-    assert got == _curve() and fake.calls == [2.0]
-    again = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
-                                     measure=fake)
-    assert again == _curve() and fake.calls == [2.0]
+    assert _start(tmp_path, fake) == _curve() and fake.calls == 1
+    assert _start(tmp_path, fake) == _curve() and fake.calls == 1
+
+
+def test_an_unreadable_cache_is_measured_again(tmp_path):
+    path = cache_path(GPU, tmp_path)
+    path.write_text("{not json")
+    fake = Fake(_curve())
+    assert _start(tmp_path, fake) == _curve() and fake.calls == 1
+    assert floor_probe.load_curve_file(path) == _curve()
 
 
 @pytest.mark.parametrize("shipped", [True, False])
@@ -67,18 +92,15 @@ def test_a_partial_measurement_is_not_cached(tmp_path, monkeypatch, shipped):
     ship = _curve("shipped")
     monkeypatch.setattr(floor_probe, "load_curve", lambda gpu: ship if shipped else None)
     partial = _curve(f"fake; {floor_probe.PARTIAL} (budget 3 s)")
-    got = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
-                                   measure=Fake(partial))
-    assert got == (ship if shipped else partial)
-    assert not (tmp_path / "test-gpu.json").exists()
+    assert _start(tmp_path, Fake(partial)) == (ship if shipped else partial)
+    assert not cache_path(GPU, tmp_path).exists()
 
 
 def test_a_failed_measurement_falls_back_to_the_shipped_curve(tmp_path, monkeypatch):
     ship = _curve("shipped")
     monkeypatch.setattr(floor_probe, "load_curve", lambda gpu: ship)
-    got = floor_probe.engine_curve(CUDA, cache_dir=tmp_path, gpu_name="Test GPU",
-                                   measure=Fake(RuntimeError("CUDA out of memory")))
-    assert got == ship and not (tmp_path / "test-gpu.json").exists()
+    assert _start(tmp_path, Fake(RuntimeError("CUDA out of memory"))) == ship
+    assert not cache_path(GPU, tmp_path).exists()
 
 
 @pytest.mark.cuda
@@ -94,7 +116,7 @@ def test_on_cuda_engine_start_measures_every_size_and_caches_it(tmp_path):
     assert [b >> 20 for b, _ in curve.points] == list(floor_probe.SIZES_MB)
     # small reads never reach the large ones' bandwidth (the point of a size-aware floor)
     assert curve.points[0][1] < curve.points[-1][1]
-    assert list(tmp_path.glob("*.json"))
+    assert cache_path(floor_probe.gpu_identity(CUDA), tmp_path).is_file()
     # a budget already spent still measures the first size, and is marked partial
     short = floor_probe.measure_curve(CUDA, budget_s=0.0)
     assert len(short.points) == 1 and floor_probe.PARTIAL in short.method
