@@ -2,8 +2,8 @@
 
 Owns the pure part of the anatomy: from profiler events (the dicts of a Chrome trace that
 torch.profiler/Kineto writes) it finds each step's kernels, times the step (first kernel to
-last), its time inside kernels (union) and the gaps between them, classifies kernels into
-families (GEMM, attention, norm, rotary, elementwise, sampling, copies, other) and builds the
+last), its time inside kernels (union) and the gaps between them, gives each kernel its
+family (telemetry.kernel_family, the classifier every view shares) and builds the
 family table (count, time, share) and the step's byte floor figures. It also calibrates the
 in-step kernel gaps per graph bucket, so a live window's *kernel busy* can be estimated from
 its *step busy* (see kernel_busy_estimate).
@@ -25,38 +25,12 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from telemetry.kernels import MARKER_PATTERN
+from telemetry.kernel_family import FAMILIES, MARKER_PATTERN, family_of
 from telemetry.metrics import busy_intervals, spans_of
 from telemetry.records import StepRecord
 
 STEP_MARKER = "gapless.step "
 DEVICE_CATS: tuple[str, ...] = ("kernel", "gpu_memcpy", "gpu_memset")
-FAMILIES: tuple[str, ...] = ("gemm", "attention", "norm", "rotary", "elementwise", "sampling",
-                             "copies", "other", "marker")
-# First match wins: the graph start marker (ours, telemetry.kernels: its kernel is named
-# "...vectorized_elementwise_kernel<4, ...bitwise_not_kernel_cuda...", which the elementwise
-# rule would take: H200, e105790), then specific families before the broad elementwise ones.
-_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (("marker", MARKER_PATTERN),) + tuple(
-    (family, re.compile(pattern, re.IGNORECASE)) for family, pattern in (
-        ("sampling", r"sample|topk|top_k|argmax|multinomial|sort|cumsum|gumbel|exponential"),
-        ("copies", r"memcpy|memset|copy_kernel|direct_copy|CatArrayBatchedCopy|aten::copy_"
-                   r"|index_put|scatter|gather"),
-        ("attention", r"attn|attention|flash|fmha|sdpa|paged|reduce_splits|aten::bmm"),
-        ("gemm", r"gemm|matmul|cutlass|cublas|nvjet|xmma|sm\d+_|aten::mm\b|aten::addmm"
-                 r"|aten::linear|splitk"),
-        ("norm", r"rms|layer_?norm|norm_kernel|aten::norm|rsqrt"),
-        ("rotary", r"rotary|rope"),
-        ("elementwise", r"elementwise|vectorized|unrolled|reduce|silu|act_and_mul|aten::"),
-    ))
-
-
-def kernel_family(name: str) -> str:
-    """The family of a kernel (or CPU op) by its name; "other" when no rule matches; "marker"
-    for the graph start marker (left out of steps unless group_by_step's keep_marker)."""
-    for family, pattern in _RULES:
-        if pattern.search(name):
-            return family
-    return "other"
 
 
 @dataclass(slots=True, frozen=True)
@@ -120,7 +94,7 @@ def group_by_step(events: Sequence[Mapping[str, Any]],
                   keep_marker: bool = False) -> list[StepKernels]:
     """Each marked step's device events (``cat`` in ``device_cats``), in step order.
 
-    A CUDA graph's start-marker kernel (telemetry.kernels.MARKER_PATTERN: ours, before the
+    A CUDA graph's start-marker kernel (telemetry.kernel_family.MARKER_PATTERN: ours, before the
     step's compute span) is left out unless ``keep_marker``.
 
     Steps are the ``gapless.step <n>`` ranges; a device event with a correlation id joins
@@ -165,7 +139,7 @@ def group_by_step(events: Sequence[Mapping[str, Any]],
         n = launch_step.get(corr) if corr is not None else step_at(e)
         if n is None:
             continue
-        steps[n].kernels.append(Kernel(name, kernel_family(name), float(e["ts"]),
+        steps[n].kernels.append(Kernel(name, family_of(name), float(e["ts"]),
                                        float(e.get("dur", 0))))
     return [steps[n] for n in sorted(steps)]
 

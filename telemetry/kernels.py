@@ -8,9 +8,7 @@ that runs from one sampled step's first kernel to the first kernel of the step a
 last one counted, so a sample measures whole step periods (inter-step idle included) and
 not one step's inside.
 
-Families, for the kernel lane and the anatomy: gemm, attention, norm, elementwise, sampling,
-copies, and "marker" (the one-element kernel that our CUDA graphs start with so an in-graph
-timing event fires when kernels run: ours, not the model's; engine/step/graphs.py).
+A kernel's family is telemetry.kernel_family's (the one classifier every view shares).
 
 Pure: it must never import torch, a profiler or anything of ours beyond telemetry, nor read
 a clock. Conversion from a profiler's trace happens in the engine (on a worker thread).
@@ -18,35 +16,12 @@ a clock. Conversion from a profiler's trace happens in the engine (on a worker t
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-FAMILIES: tuple[str, ...] = ("gemm", "attention", "norm", "elementwise", "sampling", "copies",
-                             "marker")
-# The graph start marker's kernel (engine/step/graphs.py runs bitwise_not_ on one int32).
-MARKER_PATTERN = re.compile(r"bitwise_not", re.IGNORECASE)
-# First match wins: specific families before the broad elementwise patterns.
-_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (("marker", MARKER_PATTERN),) + tuple(
-    (family, re.compile(pattern, re.IGNORECASE)) for family, pattern in (
-        ("sampling", r"sample|topk|top_k|argmax|multinomial|sort|cumsum|gumbel|exponential"),
-        ("copies", r"memcpy|memset|copy_kernel|direct_copy|CatArrayBatchedCopy|index_put"
-                   r"|scatter|gather"),
-        ("attention", r"attn|attention|flash|fmha|sdpa|paged|reduce_splits"),
-        ("gemm", r"gemm|matmul|cutlass|cublas|nvjet|xmma|sm\d+_|splitk"),
-        ("norm", r"rms|layer_?norm|norm_kernel|rsqrt"),
-    ))
-
-
-def family_of(name: str) -> str:
-    """The family of a kernel by its name; rotary, activations, casts and anything else
-    unnamed count as elementwise (a GPU's other small kernels)."""
-    for family, pattern in _RULES:
-        if pattern.search(name):
-            return family
-    return "elementwise"
+from telemetry.kernel_family import family_of
 
 
 @dataclass(slots=True, frozen=True)
@@ -196,10 +171,11 @@ def family_time_ns(samples: Iterable[KernelSample]) -> dict[str, int]:
 
 def sample_from_dict(d: dict) -> KernelSample:
     """A KernelSample back from its JSON form (dataclasses.asdict, as telemetry/export.py
-    writes it)."""
-    steps = [SampledStep(int(s["step"]), [KernelRecord(str(k["name"]), str(k["family"]),
-                                                       int(k["start_ns"]), int(k["end_ns"]))
-                                          for k in s["kernels"]]) for s in d["steps"]]
+    writes it). Each kernel's family is told again from its name, so a recording made under
+    older rules shows today's families."""
+    steps = [SampledStep(int(s["step"]), [
+        KernelRecord(str(k["name"]), family_of(str(k["name"])), int(k["start_ns"]),
+                     int(k["end_ns"])) for k in s["kernels"]]) for s in d["steps"]]
     lo, hi = d["window"]
     return KernelSample(steps, (int(lo), int(hi)), int(d["kernel_ns"]),
                         str(d.get("aligned", "")), int(d.get("cost_ns", 0)),

@@ -2,7 +2,7 @@
 
 Owns turning an anatomy summary (engine.instruments.anatomy.anatomy_summary's plain dict: per-step
 timing, kernel families, a compact Chrome trace with one row per family) into rows and a
-plotly figure, and reading the shipped H200 anatomy (``python -m bench anatomy``'s JSON in
+plotly figure, and reading the shipped GPU anatomy (``python -m bench anatomy``'s JSON in
 docs/recordings/) that the page shows where there are no kernels to record (a CPU). Pure
 functions: no streamlit, no engine, no clock reads; it never writes a file.
 """
@@ -17,11 +17,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-FAMILY_COLOURS: dict[str, str] = {
-    "gemm": "#3182bd", "attention": "#e6550d", "norm": "#31a354", "rotary": "#756bb1",
-    "elementwise": "#636363", "sampling": "#d6616b", "copies": "#fdae6b", "other": "#bdbdbd",
-}
-
+from telemetry.kernel_family import colour_of
 
 # The 8B decode-step anatomy written by `python -m bench anatomy`; its meta says where and when.
 SHIPPED_ANATOMY = (Path(__file__).resolve().parents[1] / "docs" / "recordings"
@@ -122,7 +118,7 @@ def step_timeline_figure(summary: Mapping[str, Any], step: int,
         fig.add_trace(go.Bar(
             orientation="h", name=family, y=[family] * len(fam),
             base=np.array([e["ts"] - t0 for e in fam]), x=np.array([e["dur"] for e in fam]),
-            marker={"color": FAMILY_COLOURS.get(family, "#888888"), "line": {"width": 0}},
+            marker={"color": colour_of(family), "line": {"width": 0}},
             hovertext=[f"{e['name'][:80]}<br>{e['dur']:.2f} us" for e in fam],
             hoverinfo="text",
         ))

@@ -1,7 +1,7 @@
 """The kernel lane: the measured kernels of sampled steps, under the timeline's compute lane.
 
 Owns the figure: the same x axis as the timeline (ms before the window's end), one row,
-each kernel a bar coloured by family (telemetry.kernels.FAMILIES) with its name, duration
+each kernel a bar in its family's colour (telemetry.kernel_family) with its name, duration
 and step in the hover. A step in the window that was not sampled shows as a pale bar over
 its compute span that says "not sampled", so an unsampled stretch never reads as idle; each
 step's hover carries its waterfall (ui.waterfall.step_parts_text). On a CPU the lane says in
@@ -16,19 +16,11 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from telemetry.kernels import FAMILIES, KernelSample
+from telemetry.kernel_family import FAMILIES, colour_of
+from telemetry.kernels import KernelSample
 from telemetry.records import StepRecord
 from ui.waterfall import step_parts_text
 
-FAMILY_COLOURS: dict[str, str] = {
-    "gemm": "#6a3d9a",
-    "attention": "#e31a1c",
-    "norm": "#ff7f00",
-    "elementwise": "#33a02c",
-    "sampling": "#1f78b4",
-    "copies": "#b15928",
-    "marker": "#999999",
-}
 NOT_SAMPLED_COLOUR = "rgba(180,180,180,0.35)"
 NO_KERNELS = "No kernels on a CPU: the kernel lane needs a GPU (CUDA kernels are sampled)."
 NONE_IN_WINDOW = ("Kernels are recorded for a few steps every kernel_sample_period_s: no "
@@ -44,8 +36,8 @@ def sampler_note(stats: dict[str, Any] | None) -> str | None:
     if n <= 0:
         return None
     return (f"The profiler returned no kernel record for the last {n} sample"
-            f"{'s' if n > 1 else ''} (CUPTI kept the runtime calls only; see issue 20 in "
-            "docs/benchmarks.md): kernel figures come from older samples.")
+            f"{'s' if n > 1 else ''} (CUPTI kept the runtime calls only): kernel figures "
+            "come from older samples.")
 
 
 def samples_of(records: Sequence[StepRecord]) -> list[KernelSample]:
@@ -101,8 +93,8 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
     for family, (xs, bases, texts) in per_family.items():
         if xs:
             fig.add_trace(go.Bar(orientation="h", y=np.zeros(len(xs)), base=bases, x=xs,
-                                 name=family, marker={"color": FAMILY_COLOURS.get(
-                                     family, "#666666"), "line": {"width": 0}},
+                                 name=family, marker={"color": colour_of(family),
+                                                      "line": {"width": 0}},
                                  hovertext=np.array(texts, dtype=str), hoverinfo="text"))
     note = None
     if device != "cuda":
@@ -120,8 +112,8 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
         xaxis={"range": [-float(window_ms), 0.0], "ticksuffix": " ms", "zeroline": False},
         yaxis={"tickmode": "array", "tickvals": [0.0], "ticktext": ["kernels (sampled)"],
                "fixedrange": True, "range": [0.5, -0.5], "automargin": True},
-        # One row under the axis: a column beside the lane needed its own scroll bar at
-        # 150 px with five kernel families (issue 25, 10).
+        # One row under the axis: a legend column beside a lane this short needs its own
+        # scroll bar.
         legend={"font": {"size": 10}, "orientation": "h", "yanchor": "top", "y": -0.35,
                 "x": 0, "traceorder": "normal"}, hovermode="closest")
     return fig

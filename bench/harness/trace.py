@@ -1,30 +1,20 @@
 """Reading torch.profiler chrome traces: device events, steps split at each host-to-device copy,
-kernel families by name, and per-step kernel counts, times, spans and gaps.
+and per-step kernel counts and times by family, spans and gaps.
 
-Pure functions on the trace's event dicts, so they test on a synthetic timeline without a GPU.
+A kernel's family is telemetry.kernel_family's, the classifier the dashboard's kernel lane and
+Step anatomy page use, so a bench table and the dashboard name a kernel alike. Pure functions
+on the trace's event dicts, so they test on a synthetic timeline without a GPU.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-# First match wins; patterns are matched against the lower-cased kernel name.
-FAMILIES: list[tuple[str, str]] = [
-    ("attention", r"paged_attention|reduce_splits|flash|fmha|attn"),
-    ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|cublas|splitk|matmul|fused_linear|gate_up_silu"),
-    ("rotary", r"rope|rotary|cos_kernel|sin_kernel|catarraybatchedcopy|neg_kernel"),
-    ("norm", r"rms_norm|rmsnorm|meanops|pow_tensor|rsqrt"),
-    ("sampling", r"argmax|argmin|sort|topk|softmax|multinomial|cumsum|radix|exponential"),
-    ("copies", r"memcpy|memset|copy|index|gather|scatter|embedding"),
-    ("elementwise", r"elementwise|silu|mul|add|where|fill|activation|reduce"),
-]
-_COMPILED = [(name, re.compile(p)) for name, p in FAMILIES]
-FAMILY_NAMES = [n for n, _ in FAMILIES] + ["other"]
+from telemetry.kernel_family import family_of
 
 
 def profiler_trace(prof: Any) -> dict[str, Any]:
@@ -34,14 +24,6 @@ def profiler_trace(prof: Any) -> dict[str, Any]:
         prof.export_chrome_trace(f.name)
         with open(f.name) as g:
             return json.load(g)
-
-
-def family_of(kernel_name: str) -> str:
-    low = kernel_name.lower()
-    for name, pat in _COMPILED:
-        if pat.search(low):
-            return name
-    return "other"
 
 
 def device_events(trace_path: str | Path) -> list[dict]:

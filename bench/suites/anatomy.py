@@ -27,6 +27,7 @@ from bench.harness import floor as floors
 from bench.harness import report, trace
 from bench.harness.fused_args import add_fused_arguments, fused_config
 from bench.harness.workload import add_model_arguments, int_list, model_from_args, random_prompts
+from telemetry.kernel_family import FAMILIES
 
 DESCRIPTION = ("kernels per decode step by family, span and gaps against the byte floor, "
                "transformers vs gapless, at batch 32 and batch 1")
@@ -94,7 +95,7 @@ def family_table(r: dict, w_bytes: int, kv_bytes: int) -> str:
     total = sum(f["us"] for f in r["families"].values())
     bytes_of = {"gemm": w_bytes, "attention": kv_bytes}
     rows = []
-    for name in trace.FAMILY_NAMES:
+    for name in FAMILIES:
         f = r["families"].get(name)
         if f is None:
             continue

@@ -1,14 +1,13 @@
-"""Kernel busy, compared fairly (issue 20): what each tracer measures without perturbing it.
+"""Kernel busy, compared fairly: what each tracer measures without perturbing it.
 
 Both tracers slow the steps they trace: with CUPTI on, every CUDA API call costs more and a
-graph launch is traced node by node, so a CPU-bound step runs longer (H200, 20280ab: SmolLM2
-b16 sync + graphs, sampled steps 2,508 us a period against 1,831 us for the others; the
-profiler's window ran at about the sampled steps' period). Busy = kernel time / period, so
-both busy figures are the perturbed steps', each perturbed its own way, and a 1 pp match
-between them says little where the CPU sets the period. What neither tracer perturbs is the
-kernel time of a step (graph kernels run back to back whatever the CPU does; an eager
-kernel's duration does not change with the launch cost before it), measured 990-992 us per
-sampled step in every sample of that run. So, per mode:
+graph launch is traced node by node, so a CPU-bound step runs longer (a sampled step's period
+is longer than the others', and the profiler's window runs at about the sampled steps'
+period). Busy = kernel time / period, so both busy figures are the perturbed steps', each
+perturbed its own way, and a close match between them says little where the CPU sets the
+period. What neither tracer perturbs is the kernel time of a step (graph kernels run back to
+back whatever the CPU does; an eager kernel's duration does not change with the launch cost
+before it), the same in every sample of a run. So, per mode:
 
 - the *bare* step period: our own step records over a window with no profiler at all;
 - kernel time per step from the reference (torch.profiler's kernels put on our clock through
@@ -34,7 +33,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from telemetry.kernels import MARKER_PATTERN, union_ns
+from telemetry.kernel_family import MARKER_PATTERN
+from telemetry.kernels import union_ns
 from telemetry.waterfall import at_context, context_of
 
 
@@ -131,11 +131,10 @@ def sampled_by_step(samples: Sequence[Any]) -> dict[int, int]:
 
 def matched_kernel(ref: dict[int, int], ours: dict[int, int]) -> dict[str, Any]:
     """Kernel time per step from both tracers on the same steps (contexts both traced), us:
-    the comparison of what each counts. Kernel time grows with context (H200, e105790: SmolLM2
-    b16 sync + graphs 928 us at decode step 3, 949 us at step 141, 290 kernels each), and
-    the sampler's steps and the reference's lay at different contexts (the sampled window
-    ran fewer, slower steps; the reference started after a discarded warm-up window), so
-    medians over each tracer's own steps differed by 2-7% in graph mode, 0.1% in eager."""
+    the comparison of what each counts. Kernel time grows with context, and the sampler's
+    steps and the reference's lie at different contexts (the sampled window runs fewer,
+    slower steps; the reference starts after a discarded warm-up window), so medians over
+    each tracer's own steps differ, most in graph mode: only the same steps compare."""
     both = sorted(set(ref) & set(ours))
     if not both:
         return {"kernel_ref_us": None, "kernel_ours_us": None, "matched_steps": 0}
@@ -263,9 +262,9 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     events = trace["traceEvents"]
     cats = ("kernel", "gpu_memset", "gpu_memcpy")
     iv = trace_intervals(trace, offset, cats, _HOST_COPY, marker=True)  # busy: as before
-    # Kernel launches the trace holds no record of (the 12-04 runs lost every kernel of
-    # some eager windows, mid-run; pytorch issue 192021 reports such losses at a session's
-    # start). A window that lost some only starts later; one that lost all has no figure.
+    # Kernel launches the trace holds no record of (the profiler can lose every kernel of an
+    # eager window mid-run, and loses some at a session's start). A window that lost some
+    # only starts later; one that lost all has no figure.
     lost = lost_launches(events)
     why_clock = clock_lost(events)
     if not iv or why_clock:

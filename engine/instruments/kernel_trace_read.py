@@ -16,14 +16,8 @@ from typing import Any
 
 from engine.instruments.kernel_trace_clock import ClockLost, clock_lost
 from telemetry.anatomy import STEP_MARKER, group_by_step
-from telemetry.kernels import (
-    MARKER_PATTERN,
-    KernelRecord,
-    KernelSample,
-    SampledStep,
-    family_of,
-    make_sample,
-)
+from telemetry.kernel_family import MARKER_PATTERN, family_of
+from telemetry.kernels import KernelRecord, KernelSample, SampledStep, make_sample
 
 
 class NoRuntimeEvents(RuntimeError):

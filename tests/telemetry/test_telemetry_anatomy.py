@@ -14,7 +14,6 @@ from telemetry.anatomy import (
     group_by_step,
     kernel_busy,
     kernel_busy_estimate,
-    kernel_family,
     step_key,
 )
 
@@ -85,27 +84,6 @@ def test_family_table_and_floor() -> None:
     assert f.achieved_bw == pytest.approx(34_000 / 68e-6)
     with pytest.raises(ValueError, match="peak_bw"):
         floor_figures(steps[0], 1, 0)
-
-
-@pytest.mark.parametrize(("name", "family"), [
-    ("ampere_bf16_s16816gemm_bf16_128x64", "gemm"),
-    ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
-    ("_paged_attention_kernel", "attention"),
-    ("_reduce_splits_kernel", "attention"),
-    ("flash_fwd_kernel", "attention"),
-    ("rms_norm_kernel", "norm"),
-    ("apply_rotary_kernel", "rotary"),
-    ("at::native::sbtopk::gatherTopK", "sampling"),
-    ("void at::native::(anonymous namespace)::multinomial", "sampling"),
-    ("Memset (Device)", "copies"),
-    ("at::native::reduce_kernel<512, 1>", "elementwise"),
-    ("my_custom_thing", "other"),
-    # the graph start marker as CUDA names it (the elementwise rule would take it)
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::bitwise_not_kernel_cuda"
-     "(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#2}", "marker"),
-])
-def test_kernel_families(name: str, family: str) -> None:
-    assert kernel_family(name) == family
 
 
 def test_kernel_busy_and_its_estimate_from_a_calibration() -> None:

@@ -19,9 +19,10 @@ from typing import Any
 
 from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, default_modes, mode_label
 from engine.process.client import EngineDead
-from telemetry.anatomy import Kernel, StepKernels, kernel_family, summary_dict
+from telemetry.anatomy import Kernel, StepKernels, summary_dict
 from telemetry.bus import TelemetryBus
-from telemetry.kernels import KernelRecord, KernelSample, SampledStep, family_of, make_sample
+from telemetry.kernel_family import family_of
+from telemetry.kernels import KernelRecord, KernelSample, SampledStep, make_sample
 from telemetry.records import LANES, RequestEvent, Span, StepRecord
 
 REPLY = ["def", " add", "(a", ",", " b", "):", "\n", "    return", " a", " +", " b", "\n"]
@@ -291,7 +292,7 @@ class FakeEngineClient:
         if not 1 <= n_steps <= 256:
             raise ValueError(f"n_steps must be an integer in 1..256, got {n_steps!r}")
         names = ("nvjet_tst_gemm", "_paged_attention_kernel", "rms_norm_kernel")
-        steps = [StepKernels(100 + k, [Kernel(nm, kernel_family(nm), 1000.0 * k + 30 * i, 25.0)
+        steps = [StepKernels(100 + k, [Kernel(nm, family_of(nm), 1000.0 * k + 30 * i, 25.0)
                                        for i, nm in enumerate(names)]) for k in range(n_steps)]
         return summary_dict(steps, device="cuda", first_step=100)
 

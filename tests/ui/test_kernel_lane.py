@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from telemetry.records import StepRecord
 from tests.ui.fake_engine import FakeEngineClient
+from ui.anatomy import step_timeline_figure
 from ui.kernel_lane import NO_KERNELS, NONE_IN_WINDOW, kernel_lane_figure, samples_of
 from ui.timeline import window_end_ns
 from ui.waterfall import NO_KERNELS as WF_NO_KERNELS
@@ -88,3 +89,15 @@ def test_the_lane_says_when_the_profiler_returned_no_kernel_records():
     cpu = kernel_lane_figure(recs, [], end_ns=window_end_ns(recs), window_ms=5, device="cpu",
                              stats=stats)
     assert [a.text for a in cpu.layout.annotations] == [NO_KERNELS]
+
+
+def test_the_lane_and_the_step_anatomy_draw_a_family_in_one_colour():
+    client = FakeEngineClient(graphs_available=True)
+    recs = records_of(client)
+    lane = kernel_lane_figure(recs, samples_of(recs), end_ns=window_end_ns(recs), window_ms=100)
+    anatomy = step_timeline_figure(client.record_anatomy(2), 100)
+    lane_colours = {t.name: t.marker.color for t in lane.data if t.name != "not sampled"}
+    anatomy_colours = {t.name: t.marker.color for t in anatomy.data}
+    shared = set(lane_colours) & set(anatomy_colours)
+    assert {"gemm", "attention", "norm"} <= shared
+    assert {f: lane_colours[f] for f in shared} == {f: anatomy_colours[f] for f in shared}
