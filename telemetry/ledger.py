@@ -141,7 +141,7 @@ def build_ledger(records: Iterable[StepRecord], events: Iterable[RequestEvent],
         step = rec.step
         spans = rec.spans
         start = min(s.start_ns for s in spans) if spans else None
-        end = max(s.end_ns for s in spans) if spans else None
+        end = rec.end_ns
         for rid, n, context in chunks:
             e = get(rid)
             if e is None:
@@ -185,4 +185,4 @@ def steps_of(entry: LedgerEntry, records: Iterable[StepRecord]) -> list[StepReco
     if lo is None or hi is None:
         return []
     return [r for r in records if r.spans and min(s.start_ns for s in r.spans) <= hi
-            and max(s.end_ns for s in r.spans) >= lo]
+            and r.end_ns >= lo]  # type: ignore[operator]  (r.spans: an end)

@@ -148,10 +148,8 @@ def idle_gaps(
 
 
 def record_end_ns(rec: StepRecord) -> int | None:
-    """When a step's work ended: its latest span end, or None when it has no spans."""
-    if not rec.spans:
-        return None
-    return max(s.end_ns for s in rec.spans)
+    """When a step ended (StepRecord.end_ns), or None when it has no spans."""
+    return rec.end_ns
 
 
 def _in_window(

@@ -96,6 +96,14 @@ class StepRecord:
     def num_tokens(self) -> int:
         return self.prefill_tokens + self.decode_tokens
 
+    @property
+    def end_ns(self) -> int | None:
+        """When the step ended: the end of its latest span (its CPU post-processing, once its
+        tokens were delivered; no device work of it runs later). None without spans
+        (telemetry off). The one definition of a step's end: every reader asks this."""
+        spans = self.spans
+        return max(s.end_ns for s in spans) if spans else None
+
 
 RequestEventKind = Literal["queued", "scheduled", "first_token", "tokens", "finished"]
 
