@@ -18,13 +18,16 @@ import plotly.graph_objects as go
 import streamlit as st
 from plotly.subplots import make_subplots
 
+from telemetry.gaps import CAUSE_LABELS, CAUSES
 from telemetry.records import StepRecord
 from ui.decode_verdict import Interval, decode_steps, decode_verdict, pooled, signed
 from ui.timeline import timeline_figure
-from ui.window_stats import IDLE_CAUSES, OTHER_CAUSE, WindowStats, window_stats
+from ui.window_stats import WindowStats, window_stats
 
 COLOURS = ("#6baed6", "#fd8d3c")
-CAUSE_COLOURS = ("#4292c6", "#08519c", "#fd8d3c", "#bdbdbd")
+# Idle causes (telemetry.gaps) in the colours the Live page's waterfall and timeline give them.
+CAUSE_COLOURS: dict[str, str] = {"cpu": "#2171b5", "graph_launch": "#a1d99b", "h2d": "#fd8d3c",
+                                 "previous_step": "#e6550d", "no_work": "#bdbdbd"}
 SPANS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2000, 5000)
 
 
@@ -81,13 +84,13 @@ def ab_figure(a: WindowStats, b: WindowStats, decode_tps: tuple[float, float],
                              hovertemplate="%{y:,.3f} ms<extra></extra>"), 1, 2)
         fig.add_trace(go.Bar(x=[s.label], y=[100 * s.cpu_share], marker_color=colour,
                              showlegend=False, hovertemplate="%{y:.1f}%<extra></extra>"), 1, 3)
-    causes = [name for name, _ in IDLE_CAUSES] + [OTHER_CAUSE]
-    for cause, colour in zip(causes, CAUSE_COLOURS, strict=True):
+    for cause in CAUSES:
+        label = CAUSE_LABELS[cause]
         fig.add_trace(go.Bar(
             x=[a.label, b.label],
             y=[s.idle_by_cause_ms.get(cause, 0.0) / s.duration_s for s in (a, b)],
-            name=cause, marker_color=colour, legendgroup="idle",
-            hovertemplate=f"{cause}: %{{y:,.1f}} ms per s<extra></extra>"), 1, 4)
+            name=label, marker_color=CAUSE_COLOURS[cause], legendgroup="idle",
+            hovertemplate=f"{label}: %{{y:,.1f}} ms per s<extra></extra>"), 1, 4)
     fig.update_layout(barmode="stack", height=height_px,
                       margin={"l": 30, "r": 10, "t": 40, "b": 60},
                       legend={"orientation": "h", "y": -0.18, "x": 0.76, "xanchor": "left",

@@ -1,10 +1,11 @@
 """Figures of one window of steps, for comparing modes: steps/s, step time, CPU share, idle.
 
 Owns the per-window arithmetic the A/B view and the recordings show: steps per second (and
-per sub-window, the spread the verdict is judged by), the median step period, the device's
-compute time and the CPU's own work per step (its share of a step: the most async can hide),
-and the compute lane's idle time split by what the CPU was doing meanwhile. Busy and gap
-maths are telemetry.metrics'. Pure functions: no streamlit, no engine.
+per sub-window), the median step period, the device's compute time and the CPU's own work
+per step (its share of a step: the most async can hide), and the compute lane's idle time by
+cause. Busy and gap maths are telemetry.metrics'; idle by cause is telemetry.gaps' (the Live
+page's gauges and waterfall use the same attribution, so both pages blame a gap alike).
+Pure functions: no streamlit, no engine.
 """
 
 from __future__ import annotations
@@ -14,17 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from telemetry.metrics import busy_fraction, busy_intervals, idle_gaps
-from telemetry.records import Span, StepRecord
+from telemetry.gaps import idle_by_cause
+from telemetry.metrics import busy_fraction, idle_gaps
+from telemetry.records import StepRecord
 
 CPU_WORK_LANES = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.post")
-# What the CPU was doing while the device idled, checked in this order.
-IDLE_CAUSES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("CPU preparing a step", ("cpu.schedule", "cpu.prepare", "cpu.launch")),
-    ("CPU post-processing", ("cpu.post",)),
-    ("copies (h2d / d2h)", ("h2d", "d2h")),
-)
-OTHER_CAUSE = "nothing scheduled"
 
 
 @dataclass(slots=True)
@@ -42,7 +37,7 @@ class WindowStats:
     idle_ms: float
     idle_gaps: int
     largest_gap_ms: float
-    idle_by_cause_ms: dict[str, float] = field(default_factory=dict)
+    idle_by_cause_ms: dict[str, float] = field(default_factory=dict)  # telemetry.gaps.CAUSES
     sub_steps_per_s: list[float] = field(default_factory=list)
 
     @property
@@ -53,11 +48,6 @@ class WindowStats:
     def cpu_share(self) -> float:
         """The CPU's own work as a share of a step period (0..1, nan when unknown)."""
         return self.cpu_ms / self.step_ms if self.step_ms > 0 else float("nan")
-
-
-def _union(spans: Sequence[Span], lanes: Sequence[str], lo: int, hi: int):
-    merged = [Span("u", s.start_ns, s.end_ns) for s in spans if s.lane in lanes]
-    return busy_intervals(merged, lo, hi, lane="u")
 
 
 def covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -72,25 +62,6 @@ def covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) 
         return cum[k] - over
 
     return upto(b) - upto(a)
-
-
-def idle_by_cause(spans: Sequence[Span], lo: int, hi: int) -> dict[str, float]:
-    """Compute-idle time (ms) in [lo, hi], each gap given to the first cause (IDLE_CAUSES
-    order) whose lanes cover at least half of it, else to OTHER_CAUSE."""
-    bs, be = busy_intervals(spans, lo, hi, lane="compute")
-    gs = np.concatenate(([lo], be))
-    ge = np.concatenate((bs, [hi]))
-    keep = ge > gs
-    gs, ge = gs[keep], ge[keep]
-    out = {name: 0.0 for name, _ in IDLE_CAUSES} | {OTHER_CAUSE: 0.0}
-    free = np.ones(gs.shape, dtype=bool)
-    for name, lanes in IDLE_CAUSES:
-        us, ue = _union(spans, lanes, lo, hi)
-        mine = free & (2 * covered(us, ue, gs, ge) >= (ge - gs))
-        out[name] = float((ge - gs)[mine].sum()) / 1e6
-        free &= ~mine
-    out[OTHER_CAUSE] = float((ge - gs)[free].sum()) / 1e6
-    return out
 
 
 def _end(rec: StepRecord) -> int:
@@ -142,6 +113,7 @@ def window_stats(
         idle_ms=gaps.total_ns / 1e6,
         idle_gaps=gaps.count,
         largest_gap_ms=gaps.largest_ns / 1e6,
-        idle_by_cause_ms=idle_by_cause(spans, lo, hi),
+        idle_by_cause_ms={c: ns / 1e6 for c, ns in
+                          idle_by_cause(recs, int(lo), int(hi)).by_cause.items()},
         sub_steps_per_s=sub,
     )

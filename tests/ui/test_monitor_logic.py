@@ -13,12 +13,13 @@ from telemetry.records import RequestEvent, Span, StepRecord
 from ui.bench_runner import alternated, base_label
 from ui.compare import spread, verdict
 from ui.controls import load_lengths_error, load_stats_line
+from ui.gauges import gauge_values
 from ui.history import bin_steps, history_figure, series_from_buckets, smooth
 from ui.recordings import RECORDINGS_DIR, load_recording, meta_line, parse_recording
 from ui.replies import reply_tokens
 from ui.status import HUNG_AFTER_S, HangMemo, Remembered, Watchdog, engine_status
 from ui.validation import parse_seed, sampling_error
-from ui.window_stats import OTHER_CAUSE, covered, idle_by_cause, window_stats
+from ui.window_stats import covered, window_stats
 
 MS = 1_000_000
 
@@ -78,16 +79,42 @@ def test_window_stats_measure_step_period_and_the_cpus_share() -> None:
     assert s.steps_per_s == pytest.approx(250, rel=0.02)
     assert s.busy == pytest.approx(0.75, abs=0.01)
     # In sync every gap of the compute lane is the CPU preparing the next step.
-    assert s.idle_by_cause_ms["CPU preparing a step"] == pytest.approx(50.0, rel=0.01)
-    assert s.idle_by_cause_ms[OTHER_CAUSE] == pytest.approx(0.0)
+    assert s.idle_by_cause_ms["cpu"] == pytest.approx(50.0, rel=0.01)
+    assert s.idle_by_cause_ms["no_work"] == pytest.approx(0.0)
     assert len(s.sub_steps_per_s) == 5
 
 
-def test_idle_with_no_cpu_work_is_nothing_scheduled() -> None:
+def test_idle_with_nothing_queued_is_no_work() -> None:
     recs = [StepRecord(step=0, mode="sync", slot=0, num_requests=1, prefill_tokens=0,
                        decode_tokens=1, spans=[Span("compute", 0, MS)])]
-    causes = idle_by_cause([s for r in recs for s in r.spans], 0, 3 * MS)
-    assert causes[OTHER_CAUSE] == pytest.approx(2.0)
+    assert window_stats(recs, "a", 0, 3 * MS).idle_by_cause_ms["no_work"] == pytest.approx(2.0)
+
+
+def async_steps() -> list[StepRecord]:
+    """Two async steps on two slots: step 0's D2H and post run while the GPU idles, but
+    step 1 waits only for its own CPU work, which starts after them."""
+    def rec(n: int, slot: int, spans: list[Span]) -> StepRecord:
+        return StepRecord(step=n, mode="async", slot=slot, num_requests=1,  # type: ignore
+                          prefill_tokens=0, decode_tokens=1, spans=spans)
+
+    return [rec(0, 0, [Span("cpu.prepare", 0, MS), Span("compute", MS, 10 * MS),
+                       Span("d2h", 10 * MS, 13 * MS), Span("cpu.post", 13 * MS, 14 * MS)]),
+            rec(1, 1, [Span("cpu.prepare", 14 * MS, 16 * MS), Span("compute", 16 * MS, 20 * MS)])]
+
+
+@pytest.mark.parametrize("recs", [serial(20, cpu_ms=1.0, gpu_ms=3.0), async_steps()],
+                         ids=["sync", "async"])
+def test_the_ab_page_blames_each_gap_as_the_live_page_does(recs) -> None:
+    """The A/B page's idle by cause (window_stats) and the Live page's (gauge_values) are
+    one attribution: for the same steps they give every cause the same time."""
+    lo, hi = 0, max(s.end_ns for r in recs for s in r.spans)
+    ab = window_stats(recs, "a", lo, hi).idle_by_cause_ms
+    live = gauge_values(recs, (lo, hi)).idle_by_cause_ms
+    assert ab == pytest.approx(live)
+    if recs[0].mode == "async":
+        # Step 0's copy-out is nobody's wait in async: the gap is nothing queued until
+        # step 1's CPU work starts, then that CPU work (and step 0's before its compute).
+        assert ab["no_work"] == pytest.approx(4.0) and ab["cpu"] == pytest.approx(1.0 + 2.0)
 
 
 def test_covered_counts_partial_overlaps() -> None:
