@@ -16,16 +16,32 @@ import yaml
 
 INT32_MAX = 2**31 - 1  # top_k, seeds and token ids travel to the device as int32
 FLOAT32_MAX = 3.4e38  # temperature travels as float32
+# Stop strings a request may carry, and their length (OpenAI allows 4 stop strings): matching
+# costs the same whatever their number, but building the matcher and holding text back do not.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 DEVICES = ("cpu", "cuda", "auto")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 MODEL_IMPLS = ("auto", "gapless", "transformers")
-# engine.model.llama.FusedPath
-FUSED_LAYERS = ("plain", "epilogues", "six", "five", "auto", "persistent")
+# The decode layer of model_impl gapless (engine.model.llama.FusedPath runs it): cuBLAS GEMMs
+# with separate norm/SiLU/rotary kernels; the fused Triton GEMMs wherever they fit; or per GEMM
+# shape whichever engine/model/gemm_table.json measured faster.
+DECODE_LAYERS = ("cublas", "fused", "auto")
 BLAS_LIBRARIES = ("auto", "default", "cublas", "cublaslt")
 PDL_OVERLAPS = ("late", "early", "prefetch")
+# Keys that no longer exist, and what replaces them (a config that still has one gets this).
+RETIRED_KEYS = {
+    "fused_layer": "fused_layer is now decode_layer, one of 'cublas', 'fused', 'auto' (plain: "
+                   "cublas; five: fused; six: fused with fused_rotary: false; auto: auto; "
+                   "epilogues and persistent are gone)",
+}
+
+# The live settings: the dashboard and clients change these while the engine serves
+# (Engine.configure). The one list of their names and legal values; everything else imports it.
 NUM_SLOTS = (1, 2, 3)
+LIVE_SETTINGS = ("async_batching", "num_slots", "cuda_graphs", "sentinel_sample_every")
 MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it
 
@@ -49,9 +65,11 @@ class EngineConfig:
     seed: int = 0
     attention_backend: str = "auto"
     model_impl: str = "auto"
-    fused_layer: str = "plain"
+    decode_layer: str = "cublas"
+    fused_rotary: bool = True
     fused_pdl: bool = False
     pdl_overlap: str = "prefetch"
+    gemm_table: str | None = None
     blas_library: str = "auto"
     tensor_parallel_size: int = 1
     torch_compile: bool = False
@@ -70,6 +88,8 @@ class EngineConfig:
         merged = {**values, **overrides}
         allowed = [f.name for f in dataclasses.fields(cls)]
         for key in merged:
+            if key in RETIRED_KEYS:
+                raise ValueError(RETIRED_KEYS[key])
             if key not in allowed:
                 raise ValueError(
                     f"unknown engine setting {key!r}; allowed settings: {', '.join(allowed)}"
@@ -113,9 +133,16 @@ class EngineConfig:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_choice("model_impl", self.model_impl, MODEL_IMPLS)
-        _check_choice("fused_layer", self.fused_layer, FUSED_LAYERS)
+        _check_choice("decode_layer", self.decode_layer, DECODE_LAYERS)
+        _check_type("fused_rotary", self.fused_rotary, bool)
         _check_type("fused_pdl", self.fused_pdl, bool)
         _check_choice("pdl_overlap", self.pdl_overlap, PDL_OVERLAPS)
+        if self.gemm_table is not None:
+            _check_type("gemm_table", self.gemm_table, str)
+            if not Path(self.gemm_table).is_file():
+                raise ValueError(f"gemm_table must be null (the shipped engine/model/"
+                                 f"gemm_table.json) or a table file written by `python -m bench "
+                                 f"fused-sweep`; {self.gemm_table!r} is not a file")
         _check_choice("blas_library", self.blas_library, BLAS_LIBRARIES)
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.tensor_parallel_size > 1 and self.model_impl == "transformers":
@@ -150,9 +177,8 @@ class EngineConfig:
         _check_int("seed", self.seed, 0)
         if self.seed > INT32_MAX:
             raise ValueError(f"seed must be an integer in [0, {INT32_MAX}], got {self.seed}")
-        _check_type("async_batching", self.async_batching, bool)
-        _check_choice("num_slots", self.num_slots, NUM_SLOTS)
-        _check_type("cuda_graphs", self.cuda_graphs, bool)
+        for key in LIVE_SETTINGS:
+            check_live_setting(key, getattr(self, key))
         if self.graph_buckets is not None:
             if not isinstance(self.graph_buckets, list) or not self.graph_buckets:
                 raise ValueError("graph_buckets must be a non-empty list of positive integers")
@@ -176,7 +202,6 @@ class EngineConfig:
             raise ValueError(
                 f"nvml_interval_s must be a finite number > 0, got {self.nvml_interval_s}"
             )
-        _check_int("sentinel_sample_every", self.sentinel_sample_every, 0)  # 0 = off
         if self.http_port is not None and (
                 isinstance(self.http_port, bool) or not isinstance(self.http_port, int)
                 or not 1 <= self.http_port <= 65535):
@@ -260,6 +285,13 @@ class SamplingParams:
                 raise ValueError(
                     f"stop must be a list of non-empty strings, got {self.stop!r}"
                 )
+            if len(self.stop) > MAX_STOP_STRINGS:
+                raise ValueError(f"stop holds {len(self.stop)} strings; at most "
+                                 f"{MAX_STOP_STRINGS} are allowed")
+            longest = max((len(x) for x in self.stop), default=0)
+            if longest > MAX_STOP_CHARS:
+                raise ValueError(f"stop holds a string of {longest} characters; at most "
+                                 f"{MAX_STOP_CHARS} are allowed")
         if not isinstance(self.detokenize, bool):
             raise ValueError(f"detokenize must be true or false, got {self.detokenize!r}")
         if self.stop and not self.detokenize:
@@ -313,6 +345,22 @@ def load_yaml(path: Path) -> Any:
         raise ValueError(f"{path}{where}: not valid YAML: {e.problem or e}") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML: {e}") from None
+
+
+def check_live_setting(key: str, value: Any) -> None:
+    """ValueError naming the live setting `key` and what it allows when `value` is not legal
+    (the config, and every live change: Engine.configure)."""
+    if key in ("async_batching", "cuda_graphs"):
+        _check_type(key, value, bool)
+    elif key == "num_slots":
+        _check_choice(key, value, NUM_SLOTS)
+    elif key == "sentinel_sample_every":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"sentinel_sample_every must be an integer >= 0 (0 = off, N = "
+                             f"check 1 in N finished greedy requests), got {value!r}")
+    else:
+        raise ValueError(f"{key!r} is not a live setting; live settings: "
+                         f"{', '.join(LIVE_SETTINGS)}")
 
 
 def _check_type(key: str, value: Any, types: type | tuple[type, ...]) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from engine import inputs
 from engine.attention.interface import resolve_backend
-from engine.config import EngineConfig, SamplingParams
+from engine.config import EngineConfig, SamplingParams, check_live_setting
 from engine.core.batch import BufferLayout
 from engine.core.block_allocator import BlockAllocator, blocks_needed
 from engine.core.request import Request, RequestOutput
@@ -33,7 +33,7 @@ from engine.inputs import PromptInput
 from engine.instruments.floor_probe import engine_curve
 from engine.instruments.kernel_trace import KernelSampler
 from engine.instruments.observer import Instruments
-from engine.instruments.sentinel import Sentinel, check_sample_every
+from engine.instruments.sentinel import Sentinel
 from engine.instruments.step_floor import live_floor
 from engine.model import loader
 from engine.model.blas import apply_blas_library
@@ -124,9 +124,8 @@ class Engine:
         if hasattr(model, "set_fused_path"):  # the gapless decode layer's kernels
             from engine.model.llama import FusedPath
 
-            model.set_fused_path(FusedPath(config.fused_layer, config.fused_pdl,
-                                            config.pdl_overlap))
-        self.fused_layer = model.fused_path_summary() if hasattr(model, "set_fused_path") \
+            model.set_fused_path(FusedPath.from_config(config))
+        self.decode_layer = model.fused_path_summary() if hasattr(model, "set_fused_path") \
             else None
         self.model, self.tokenizer = model, tokenizer
         self.blas_library = apply_blas_library(config.blas_library, self.device)
@@ -223,16 +222,14 @@ class Engine:
                   sentinel_sample_every: int | None = None) -> dict[str, Any]:
         """Change live settings; they take effect at the next step boundary (the pipeline
         drains first). Returns the settings in force afterwards."""
-        if async_batching is not None and not isinstance(async_batching, bool):
-            raise ValueError(f"async_batching must be true or false, got {async_batching!r}")
-        if num_slots is not None and (type(num_slots) is not int or num_slots not in (1, 2, 3)):
-            raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
-        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs must be true or false, got {cuda_graphs!r}")
+        changes = {"async_batching": async_batching, "num_slots": num_slots,
+                   "cuda_graphs": cuda_graphs, "sentinel_sample_every": sentinel_sample_every}
+        for key, value in changes.items():
+            if value is not None:
+                check_live_setting(key, value)
         if cuda_graphs and self.loop.graphs is None:
             raise ValueError(f"cuda_graphs cannot be turned on: {self.loop.graphs_reason()}")
         if sentinel_sample_every is not None:
-            check_sample_every(sentinel_sample_every)
             if sentinel_sample_every and self.instruments.sentinel is None:
                 raise ValueError("the sentinel cannot be turned on with tensor_parallel_size > 1")
         before = self._live_settings()
@@ -289,7 +286,7 @@ class Engine:
             "model": self.config.model,
             "attention_backend": self.backend_name,
             "model_impl": self.model_impl,
-            "fused_layer": self.fused_layer,
+            "decode_layer": self.decode_layer,
             "blas_library": self.blas_library,
             "tensor_parallel_size": self.config.tensor_parallel_size,
             "torch_compile": self.torch_compile,

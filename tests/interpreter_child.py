@@ -31,16 +31,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     "tests/kernel/test_paged_attention.py":
         ("test_triton_kernel_matches_reference_in_interpreter_subprocess", 540),
-    "tests/model/test_fused_gemm.py": ("test_gate_up_silu_in_interpreter_subprocess", 600),
+    "tests/model/test_fused_gemm.py": ("test_fused_linear_in_interpreter_subprocess", 600),
     "tests/model/test_fused_ops.py":
         ("test_fused_kernels_match_torch_in_interpreter_subprocess", 540),
     "tests/model/test_fused_rope.py": ("test_qkv_rope_in_interpreter_subprocess", 600),
     "tests/model/test_fused_rope_engine.py": ("test_rope_engine_in_interpreter_subprocess", 600),
-    "tests/model/test_persistent_barrier.py": ("test_barrier_in_interpreter_subprocess", 600),
-    "tests/model/test_persistent_engine.py":
-        ("test_persistent_engine_in_interpreter_subprocess", 900),
-    "tests/model/test_persistent_layer.py":
-        ("test_persistent_layer_in_interpreter_subprocess", 600),
 }
 PARENTS = frozenset(f"{path}::{test}" for path, (test, _) in FILES.items())
 UNIT = "tests/interpreter-child"  # the xdist unit of all the parents

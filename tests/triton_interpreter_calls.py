@@ -7,12 +7,11 @@ triton.language for its run (every builtin wrapped to the interpreter's semantic
 ``@triton.jit`` helper *inside* that kernel (InterpretedFunction.__call__) patches it again,
 although it is patched already: the builtins are wrapped, so the second pass finds none to
 wrap, and only re-sets the same tensor and language hooks. In Triton 3.9 that pass costs about
-as much as a small helper's body: ~30% of the interpreter's time in
-tests/model/test_persistent_engine.py's child (cProfile, 43,272 helper calls in 1,560 kernel
-launches). Here a helper call skips it when every language module its globals hold is
-already patched by the launch around it; any other call (a helper called outside a launch, or
-one whose globals hold a module the launch did not patch) takes Triton's own path. The values
-a kernel computes come from the same interpreter semantics either way.
+as much as a small helper's body, a large share of the interpreter's time in a kernel test
+whose kernels call many helpers. Here a helper call skips it when every language module its
+globals hold is already patched by the launch around it; any other call (a helper called
+outside a launch, or one whose globals hold a module the launch did not patch) takes Triton's
+own path. The values a kernel computes come from the same interpreter semantics either way.
 
 Never imported outside a TRITON_INTERPRET=1 process; a Triton whose interpreter lacks these
 names is left alone (install() returns False).

@@ -1,7 +1,7 @@
-"""The fused decode GEMMs against cuBLAS, per shape: the table `fused_layer: auto` reads.
+"""The fused decode GEMMs against cuBLAS, per shape: the table `decode_layer: auto` reads.
 
-For each decode GEMM of the six-kernel layer (engine/model/llama.py) of SmolLM2-135M,
-Llama-3.2-1B and Llama-3.1-8B at M in {1, 16, 32}, this times
+For each decode GEMM of the fused layer (engine/model/llama.py, `decode_layer: fused`) of
+SmolLM2-135M, Llama-3.2-1B and Llama-3.1-8B at M in {1, 16, 32}, this times
 - cuBLAS and the separate kernels the fused one replaces, as the present path runs them:
   qkv: add+RMSNorm then F.linear; gate_up: add+RMSNorm, F.linear, SiLU*up; o and down:
   F.linear alone (their residual add rides in the next add+RMSNorm, which runs anyway);
@@ -17,10 +17,10 @@ figure is graph time / R. Kernels compile first in parallel worker processes (Tr
 cache), so the sweep's time is spent timing.
 
 Writes fused_sweep.json (every row), fused_table.json (the per-shape table, the format of
-engine/model/gemm_table.json; point GAPLESS_FUSED_TABLE at it to run the model with it) and
-fused_sweep.md.
+engine/model/gemm_table.json; config key gemm_table, or --gemm-table of the suites that build
+engines, runs the model with it) and fused_sweep.md.
 
-    python -m bench fused-sweep                      # one H200, ~2 minutes
+    python -m bench fused-sweep                      # one GPU
     python -m bench fused-sweep --models smollm2-135m --ms 16
     python -m bench fused-sweep --ops qkv_rope --base-table engine/model/gemm_table.json
     python -m bench fused-sweep --device cpu         # dry run: the torch twins, one tiny shape

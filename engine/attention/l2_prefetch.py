@@ -18,9 +18,8 @@ except Exception:  # pragma: no cover - torch-only installs never launch these
 
 PREFETCH_KEYS = 256  # keys a program asks L2 for before its PDL wait (USE_PDL 2)
 # At most this many K/V bytes asked of L2 by one launch (tokens x kv heads x PREFETCH_KEYS rows
-# of K and V), a rule on shapes only, as graph capture needs. Measured on the H200 (2026-12-04,
-# docs/benchmarks.md): 3 MB at SmolLM2-135M batch 16 took 12 us off a 775 us step; 34 MB at
-# Llama-3.1-8B batch 32 added 93 us to its attention.
+# of K and V), a rule on shapes only, as graph capture needs: a few MB hide the first reads of a
+# small model's step, tens of MB evict lines before they are read (docs/benchmarks.md).
 KV_PREFETCH_BUDGET = 8 << 20
 
 

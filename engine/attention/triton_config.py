@@ -2,7 +2,7 @@
 
 Owns `LaunchConfig` (split-K factor, the fewest key tiles a split takes, key tile size, warps,
 pipeline depth, block-table prefetch), `choose_config` (the default per shape),
-`pdl_available` and the `GAPLESS_ATTENTION_PDL` switch for programmatic dependent launch.
+and `pdl_available`, whether programmatic dependent launch can be used here.
 
 Every decision reads shapes, dtypes and the device, never tensor values, so a CUDA graph
 captured with one configuration stays right whatever the contexts are at replay. The context
@@ -20,20 +20,18 @@ from typing import NamedTuple
 
 import torch
 
-# Split while (query block, kv head) programs fill fewer than this many per SM. At batch 32 x 8
-# kv heads (256 programs on 132 SMs) one split is fastest (docs/benchmarks.md, "Paged
-# attention kernel"); SmolLM2's 16 x 3 = 48 programs want more.
+# Split while (query block, kv head) programs fill fewer than this many per SM: once every SM
+# has a program, one split is fastest (docs/benchmarks.md, "Paged attention kernel"); small
+# batches of few kv heads want more.
 PROGRAMS_PER_SM_TARGET = 1
 MAX_SPLITS = 16
-# A split streams at least this many keys (at least one tile). The H200 sweep of 2026-12-04
-# (docs/benchmarks.md) found one tile a split fastest wherever splitting pays (SmolLM2 b16,
-# Llama-1B b1, context 264): short decodes are latency-bound, more splits shorten the chain.
+# A split streams at least this many keys (at least one tile). One tile a split is fastest
+# wherever splitting pays (docs/benchmarks.md): short decodes are latency-bound, and more
+# splits shorten the chain.
 MIN_KEYS_PER_SPLIT = 0
 
 # Batches of at most this many tokens are decode-sized (see choose_config).
 DECODE_TOKENS = 256
-
-PDL_ENV = "GAPLESS_ATTENTION_PDL"
 
 
 class LaunchConfig(NamedTuple):
@@ -57,7 +55,7 @@ def _sm_count(device_index: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (132 on an H200); 1 elsewhere."""
+    """Streaming multiprocessors of a CUDA device; 1 elsewhere."""
     if device.type != "cuda":
         return 1
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
@@ -85,30 +83,20 @@ def choose_config(
     splits = (default_num_splits(tokens * kv_heads, sm_count(device))
               if device.type == "cuda" else 1)
     # A decode-sized batch at one split streams K/V with 64-key tiles, two in flight
-    # (table_ahead): the fastest launch at every one-split shape of the H200 sweep at d8db309
-    # (8B b32 ctx 264/1280/8448: 15.5/46.4/260.1 us against 16.7/47.4/261.1; 1B b32 ctx 264:
-    # 10.2 against 11.6). Measured at 32 tokens; up to DECODE_TOKENS is the same program shape
-    # (one query token each), more of them. Prefill chunks and split launches keep 128 keys.
+    # (table_ahead): the fastest launch at every one-split shape `python -m bench attention`
+    # sweeps. Up to DECODE_TOKENS is the same program shape (one query token each), more of
+    # them. Prefill chunks and split launches keep 128 keys.
     ahead = splits == 1 and tokens <= DECODE_TOKENS and head_dim * elem_size <= 256
     return LaunchConfig(
         num_splits=splits,
         min_tiles=max(1, MIN_KEYS_PER_SPLIT // block_n),
         block_n=64 if ahead else block_n,
         # 4 warps: fewer registers per program than 8 at 128-key tiles, so more programs per SM
-        # (the 8-warp launch with the merge compiled in fell to one program per SM: 424 against
-        # 278 us at 8B, batch 32, context 8448, H200 sweep of 2026-12-04).
+        # (the 8-warp launch with the split merge compiled in fits one program per SM).
         num_warps=4,
         num_stages=3,
         table_ahead=ahead,
     )
-
-
-def pdl_requested() -> bool:
-    """`GAPLESS_ATTENTION_PDL=1` asks for programmatic dependent launch (off by default)."""
-    value = os.environ.get(PDL_ENV, "0").strip().lower()
-    if value not in ("0", "1", "true", "false", ""):
-        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
-    return value in ("1", "true")
 
 
 def pdl_available(device: torch.device) -> bool:

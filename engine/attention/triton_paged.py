@@ -46,7 +46,6 @@ from engine.attention.triton_config import (
     LaunchConfig,
     choose_config,
     pdl_available,
-    pdl_requested,
 )
 
 LOG2E = 1.4426950408889634
@@ -97,8 +96,7 @@ def _attention_tile(
     TABLE_AHEAD: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """Query block t0 (if t0 leads one), kv head kvh, split `split` of the launch: the body of
-    `_paged_attention_kernel` (module docstring), also run by the persistent decode layer
-    (engine/model/persistent_layer.py) with one split. num_kvh: the grid's kv-head extent."""
+    `_paged_attention_kernel` (module docstring). num_kvh: the grid's kv-head extent."""
     BLOCK_M: tl.constexpr = BLOCK_Q * G_PAD
 
     # Rows of the tile: m = qi * G_PAD + g, query token t0 + qi, query head kvh * G + g.
@@ -307,17 +305,17 @@ def paged_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     table_ahead: bool | None = None,
-    pdl: bool | None = None,
+    pdl: bool = False,
     kv_prefetch: bool = False,
 ) -> torch.Tensor:
     """Causal paged attention of a flat batch (see `engine.attention.reference.paged_attention`).
 
     The keyword-only tuning the engine leaves at None (the benchmark and the tests compare
     configurations) overrides one field of `triton_config.choose_config`'s launch for these
-    shapes. `pdl`: None follows GAPLESS_ATTENTION_PDL; True asks for programmatic dependent
-    launch, which is used only where `pdl_available` (else the plain launch runs);
-    `kv_prefetch` (with PDL) asks L2 for each program's first PREFETCH_KEYS keys before it
-    waits on the previous kernel, where `kv_prefetch_fits`.
+    shapes. `pdl` True asks for programmatic dependent launch, which is used only where
+    `pdl_available` (else the plain launch runs); `kv_prefetch` (with PDL) asks L2 for each
+    program's first PREFETCH_KEYS keys before it waits on the previous kernel, where
+    `kv_prefetch_fits`.
     """
     out = checked_output(
         q, k_cache, v_cache, block_tables, token_req, token_pos, sliding_window, out
@@ -348,7 +346,7 @@ def paged_attention(
     else:
         part_acc = part_ml = out  # never touched: one split writes out directly
         sem = token_req
-    use_pdl = (pdl_requested() if pdl is None else pdl) and pdl_available(q.device)
+    use_pdl = pdl and pdl_available(q.device)
     launch = {"launch_pdl": True} if use_pdl else {}
     prefetch = kv_prefetch and kv_prefetch_fits(t, kvh, d, k_cache.element_size())
     _paged_attention_kernel[(t, kvh, cfg.num_splits)](

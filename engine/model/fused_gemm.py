@@ -1,27 +1,24 @@
-"""Decode-shape GEMMs with fused epilogues (issue 22, first step): fewer kernels per layer.
+"""Decode-shape GEMMs with the ops around them fused in: fewer kernels per layer.
 
-`gate_up_silu(h, gate_up, bias)` computes SiLU(h @ gate^T) * (h @ up^T) in ONE Triton kernel,
-where `gate_up` is the fused [2I, H] weight (gate rows first, up rows after, as the loader
-concatenates them). The present path runs a cuBLAS GEMM writing the [T, 2I] gate_up
-activations, then `silu_and_mul` reading them back: two kernels and a 3*T*I round trip through
-memory. Here each program owns a BLOCK_N slice of the intermediate dimension, accumulates the
-gate and up dot products side by side in fp32 and writes only the [T, I] product.
+`fused_linear` is the kernel of the fused decode layer: an RMSNorm prologue, the GEMM, a
+SiLU*up or residual-add epilogue; each program owns BLOCK_N output columns for all K (no
+split-K, so no reduce kernel). With SiLU*up (`pair`) the weight is the fused [2I, H] gate_up
+(gate rows first, up rows after, as the loader concatenates them): each program accumulates
+the gate and up dot products side by side in fp32 and writes only the [T, I] product, where
+cuBLAS + `silu_and_mul` would write the [T, 2I] activations and read them back.
+`fused_add_norm_linear` also does the residual add a cuBLAS GEMM left pending, in the prologue.
+Its tile configuration per shape comes from engine/model/gemm_table.py (measured by `python -m
+bench fused-sweep`); with `pdl` it is launched with programmatic dependent launch, its first
+weight tiles asked of L2 before it waits on the previous kernel.
 
 Rounding: the gate and up accumulators are rounded to the activation dtype before the SiLU, as
 transformers' two separate projections do; the product is computed in fp32 and rounded once
-(transformers rounds SiLU(gate) to bf16 first, so in bf16 the last bit may differ: the fp32
-interpreter tests are exact up to summation order; bf16 equality with generate is for the CUDA
-test to establish). No split-K: one pass over K per program, so no reduce kernel.
+(transformers rounds SiLU(gate) to the dtype first, so in bf16 the last bit may differ; the fp32
+tests are exact up to summation order).
 
-`fused_linear` is the generic kernel of the six-kernel layer: an RMSNorm prologue, the GEMM, a
-SiLU*up or residual-add epilogue; each program owns BLOCK_N output columns for all K (no split-K,
-so no reduce kernel). Its tile configuration per shape comes from engine/model/gemm_table.py
-(measured by `python -m bench fused-sweep`); with `pdl` it is launched with programmatic
-dependent launch, its first weight tile loaded before it waits on the previous kernel.
-
-Selected by the config keys `fused_layer` / `fused_pdl` (engine.model.llama.FusedPath; the
-torch twins are the oracle and the CPU path). Its prologue and K loop (`_mainloop`) are shared
-with the qkv GEMM that does rotary and the KV write in its epilogue (engine/model/fused_rope.py).
+Selected by the config key `decode_layer` (engine.model.llama.FusedPath; the torch twins are
+the oracle and the CPU path). Its prologue and K loop (`_mainloop`) are shared with the qkv GEMM
+that does rotary and the KV write in its epilogue (engine/model/fused_rope.py).
 """
 
 from __future__ import annotations
@@ -44,71 +41,10 @@ def gate_up_silu_torch(
     return F.silu(gate) * up
 
 
-if triton is not None:
-
-    @triton.jit
-    def _gate_up_silu_kernel(
-        h_ptr, w_ptr, b_ptr, out_ptr, M, N, K,
-        stride_h, stride_w, stride_o,
-        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-    ):
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        m_mask = rm < M
-        n_mask = rn < N
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + rk
-            k_mask = kk < K
-            a = tl.load(h_ptr + rm[:, None].to(tl.int64) * stride_h + kk[None, :],
-                        mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            wmask = k_mask[:, None] & n_mask[None, :]
-            wg = tl.load(w_ptr + rn[None, :].to(tl.int64) * stride_w + kk[:, None],
-                         mask=wmask, other=0.0)
-            wu = tl.load(w_ptr + (rn[None, :] + N).to(tl.int64) * stride_w + kk[:, None],
-                         mask=wmask, other=0.0)
-            acc_g = tl.dot(a, wg, acc_g)
-            acc_u = tl.dot(a, wu, acc_u)
-        if HAS_BIAS:
-            acc_g += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            acc_u += tl.load(b_ptr + N + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)
-        u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
-        y = g / (1.0 + tl.exp(-g)) * u
-        tl.store(out_ptr + rm[:, None].to(tl.int64) * stride_o + rn[None, :],
-                 y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-
-
 def _blocks(m: int) -> tuple[int, int, int]:
     """Decode shapes: M is the batch (1..256); tl.dot needs every block >= 16."""
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     return block_m, 64, 64
-
-
-def gate_up_silu_triton(
-    h: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Same as `gate_up_silu_torch`, one kernel."""
-    h = h if h.stride(-1) == 1 else h.contiguous()
-    m, k = h.shape
-    n = gate_up.shape[0] // 2
-    out = torch.empty((m, n), dtype=h.dtype, device=h.device)
-    if m == 0:
-        return out
-    block_m, block_n, block_k = _blocks(m)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _gate_up_silu_kernel[grid](
-        h, gate_up, bias if bias is not None else gate_up, out, m, n, k,
-        h.stride(0), gate_up.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4,
-    )
-    return out
 
 
 if triton is not None:
@@ -277,8 +213,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr, USE_GDC: tl.constexpr,
         PF_K: tl.constexpr = 0,
     ):
-        """The tile (pid_m, pid_n) of `_fused_linear_kernel` (also run by the persistent decode
-        layer, engine/model/persistent_layer.py, for its o, gate_up and down phases)."""
+        """The tile (pid_m, pid_n) of `_fused_linear_kernel`."""
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_mask = rm < M
@@ -375,10 +310,3 @@ def _launch(h, add, weight, bias, norm, eps, pair, residual, config, pdl, overla
     )
     return out, x_sum
 
-
-def gate_up_silu(
-    h: torch.Tensor, gate_up: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    if use_triton(h):
-        return gate_up_silu_triton(h, gate_up, bias)
-    return gate_up_silu_torch(h, gate_up, bias)

@@ -1,12 +1,12 @@
-"""The qkv GEMM with rotary and the KV-cache write in its epilogue (issue 22): five kernels a
-decode layer instead of six.
+"""The qkv GEMM with rotary and the KV-cache write in its epilogue: one kernel a decode layer
+fewer under `decode_layer: fused` (config key fused_rotary).
 
 `fused_qkv_rope(h, add, qkv_weight, bias, norm=..., ...)` is, in one Triton kernel,
 
     RMSNorm(h [+ add]) @ qkv^T (+ bias) -> rotary on q and k -> q out [T, H, D],
     k and v written into the paged caches at slot_mapping
 
-what the six-kernel layer does in two: the fused GEMM with its norm prologue
+what the fused layer otherwise does in two: the fused GEMM with its norm prologue
 (engine/model/fused_gemm.py) writing qkv [T, (H + 2 KVH) D], then `rope_and_cache`
 (engine/model/fused_ops.py) reading it back. Rotary pairs column d of a head with column
 d + D/2, so each program owns BLOCK_N "half columns" j (head j // (D/2), offset d = j % (D/2))
@@ -73,8 +73,7 @@ if triton is not None:
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BK: tl.constexpr,
         USE_GDC: tl.constexpr, INTERLEAVE: tl.constexpr, PF_K: tl.constexpr = 0,
     ):
-        """The tile (pid_m, pid_n) of `_fused_linear_rope_kernel` (also run by the persistent
-        decode layer, engine/model/persistent_layer.py, for its qkv phase)."""
+        """The tile (pid_m, pid_n) of `_fused_linear_rope_kernel`."""
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_mask = rm < M

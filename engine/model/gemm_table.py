@@ -1,10 +1,10 @@
-"""Per-shape choice for the decode GEMMs of the fused layer (issue 22): cuBLAS with the separate
+"""Per-shape choice for the decode GEMMs of the fused layer: cuBLAS with the separate
 norm/SiLU/add kernels, or the fused Triton kernel, and that kernel's tile configuration.
 
-Owns the table `python -m bench fused-sweep` measured on a GPU (committed next to this file as
-`gemm_table.json`; `GAPLESS_FUSED_TABLE=<path>` reads another one, for the sweep's own
-before/after run), the bucket of M a shape falls in, and the fallback where the table has no
-entry. Pure host-side Python, read at capture time; never imports bench/ or triton.
+Owns the table `python -m bench fused-sweep` measures on a GPU (committed next to this file as
+`gemm_table.json`; config key `gemm_table` names another one), the bucket of M a shape falls
+in, and the fallback where the table has no entry. Pure host-side Python, read at capture
+time; never imports bench/ or triton.
 
 Key: "<kind>:<N>x<K>:m<bucket>", kind one of KINDS (which prologue/epilogue the kernel runs;
 "norm_rope": the qkv GEMM with rotary and the KV write in its epilogue, engine/model/fused_rope.py),
@@ -12,21 +12,21 @@ N the output columns (the intermediate size for "norm_pair"), K the reduction, b
 smallest swept M >= the batch. A "norm_rope" entry's rival is the faster of its two-kernel
 alternatives: cuBLAS + add_rms_norm + rope_and_cache ("cublas_us") and the fused norm-prologue
 GEMM + rope_and_cache ("split_us"). Fallback: no entry (another GPU, an unswept shape, or M above
-the largest bucket, e.g. prefill) -> cuBLAS in mode "auto", `heuristic_config` in mode "six".
+the largest bucket, e.g. prefill) -> cuBLAS under decode_layer "auto", `heuristic_config` under
+"fused".
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 from typing import NamedTuple
 
 KINDS = ("norm", "norm_pair", "residual", "norm_rope")
 M_BUCKETS = (1, 16, 32)
 TABLE_PATH = Path(__file__).with_name("gemm_table.json")
-NUM_SMS_GUESS = 132  # the H200's; only the fallback uses it
+NUM_SMS_GUESS = 132  # a Hopper's SM count; only the fallback uses it
 
 
 class GemmConfig(NamedTuple):
@@ -72,33 +72,28 @@ def load_table(path: str) -> dict:
     return json.loads(p.read_text())
 
 
-def table_path() -> str:
-    return os.environ.get("GAPLESS_FUSED_TABLE") or str(TABLE_PATH)
-
-
-def lookup(kind: str, n: int, k: int, m: int, device_name: str | None) -> dict | None:
-    """The table's entry for this shape on this GPU, or None."""
+def lookup(kind: str, n: int, k: int, m: int, device_name: str | None,
+           table_path: str | None = None) -> dict | None:
+    """The entry for this shape on this GPU of the table at `table_path` (None: the shipped
+    one), or None."""
     bucket = m_bucket(m)
-    table = load_table(table_path())
+    table = load_table(table_path or str(TABLE_PATH))
     if bucket is None or device_name is None or table.get("device") != device_name:
         return None
     return table["entries"].get(shape_key(kind, n, k, bucket))
 
 
-def choose(mode: str, kind: str, n: int, k: int, m: int, device_name: str | None,
-           pdl: bool = False) -> GemmConfig | None:
+def choose(layer: str, kind: str, n: int, k: int, m: int, device_name: str | None,
+           pdl: bool = False, table_path: str | None = None) -> GemmConfig | None:
     """None: cuBLAS and the separate ops; else the fused kernel with this configuration.
-    mode "five": always the fused kernel, the qkv GEMM with the rotary epilogue included;
-    "six": the same but never the rotary epilogue (kind "norm_rope": None, so the qkv GEMM
-    keeps its separate rope+cache kernel); "auto": the fused kernel where the table measured
-    it faster than cuBLAS + ops (its PDL time when `pdl`)."""
+    layer (config key decode_layer) "fused": always the fused kernel, its measured
+    configuration or the heuristic; "auto": the fused kernel where the table measured it
+    faster than cuBLAS + ops (its PDL time when `pdl`); "cublas": never."""
     assert kind in KINDS, kind
-    entry = lookup(kind, n, k, m, device_name)
-    if mode == "six" and kind == "norm_rope":
-        return None
-    if mode in ("five", "six"):
+    entry = lookup(kind, n, k, m, device_name, table_path)
+    if layer == "fused":
         return GemmConfig(*entry["config"]) if entry else heuristic_config(n, k)
-    if mode != "auto" or not entry:
+    if layer != "auto" or not entry:
         return None
     fused_us = (entry.get("pdl_us") if pdl else None) or entry["triton_us"]
     rival = min(entry["cublas_us"], entry.get("split_us") or float("inf"))

@@ -16,10 +16,10 @@ CUDA-graph capture work unchanged. Per layer, on CUDA:
     down GEMM                                1 cuBLAS
 
 then the final norm and the LM head for the sampled rows only. That is config key
-`fused_layer: plain`; `FusedPath` documents the others (issue 22: the GEMMs with the norm in
-their prologue and SiLU*up, the residual add or rotary + the KV write in their epilogue, five
-kernels a layer, chosen per GEMM shape in "auto"). Weights are built (fused) from
-a loaded transformers model by `engine.model.weights.build_fused_model`.
+`decode_layer: cublas`; `FusedPath` says what `fused` and `auto` run instead (the GEMMs with
+the norm in their prologue and SiLU*up, the residual add or rotary + the KV write in their
+epilogue). Weights are built (fused) from a loaded transformers model by
+`engine.model.weights.build_fused_model`.
 
 Tensor parallelism: `engine.parallel.shard.shard_fused_model` cuts the weights into one rank's
 share and sets `tp` (an `engine.parallel.comm.TPComm`) on the model and its layers; the forward
@@ -40,38 +40,49 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.interface import AttnContext
+from engine.config import DECODE_LAYERS
 from engine.model import gemm_table
-from engine.model.fused_gemm import fused_add_norm_linear, fused_linear, gate_up_silu
+from engine.model.fused_gemm import fused_add_norm_linear, fused_linear
 from engine.model.fused_ops import add_rms_norm, rope_and_cache, silu_and_mul
 from engine.model.fused_rope import fused_qkv_rope, rope_epilogue_fits
 from engine.model.gemm_table import GemmConfig
 
-FUSED_LAYER_MODES = ("plain", "epilogues", "six", "five", "auto", "persistent")
-
 
 @dataclass(frozen=True, slots=True)
 class FusedPath:
-    """Which decode layer runs (config keys `fused_layer` and `fused_pdl`, issue 22).
+    """Which decode layer runs (config keys decode_layer, fused_rotary, fused_pdl, pdl_overlap,
+    gemm_table).
 
-    layer: "plain" the present path (add+norm, qkv, rope+cache, attention, o, add+norm, gate_up,
-    SiLU*up, down); "epilogues" only SiLU*up in the gate_up GEMM's epilogue; "six" the fused
-    Triton kernel for every GEMM: norm-prologue qkv, rope+cache, attention, o + residual,
-    norm-prologue gate_up + SiLU, down + residual (six kernels a layer); "five" the same with
-    rotary + the KV write in the qkv GEMM's epilogue (engine/model/fused_rope.py; models with
-    a q/k norm keep the six): its bf16 rounding of q/k differs from the split path's (H200,
-    2026-12-04: up to 41 bf16 units), enough to flip near-tied greedy tokens; "auto" per GEMM
-    shape whichever engine/model/gemm_table.py measured faster: the fused kernel (for qkv:
-    with or without the rotary epilogue), or cuBLAS and the separate ops; "persistent" the
-    five layer's phases in one Triton launch a layer, grid barriers between them, where a
-    forward fits (engine/model/persistent_step.py), else "five". pdl: launch the
-    fused kernels and the Triton attention with programmatic dependent launch (Hopper+),
-    overlapping their neighbours as `overlap` says (config key pdl_overlap: late | early |
-    prefetch; engine/model/pdl_launch.py).
+    layer "cublas": add+norm, qkv, rope+cache, attention, o, add+norm, gate_up, SiLU*up, down,
+    the GEMMs on cuBLAS. "fused": the deepest fusion that fits, the fused Triton kernel for
+    every GEMM: the qkv GEMM with its norm prologue and, with `rotary`, rotary + the KV write in
+    its epilogue (models with a q/k norm keep the separate rope+cache kernel), attention, o +
+    residual, gate_up with its norm prologue and SiLU*up, down + residual. "auto": per GEMM
+    shape whichever engine/model/gemm_table.py measured faster, the fused kernel or cuBLAS and
+    the separate ops. `rotary` False keeps the separate rope+cache kernel everywhere: in bf16
+    the epilogue's q and k differ from the separate kernel's in the last bits (another
+    summation and rounding order), enough to flip near-tied greedy tokens. `pdl`: the fused
+    kernels and the Triton attention launch with programmatic dependent launch (Hopper+),
+    overlapping their neighbours as `overlap` says (engine/model/pdl_launch.py). `table`: the
+    per-shape table "auto" reads (None: the shipped one).
     """
 
-    layer: str = "plain"
+    layer: str = "cublas"
+    rotary: bool = True
     pdl: bool = False
     overlap: str = "prefetch"
+    table: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.layer not in DECODE_LAYERS:
+            raise ValueError(f"decode_layer must be one of {', '.join(DECODE_LAYERS)}, "
+                             f"got {self.layer!r}")
+
+    @classmethod
+    def from_config(cls, config: Any) -> FusedPath:
+        """The path an EngineConfig selects."""
+        return cls(config.decode_layer, config.fused_rotary, config.fused_pdl,
+                   config.pdl_overlap, config.gemm_table)
 
     @property
     def launch(self) -> dict:
@@ -86,9 +97,10 @@ class FusedPath:
 
     def pick(self, kind: str, n: int, k: int, x: torch.Tensor) -> GemmConfig | None:
         """The fused kernel's configuration for this GEMM, or None for cuBLAS + separate ops."""
+        if kind == "norm_rope" and not self.rotary:
+            return None
         name = gemm_table.device_name(x.device.index or 0) if x.is_cuda else None
-        mode = "five" if self.layer == "persistent" else self.layer  # its fallback
-        return gemm_table.choose(mode, kind, n, k, x.shape[0], name, self.pdl)
+        return gemm_table.choose(self.layer, kind, n, k, x.shape[0], name, self.pdl, self.table)
 
 
 @dataclass(slots=True)
@@ -151,8 +163,8 @@ class FusedDecoderLayer(nn.Module):
         eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         t = x.shape[0]
-        if self.path.layer in ("six", "five", "auto", "persistent") and self.tp is None:
-            return self._forward_six(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
+        if self.path.layer != "cublas" and self.tp is None:
+            return self._forward_fused(x, residual, positions, ctx, kv, cos_sin, num_heads, eps)
         h, residual = add_rms_norm(x, residual, self.input_norm, eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
         attn = self._attend(qkv, positions, ctx, kv, cos_sin, num_heads, eps)
@@ -160,10 +172,7 @@ class FusedDecoderLayer(nn.Module):
         if self.tp is not None:
             x = self.tp.all_reduce(x)
         h, residual = add_rms_norm(x, residual, self.post_norm, eps)
-        if self.path.layer == "epilogues":
-            a = gate_up_silu(h, self.gate_up, self.gate_up_bias)
-        else:
-            a = silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias))
+        a = silu_and_mul(F.linear(h, self.gate_up, self.gate_up_bias))
         x = F.linear(a, self.down, self.down_bias)
         if self.tp is not None:
             x = self.tp.all_reduce(x)
@@ -172,7 +181,7 @@ class FusedDecoderLayer(nn.Module):
     def _attend(self, qkv, positions, ctx, kv, cos_sin, num_heads, eps):
         """Rotary (and q/k norm) with the new keys and values written to the cache, then
         attention: the same two kernels on every decode-layer path but the qkv GEMM with the
-        rotary epilogue (`_forward_six`)."""
+        rotary epilogue (`_forward_fused`)."""
         k_cache, v_cache = kv
         q = rope_and_cache(qkv, cos_sin, positions, ctx.slot_mapping, k_cache, v_cache,
                            num_heads, self.qk_norm, eps)
@@ -201,7 +210,7 @@ class FusedDecoderLayer(nn.Module):
             **self.path.launch)
         return q, (x if x_sum is None else x_sum)
 
-    def _forward_six(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
+    def _forward_fused(self, x, residual, positions, ctx, kv, cos_sin, num_heads, eps):
         """The hidden state is x + residual (residual None: x is whole). Per GEMM, the fused
         kernel (norm prologue, SiLU*up or residual epilogue) or cuBLAS and the separate ops, as
         `self.path.pick` says; a cuBLAS o or down leaves its residual add pending, so that the
@@ -285,29 +294,19 @@ class FusedLlamaForCausalLM(nn.Module):
         self.num_heads = num_heads
         self.eps = eps
         self.tp: Any = None  # engine.parallel.comm.TPComm on a tensor-parallel rank
-        self.persistent: Any = None  # engine.model.persistent_step.PersistentStep, if selected
 
     def set_fused_path(self, path: FusedPath) -> None:
-        """Select the decode layer (config keys fused_layer / fused_pdl) for every layer."""
-        if path.layer not in FUSED_LAYER_MODES:
-            raise ValueError(f"fused_layer must be one of {', '.join(FUSED_LAYER_MODES)}, "
-                             f"got {path.layer!r}")
+        """Select the decode layer (FusedPath.from_config) for every layer."""
         for layer in self.layers:
             layer.path = path
-        self.persistent = None
-        if path.layer == "persistent":
-            from engine.model.persistent_step import PersistentStep
-
-            self.persistent = PersistentStep(self)
 
     def fused_path_summary(self) -> str:
         """The decode layer in use, in words (the engine's settings)."""
         path = self.layers[0].path
-        if self.persistent is not None:
-            from engine.model.persistent_step import SUMMARY
-
-            return SUMMARY + (" (fused_pdl on the fallback)" if path.pdl else "")
-        return path.layer + (f" + PDL ({path.overlap})" if path.pdl else "")
+        words = path.layer
+        if path.layer != "cublas" and not path.rotary:
+            words += " (separate rotary)"
+        return words + (f" + PDL ({path.overlap})" if path.pdl else "")
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -332,12 +331,9 @@ class FusedLlamaForCausalLM(nn.Module):
         tp = self.tp
         x = self.embed_tokens(ids) if tp is None else tp.embed(self.embed_tokens.weight, ids)
         residual: torch.Tensor | None = None
-        if self.persistent is not None and self.persistent.fits(x, gapless):
-            x = self.persistent.run(x, positions, gapless)
-        else:
-            for i, layer in enumerate(self.layers):
-                x, residual = layer(x, residual, positions, gapless, gapless.kv_caches[i],
-                                    self.cos_sin, self.num_heads, self.eps)
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, positions, gapless, gapless.kv_caches[i],
+                                self.cos_sin, self.num_heads, self.eps)
         if isinstance(logits_to_keep, torch.Tensor):
             x = x[logits_to_keep]
             residual = None if residual is None else residual[logits_to_keep]

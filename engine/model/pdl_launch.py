@@ -1,5 +1,5 @@
 """How the fused kernels launch under programmatic dependent launch (config keys fused_pdl,
-pdl_overlap; issue 22): whether PDL is available, when the next kernel may launch, and how many
+pdl_overlap): whether PDL is available, when the next kernel may launch, and how many
 weight bytes a kernel asks L2 for before it waits on the previous one.
 
 Owns `pdl_launch`, the (USE_GDC, PF_K, launch options) a fused kernel is launched with
@@ -12,8 +12,11 @@ from __future__ import annotations
 import torch
 
 from engine.attention.triton_config import pdl_available
+from engine.config import PDL_OVERLAPS
 
+# USE_GDC per pdl_overlap value (engine.config owns the values).
 PDL_OVERLAP_LEVELS = {"late": 1, "early": 2, "prefetch": 2}
+assert tuple(PDL_OVERLAP_LEVELS) == PDL_OVERLAPS
 PREFETCH_BUDGET = 8 << 20  # bytes of weights a PDL launch asks L2 for before its wait
 
 
@@ -36,7 +39,7 @@ def pdl_launch(pdl: bool, overlap: str, x: torch.Tensor, rows: int, k: int,
     if not (pdl and x.is_cuda and pdl_available(x.device)):
         return 0, 0, {}
     if overlap not in PDL_OVERLAP_LEVELS:
-        raise ValueError(f"pdl_overlap must be one of {sorted(PDL_OVERLAP_LEVELS)}, "
+        raise ValueError(f"pdl_overlap must be one of {', '.join(map(repr, PDL_OVERLAPS))}, "
                          f"got {overlap!r}")
     pf = prefetch_k(rows, k, elem_size) if overlap == "prefetch" else 0
     return PDL_OVERLAP_LEVELS[overlap], pf, {"launch_pdl": True}

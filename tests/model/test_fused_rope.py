@@ -119,7 +119,7 @@ def _stand_in_choose(kinds):
     `kinds` (cuBLAS + separate ops elsewhere)."""
     from engine.model.gemm_table import GemmConfig
 
-    def choose(mode, kind, n, k, m, name, pdl=False):
+    def choose(layer, kind, n, k, m, name, pdl=False, table=None):
         if kind not in kinds:
             return None
         return GemmConfig(32, 64, 4, 3)
@@ -130,9 +130,9 @@ def _stand_in_choose(kinds):
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("kinds", ["norm_rope", "norm_rope,residual,norm_pair"])
 def test_interp_model_forward_with_rope_epilogue_matches_torch_path(family, kinds, monkeypatch):
-    """A mixed prefill+decode flat batch through the whole model, mode auto with a stand-in
-    table: the rotary epilogue alone (cuBLAS elsewhere: the pending residual add in its
-    prologue from the second layer on) or with the other fused GEMMs, against the present
+    """A mixed prefill+decode flat batch through the whole model, decode_layer auto with a
+    stand-in table: the rotary epilogue alone (cuBLAS elsewhere: the pending residual add in
+    its prologue from the second layer on) or with the other fused GEMMs, against the cublas
     path's torch ops."""
     from engine.model import fused_ops, fused_rope, gemm_table, llama
 
@@ -147,7 +147,7 @@ def test_interp_model_forward_with_rope_epilogue_matches_torch_path(family, kind
                         or real(h, add, *a, **k))
     got, got_kv = run()
     assert calls == [False] + [kinds == "norm_rope"] * (c.num_hidden_layers - 1)
-    model.set_fused_path(llama.FusedPath("plain"))
+    model.set_fused_path(llama.FusedPath("cublas"))
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
     want, want_kv = run()
     assert rel_err(got, want) < 1e-4
@@ -180,7 +180,7 @@ def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
                     config=GemmConfig(*config), pdl=True, tol=1e-2)
     _check_rope(torch.bfloat16, "cuda", 200, 2048, 32, 8, 64, add=True, pdl=True, tol=1e-2)
     # the tiny test model's layout (D 16) in the configurations the engine tests run it with:
-    # five's heuristic (interleaved, block_n 16) and the stand-in table's (two accumulators)
+    # the fused layer's heuristic (interleaved, block_n 16) and the stand-in table's (two accumulators)
     for config in ((16, 256, 4, 3), (32, 64, 4, 3)):
         _check_rope(torch.bfloat16, "cuda", 16, 64, 4, 2, 16, add=True,
                     config=GemmConfig(*config), tol=1e-2)
@@ -218,9 +218,13 @@ def test_rope_kernel_compiles_for_sm90_without_a_gpu(use_gdc, interleave, pf_k) 
 
 
 @pytest.mark.skipif(IN_INTERPRETER, reason="host-side only")
-def test_gemm_table_rope_choice(tmp_path, monkeypatch) -> None:
+def test_gemm_table_rope_choice(tmp_path) -> None:
     """auto takes the rotary epilogue only where it beat both two-kernel ways (cuBLAS + norm +
-    rope_and_cache, and the fused qkv + rope_and_cache); five always."""
+    rope_and_cache, and the fused qkv + rope_and_cache); fused always; fused_rotary false
+    never (the separate rope+cache kernel keeps its rounding)."""
+    import torch
+
+    from engine.model.llama import FusedPath
     import json
 
     from engine.model import gemm_table as gt
@@ -231,17 +235,15 @@ def test_gemm_table_rope_choice(tmp_path, monkeypatch) -> None:
                                              pdl_us=4.5, cublas_us=4.4, split_us=6.0)}
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"device": "GPU X", "entries": entries}))
-    monkeypatch.setenv("GAPLESS_FUSED_TABLE", str(path))
-    gt.load_table.cache_clear()
-    try:
-        assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X", pdl=True) == (64, 128, 4, 4)
-        assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X") is None  # split faster
-        assert gt.choose("auto", "norm_rope", 960, 576, 1, "GPU X", pdl=True) is None  # cuBLAS
-        assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU Y", pdl=True) is None
-        assert gt.choose("five", "norm_rope", 960, 576, 1, "GPU Y") == gt.heuristic_config(
-            960, 576)
-        # six keeps the split qkv + rope+cache (exact greedy = generate in bf16 on the H200)
-        assert gt.choose("six", "norm_rope", 960, 576, 1, "GPU Y") is None
-        assert gt.choose("six", "norm", 960, 576, 1, "GPU Y") == gt.heuristic_config(960, 576)
-    finally:
-        gt.load_table.cache_clear()
+    t = str(path)
+    assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X", True, t) == (64, 128, 4, 4)
+    assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU X", False, t) is None  # split
+    assert gt.choose("auto", "norm_rope", 960, 576, 1, "GPU X", True, t) is None  # cuBLAS
+    assert gt.choose("auto", "norm_rope", 960, 576, 16, "GPU Y", True, t) is None
+    assert gt.choose("fused", "norm_rope", 960, 576, 1, "GPU Y", False, t) == \
+        gt.heuristic_config(960, 576)
+    x = torch.zeros(1, 576)
+    assert FusedPath("fused").pick("norm_rope", 960, 576, x) == gt.heuristic_config(960, 576)
+    assert FusedPath("fused", rotary=False).pick("norm_rope", 960, 576, x) is None
+    assert FusedPath("fused", rotary=False).pick("norm", 960, 576, x) == \
+        gt.heuristic_config(960, 576)

@@ -88,17 +88,18 @@ def greedy_within_ties(model_dir, prompts, got, device) -> list[tuple[int, int, 
                           ("llama", "norm_rope,norm_pair")])
 def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path, monkeypatch):
     """Through the engine on CPU (the torch twin), preemption forced: greedy tokens equal
-    generate's with the qkv GEMM + rotary + KV write as one op. "all": mode five (the epilogue
-    everywhere it fits; Qwen3's q/k norm keeps the two kernels). Else mode auto with a stand-in
-    table: with a cuBLAS down before it, the residual add is pending and the op does it."""
+    generate's with the qkv GEMM + rotary + KV write as one op. "all": decode_layer fused (the
+    epilogue everywhere it fits; Qwen3's q/k norm keeps the two kernels). Else decode_layer
+    auto with a stand-in table: with a cuBLAS down before it, the residual add is pending and
+    the op does it."""
     from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
     from engine.model import fused_rope, gemm_table
 
-    mode = "five"
+    layer = "fused"
     if kinds != "all":
-        mode = "auto"
+        layer = "auto"
         monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(kinds.split(",")))
     calls = []
     real = fused_rope.fused_qkv_rope_torch
@@ -111,12 +112,12 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
                                                      if family == "mistral" else {}))
     prompts = mixed_prompts(9)
     expected = hf_greedy(model_dir, prompts, 12)
-    tokens, stats = cpu_engine_outputs(model_dir, prompts, 12, fused_layer=mode)
+    tokens, stats = cpu_engine_outputs(model_dir, prompts, 12, decode_layer=layer)
     if family == "qwen3":
         assert not calls, "the rotary epilogue ran for a model with a q/k norm"
     else:
         assert calls, "the rotary epilogue did not run"
-        # five: every down has the residual add in its epilogue, so no add is pending; auto
+        # fused: every down has the residual add in its epilogue, so no add is pending; auto
         # with a cuBLAS down: layers after the first carry the pending add into the prologue
         assert any(calls) == ("residual" not in kinds and kinds != "all")
     assert stats["preemptions"] > 0
@@ -124,11 +125,11 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
 
 
 @interp_only
-@pytest.mark.parametrize("mode", ["five", "auto"])
-def test_interp_engine_rope_kernel_greedy_equals_generate(mode, tmp_path, monkeypatch):
+@pytest.mark.parametrize("layer", ["fused", "auto"])
+def test_interp_engine_rope_kernel_greedy_equals_generate(layer, tmp_path, monkeypatch):
     """The real Triton kernel (interpreter, fp32) inside the engine, with the CUDA test's cache
     (block 16, 8 usable blocks: preemption and recompute) and prompts: greedy tokens equal
-    generate's. five: the heuristic tiles (block_n 16, the interleaved accumulator); auto: the
+    generate's. fused: the heuristic tiles (block_n 16, the interleaved accumulator); auto: the
     stand-in table's (two accumulators), the pending residual add in the prologue from the
     second layer on. Every other op runs its torch twin, so the kernel is what is tested."""
     from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
@@ -139,7 +140,7 @@ def test_interp_engine_rope_kernel_greedy_equals_generate(mode, tmp_path, monkey
     assert fused_rope.use_triton(torch.zeros(1)), "the kernel must run, not its twin"
     monkeypatch.setattr(fused_ops, "use_triton", lambda x: False)
     monkeypatch.setattr(fused_gemm, "use_triton", lambda x: False)
-    if mode == "auto":
+    if layer == "auto":
         monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(["norm_rope"]))
     launches = _count_kernel_launches(monkeypatch)
     adds = []
@@ -152,10 +153,10 @@ def test_interp_engine_rope_kernel_greedy_equals_generate(mode, tmp_path, monkey
     model_dir = save_tiny_model("llama", tmp_path)
     prompts = mixed_prompts(9, seed=5)
     expected = hf_greedy(model_dir, prompts, 12)
-    tokens, stats = cpu_engine_outputs(model_dir, prompts, 12, fused_layer=mode,
+    tokens, stats = cpu_engine_outputs(model_dir, prompts, 12, decode_layer=layer,
                                        block_size=16, num_blocks=9)
     assert launches and len(launches) == len(adds), "the Triton kernel did not run each time"
-    assert any(adds) == (mode == "auto")
+    assert any(adds) == (layer == "auto")
     assert stats["preemptions"] > 0
     assert tokens == expected
 
@@ -196,9 +197,10 @@ def test_cuda_rope_kernel_against_the_split_path() -> None:
 
 @needs_cuda
 @pytest.mark.cuda
-@pytest.mark.parametrize(("mode", "pdl", "graphs"), [("five", False, False), ("five", True, True),
-                                                     ("auto", True, False), ("auto", True, True)])
-def test_cuda_greedy_with_rope_epilogue_within_ties(mode, pdl, graphs, tiny_model_dir,
+@pytest.mark.parametrize(("layer", "pdl", "graphs"), [("fused", False, False),
+                                                      ("fused", True, True),
+                                                      ("auto", True, False), ("auto", True, True)])
+def test_cuda_greedy_with_rope_epilogue_within_ties(layer, pdl, graphs, tiny_model_dir,
                                                     monkeypatch):
     """bf16, preemption forced by the tight cache, the rotary epilogue in every layer: each
     greedy token is transformers' fp32 argmax given the tokens before it, up to a bf16 tie (see
@@ -208,17 +210,17 @@ def test_cuda_greedy_with_rope_epilogue_within_ties(mode, pdl, graphs, tiny_mode
 
     from engine.model import gemm_table
 
-    if mode == "auto":
+    if layer == "auto":
         monkeypatch.setattr(gemm_table, "choose", _stand_in_choose(["norm_rope"]))
     launches = _count_kernel_launches(monkeypatch)
     model_dir = tiny_model_dir("llama")
     prompts = mixed_prompts(9, seed=5)
     got, stats, settings = cuda_engine_outputs(model_dir, prompts, 12, async_batching=False,
                                                cuda_graphs=graphs, model_impl="gapless",
-                                               fused_layer=mode, fused_pdl=pdl)
+                                               decode_layer=layer, fused_pdl=pdl)
     assert settings["model_impl"] == "gapless"
     assert launches, "the rotary epilogue did not run"
     assert stats["preemptions"] > 0
     assert [len(t) for t in got] == [12] * len(prompts)
     ties = greedy_within_ties(model_dir, prompts, got, "cuda")
-    print(f"{mode} pdl={pdl} graphs={graphs}: ties forgiven (request, token, gap) {ties}")
+    print(f"{layer} pdl={pdl} graphs={graphs}: ties forgiven (request, token, gap) {ties}")

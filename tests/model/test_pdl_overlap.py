@@ -58,12 +58,15 @@ def test_config_checks_pdl_overlap() -> None:
 
 
 def test_fused_path_launch_keywords() -> None:
-    assert FusedPath("five").attention_launch == {}
-    assert FusedPath("five", True, "prefetch").attention_launch == {"pdl": True,
-                                                                     "kv_prefetch": True}
-    assert FusedPath("five", True, "early").attention_launch == {"pdl": True,
-                                                                  "kv_prefetch": False}
-    assert FusedPath("six", True, "late").launch == {"pdl": True, "overlap": "late"}
+    assert FusedPath("fused").attention_launch == {}
+    prefetch = FusedPath("fused", pdl=True, overlap="prefetch")
+    assert prefetch.attention_launch == {"pdl": True, "kv_prefetch": True}
+    early = FusedPath("fused", pdl=True, overlap="early")
+    assert early.attention_launch == {"pdl": True, "kv_prefetch": False}
+    late = FusedPath("auto", pdl=True, overlap="late")
+    assert late.launch == {"pdl": True, "overlap": "late"}
+    with pytest.raises(ValueError, match="decode_layer must be one of cublas, fused, auto"):
+        FusedPath("five")
 
 
 def test_reference_attention_takes_the_launch_keywords() -> None:
