@@ -26,6 +26,7 @@ import torch
 from bench.harness import report
 from bench.harness.timing import alternated_pairs
 from bench.harness.workload import add_model_arguments, model_from_args, random_prompts
+from engine.config import NUM_SLOTS
 
 DESCRIPTION = ("async-correctness sentinel: mismatches under a 1,000-request async load with "
                "live switches, and its cost at 1 in 64 sampled (alternated on/off pairs)")
@@ -84,7 +85,7 @@ def run_load(model, args: argparse.Namespace, vocab: int) -> dict:
     def flip() -> None:
         i = 0
         combos = [(a, s, gr) for gr in ((False, True) if graphs else (False,))
-                  for s in (1, 2, 3) for a in (True, False)]
+                  for s in NUM_SLOTS for a in (True, False)]
         while not stop.wait(args.switch_every_s):
             a, s, gr = combos[i % len(combos)]
             i += 1

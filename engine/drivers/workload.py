@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.config import SamplingParams
+from engine.config import LIVE_SETTINGS, SamplingParams
 from engine.drivers.loadgen import prompt_vocab, random_prompt
 from telemetry.collect import StepCollector
 from telemetry.gaps import idle_by_cause
@@ -34,8 +34,7 @@ from telemetry.records import RequestEvent, StepRecord
 if TYPE_CHECKING:  # the dashboard imports this module's specs; keep torch out of it
     from engine.engine import Engine, RequestHandle
 
-LIVE_KEYS = ("async_batching", "num_slots", "cuda_graphs")
-MODE_KEYS = (*LIVE_KEYS, "label")
+MODE_KEYS = (*LIVE_SETTINGS, "label")  # a mode sets any live setting, and may name itself
 WARMUP_TOKENS = 4
 
 
@@ -68,7 +67,7 @@ def mode_label(mode: dict[str, Any]) -> str:
 def check_mode(mode: Any) -> dict[str, Any]:
     if not isinstance(mode, dict):
         raise ValueError(
-            f"a benchmark mode is a dict of live settings ({', '.join(LIVE_KEYS)}), "
+            f"a benchmark mode is a dict of live settings ({', '.join(LIVE_SETTINGS)}), "
             f"got {type(mode).__name__}"
         )
     for key in mode:
@@ -178,7 +177,7 @@ def run_benchmark(engine: Engine, spec: BenchmarkSpec,
             "(stop the load generator and let running requests finish)"
         )
     settings = engine.settings()
-    original = {k: v for k, v in settings.items() if k in LIVE_KEYS}
+    original = {k: v for k, v in settings.items() if k in LIVE_SETTINGS}
     modes = spec.modes or default_modes(bool(settings["cuda_graphs_available"]))
     return _run(engine, spec, modes, original, f"bench{next(_run_ids)}", cancel)
 
@@ -190,7 +189,7 @@ def _run(engine: Engine, spec: BenchmarkSpec, modes: list[dict[str, Any]],
     try:
         for k, mode in enumerate(modes):
             label = mode_label(mode)
-            live = {key: mode[key] for key in LIVE_KEYS if key in mode}
+            live = {key: mode[key] for key in LIVE_SETTINGS if key in mode}
             settings = engine.configure(**live)
             prefix = f"{run_prefix}-{k}"
             if spec.warmup:

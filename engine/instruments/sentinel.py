@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from engine.attention.interface import AttnContext
+from engine.config import check_live_setting
 from engine.core.request import Request
 from engine.model.hf_config import kv_cache_shape
 from engine.step.streams import Event, Stream
@@ -252,8 +253,6 @@ def _to_host(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_sample_every(value: Any) -> int:
-    """Validate a `sentinel_sample_every` value (config, or a live change)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"sentinel_sample_every must be an integer >= 0 (0 = off, N = check 1 "
-                         f"in N finished greedy requests), got {value!r}")
+    """Validate a `sentinel_sample_every` value (engine.config owns its legal values)."""
+    check_live_setting("sentinel_sample_every", value)
     return value

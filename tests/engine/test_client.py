@@ -116,7 +116,7 @@ def test_configure_round_trips(client):
         assert after["async_batching"] is (not before["async_batching"])
         assert after["num_slots"] == 3
         assert client.settings() == after
-        with pytest.raises(ValueError, match="num_slots must be 1, 2 or 3, got 5"):
+        with pytest.raises(ValueError, match="num_slots must be one of 1, 2, 3, got 5"):
             client.configure(num_slots=5)
         with pytest.raises(ValueError, match="cuda_graphs cannot be turned on"):
             client.configure(cuda_graphs=True)
