@@ -501,6 +501,8 @@ class Engine:
             self._apply_commands()
             self.loop.end_all("abort")
             self.loop.close()
+            if self._thread is None:  # manual stepping: this thread ran the instruments
+                self.instruments.close()
         finally:
             if self.tp is not None:  # the worker ranks end with this one
                 self.tp.close()
