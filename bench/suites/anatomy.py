@@ -10,7 +10,7 @@ layer, kernel time, gaps inside a step, step span (first kernel to last), the fl
 ((weight + KV bytes) / 4.22 TB/s), span / floor, and the size-aware floor (telemetry.floor's
 measured bandwidth at the step's byte count) where that module exists.
 
-    python -m bench anatomy --preset llama-8b --batches 32,1          # on the H200
+    python -m bench anatomy --preset llama-8b --batches 32,1          # on a GPU
     python -m bench anatomy --preset tiny --device cpu --batches 4,1   # CPU smoke (no kernels)
 """
 
@@ -29,8 +29,8 @@ from bench.harness.fused_args import add_fused_arguments, fused_config
 from bench.harness.workload import add_model_arguments, int_list, model_from_args, random_prompts
 from telemetry.kernel_family import FAMILIES
 
-DESCRIPTION = ("kernels per decode step by family, span and gaps against the byte floor, "
-               "transformers vs gapless, at batch 32 and batch 1")
+DESCRIPTION = ("where one decode step's time goes: kernels by family, span and gaps against "
+               "the byte floor (CUDA)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

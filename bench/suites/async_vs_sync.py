@@ -1,14 +1,14 @@
 """Sync vs async batching, CUDA graphs off/on, on a fixed-length workload, beside transformers'
 own continuous batching (`generate_batch`) on the same prompts.
 
-Default workload (issue 3): a Llama-3.1-8B-shaped model with random bf16 weights, 32 requests x
+Default workload: a Llama-3.1-8B-shaped model with random bf16 weights, 32 requests x
 (256 prompt + 1024 new tokens), greedy, no EOS. Per mode: wall time, tokens/s, GPU busy (union
 of compute spans), idle gaps, and wall / floor. With --repeats N the modes run N times in
 alternated order (A B, B A, ...) and the table gives the median and spread. Optional:
 --telemetry-cost (the same run with telemetry off) and --profile (busy measured independently
 by torch.profiler).
 
-    python -m bench async-vs-sync --modes sync-graphs,async-graphs --repeats 3   # on the H200
+    python -m bench async-vs-sync --modes sync-graphs,async-graphs --repeats 3   # on a GPU
     python -m bench async-vs-sync --preset tiny --device cpu --new 32            # CPU smoke
     python -m bench async-vs-sync --model-impls transformers,gapless --modes async-graphs
 """
@@ -28,8 +28,8 @@ from bench.harness.fused_args import add_fused_arguments, fused_config
 from bench.harness.timing import Samples
 from bench.harness.workload import add_model_arguments, model_from_args, random_prompts
 
-DESCRIPTION = ("sync vs async batching, CUDA graphs off/on, 32x(256+1024) at the 8B shape, "
-               "with transformers' generate_batch as the baseline")
+DESCRIPTION = ("what async batching and CUDA graphs save on a whole run, against transformers' "
+               "generate_batch")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,8 +10,8 @@ depth), with programmatic dependent launch off and on, and, given `--before FILE
 Timing is what the engine sees: one CUDA graph replays `copies` back-to-back launches, each on
 its own copy of the K/V cache (copies chosen so they together exceed the L2 cache, as a
 model's layers do), and a launch costs the median replay time / copies, gaps included.
-GB/s counts the K/V bytes one launch must read at least once, against the 4.22 TB/s a
-device-to-device copy reaches on the H200.
+GB/s counts the K/V bytes one launch must read at least once, against what a device-to-device
+copy reaches (COPY_TBPS, docs/benchmarks.md).
 
     python -m bench attention                        # on a CUDA machine, all shapes
     python -m bench attention --shapes 8b-b32-1280 --quick --before /tmp/old_triton_paged.py
@@ -36,10 +36,10 @@ import torch
 
 from bench.harness import report
 
-DESCRIPTION = ("Triton paged attention: per-shape launch sweep (split-K, tiles, warps, stages, "
-               "PDL) and prefill against the KV-bandwidth floor (CUDA)")
-COPY_TBPS = 4.22  # H200 device-to-device copy, bytes read + written, measured (docs/design.md 6)
-COLD_BYTES = 256e6  # K/V copies per graph add up to this (H200 L2: 50 MB), at most MAX_COPIES
+DESCRIPTION = ("how fast the Triton paged-attention kernel is per shape, and which launch, "
+               "against the K/V floor (CUDA)")
+COPY_TBPS = 4.22  # device-to-device copy, bytes read + written (docs/benchmarks.md)
+COLD_BYTES = 256e6  # K/V copies per graph add up to this (several times a GPU's L2)
 MAX_COPIES = 128
 BLOCK = 16
 DTYPE = torch.bfloat16
@@ -70,7 +70,7 @@ TILES = {
          (256, 4, 3, True), (128, 8, 3, False), (64, 4, 3, False)],
 }
 # (num_splits, min_tiles): at 128-key tiles a split takes at least 128 or 256 keys (one tile a
-# split won every shape that splits on 2026-12-04, so min_tiles 2 is sampled once).
+# split wins wherever splitting pays, so min_tiles 2 is sampled once).
 SPLITS = [(1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (4, 2)]
 
 

@@ -37,8 +37,7 @@ from bench.harness import report
 
 # No torch import at module level: run() names the inductor cache folder first.
 ROOT = Path(__file__).resolve().parents[2]
-DESCRIPTION = ("torch.compile of the generic path: start-up, recompiles, eager vs compiled "
-               "per step (and in CUDA graphs)")
+DESCRIPTION = "what torch.compile of the generic path costs at start-up and saves per step"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

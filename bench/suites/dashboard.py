@@ -37,8 +37,7 @@ from typing import Any
 from ui.headless import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-DESCRIPTION = ("engine throughput with and without the dashboard's Live page open "
-               "(alternated phases)")
+DESCRIPTION = "whether an open Live page slows the engine (alternated phases)"
 
 
 @dataclass(slots=True)

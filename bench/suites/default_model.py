@@ -1,6 +1,6 @@
 """Time to first token and tokens/s of the default model through the engine on this machine.
 
-The default model (config.yaml: SmolLM2-135M-Instruct since issue 13; --model names another,
+The default model (config.yaml: SmolLM2-135M-Instruct; --model names another,
 e.g. models/gapless-tiny-python) at batch 1 and 16, in async and sync mode: chat questions
 through the model's chat template (plain code prompts for a model without one), greedy,
 --new tokens per request, no EOS. Prints a markdown table: median over --repeats runs of
@@ -20,8 +20,8 @@ from pathlib import Path
 from engine import Engine, EngineConfig, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
-DESCRIPTION = ("time to first token and tokens/s of config.yaml's default model, batch 1 and "
-               "16, async and sync")
+DESCRIPTION = ("time to first token and tokens/s of config.yaml's model, batch 1 and 16, async "
+               "and sync")
 
 QUESTIONS = [
     "What is the capital of France?", "Write a Python function that reverses a string.",

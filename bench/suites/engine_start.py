@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 
 from bench.harness import report
+from engine import envs
 
-DESCRIPTION = "engine process start and restart: spawned fresh vs forked from the fork server"
+DESCRIPTION = "how long an engine process takes to start and restart, spawned or forked"
 ROOT = Path(__file__).resolve().parents[2]
 
 OWNER = r"""
@@ -62,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _round(way: str, args: argparse.Namespace) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GAPLESS_ENGINE_FORKSERVER":
-           "1" if way == "forked" else "0"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           envs.GAPLESS_ENGINE_FORKSERVER: "1" if way == "forked" else "0"}
     done = subprocess.run([sys.executable, "-c", OWNER, json.dumps(
         {"model": args.model, "restarts": args.restarts})], capture_output=True, text=True,
         env=env, cwd=ROOT, timeout=600)

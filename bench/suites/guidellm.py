@@ -34,7 +34,8 @@ from typing import Any
 
 from bench.harness import report
 
-DESCRIPTION = "GuideLLM sweep against `engine serve` (CPU-friendly), its figures beside /metrics"
+DESCRIPTION = ("what GuideLLM's sweep measures against `engine serve`, beside what /metrics "
+               "counted")
 ROOT = report.ROOT
 GUIDELLM_VERSION = "0.8.1"
 
@@ -178,7 +179,7 @@ def served_name(url: str) -> str:
 
 
 def run(args: argparse.Namespace, out: Path) -> dict:
-    from bench.suites.metrics_scrape import start_server
+    from bench.harness.serve_process import start_server
 
     exe = find_guidellm(args.guidellm)
     version = subprocess.run([exe, "--version"], capture_output=True, text=True,

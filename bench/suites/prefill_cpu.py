@@ -1,5 +1,5 @@
 """CPU prefill time against prompt length, and the largest token gap of a stream beside a long
-prefill (issue 21: the CPU attention path used to copy the whole context per prompt token).
+prefill (the CPU attention path must not copy the whole context per prompt token).
 
 Runs the engine in this process on the CPU (the tiny shipped model by default, whose context
 is 1,024 positions). Two measurements:
@@ -30,8 +30,8 @@ from bench.harness import report
 from engine import Engine, EngineConfig, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
-DESCRIPTION = ("CPU prefill time vs prompt length (128..1024 tokens) and the largest token gap "
-               "of a stream beside a long prefill")
+DESCRIPTION = ("how CPU prefill grows with the prompt, and a stream's largest gap beside a "
+               "long prefill")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ time (the turns' generate() time), output tokens/s, p50/p99 time to first token,
 rate (prompt tokens found cached / prompt tokens looked up), and checks both give the same
 tokens. --preset (random weights) or --model (a checkpoint folder, e.g. SmolLM2).
 
-    python -m bench prefix --preset llama-8b                       # H200
+    python -m bench prefix --preset llama-8b                       # a GPU
     python -m bench prefix --model models/SmolLM2-135M-Instruct --device cpu --dtype float32
 """
 
@@ -28,8 +28,8 @@ import torch
 from bench.harness.report import emit, markdown_table
 from bench.harness.workload import add_model_arguments, model_from_args
 
-DESCRIPTION = ("prefix caching on vs off: multi-turn chats sharing a system prompt (throughput, "
-               "p50/p99 TTFT, hit rate)")
+DESCRIPTION = ("what prefix caching saves on multi-turn chats sharing a system prompt "
+               "(throughput, TTFT, hits)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ belong to which mode), then every step record and request event. Open it on the 
 Recordings page (or A/B): a user with no GPU sees what each mode does on the machine it was
 recorded on. Imports no UI code (the GPU machine has no streamlit).
 
-    # on the H200 (the lead): an 8B and a 1B shape, sync and async, CUDA graphs on
+    # on a GPU: an 8B and a 1B shape, sync and async, CUDA graphs on
     python -m bench record-timeline --preset llama-8b --file docs/recordings/h200-llama-8b.jsonl
     python -m bench record-timeline --preset llama-1b --file docs/recordings/h200-llama-1b.jsonl
     # on a CPU (the test fixture)
@@ -30,8 +30,8 @@ from bench.harness.shapes import PRESETS, build_model
 from engine import Engine, EngineConfig, SamplingParams
 from telemetry.export import record_to_dict
 
-DESCRIPTION = ("record each mode's timeline to a JSON-lines file the dashboard's Recordings "
-               "page opens")
+DESCRIPTION = ("records each mode's timeline for the dashboard's Recordings page (a fixture, "
+               "not a figure)")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

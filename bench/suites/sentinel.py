@@ -1,4 +1,4 @@
-"""The async-correctness sentinel (issue 21): its mismatch rate under load with live switches,
+"""The async-correctness sentinel: its mismatch rate under load with live switches,
 and what it costs at 1 in 64 sampled.
 
 - `load`: N greedy requests (default 1,000) submitted to a running async engine in waves while
@@ -28,8 +28,8 @@ from bench.harness.timing import alternated_pairs
 from bench.harness.workload import add_model_arguments, model_from_args, random_prompts
 from engine.config import NUM_SLOTS
 
-DESCRIPTION = ("async-correctness sentinel: mismatches under a 1,000-request async load with "
-               "live switches, and its cost at 1 in 64 sampled (alternated on/off pairs)")
+DESCRIPTION = ("whether async batching ever changes a token under live switches, and what "
+               "checking costs")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

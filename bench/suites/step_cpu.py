@@ -41,8 +41,8 @@ from engine.config import SamplingParams
 from engine.core.request import Request
 from engine.handles import RequestHandle
 
-DESCRIPTION = ("host CPU work per decode step, lane by lane, with the device stubbed out "
-               "(--gc: garbage-collector pauses)")
+DESCRIPTION = ("the host's CPU work per decode step, lane by lane, device stubbed out (--gc: "
+               "collector pauses)")
 LANES = ("cpu.schedule", "cpu.prepare", "cpu.launch", "cpu.wait", "cpu.post")
 DEVICE_WORK = ("h2d", "compute", "d2h")  # stand-in device work, run inline in cpu.launch
 VARIANTS = {  # name: (telemetry, detokenize, stop strings)

@@ -27,7 +27,8 @@ from telemetry.gaps import idle_by_cause
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of
 from telemetry.records import LANES, Span, StepRecord
 
-DESCRIPTION = "cost of telemetry per step (publish, read, busy/gap maths, trace export); no GPU"
+DESCRIPTION = ("what telemetry costs per step on the host: publish, read, busy and gap maths, "
+               "trace export")
 
 STEP_NS = 5_000_000  # a 5 ms decode step
 

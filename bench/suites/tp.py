@@ -8,7 +8,7 @@ collectives (rankN.comm), and the mean NVML GPM memory bandwidth used (DRAM_BW_U
 GPU reports it). Greedy tokens at TP 2 are checked against TP 1 (agreement printed; bf16
 summation order differs, so rare late divergence is possible and reported, not asserted).
 
-    python -m bench tp                       # H200 x2: --preset llama-8b --tp 1 2
+    python -m bench tp                       # 2 GPUs: --preset llama-8b --tp 1 2
     python -m bench tp --preset tiny --device cpu --n 4 --prompt 16 --new 16  # smoke
 
 Written for the lent 2-GPU machine; not run yet (no GPU where it was written).
@@ -30,8 +30,8 @@ from telemetry.collect import StepCollector
 from telemetry.metrics import busy_fraction, spans_of
 from telemetry.records import rank_lane
 
-DESCRIPTION = ("tensor parallelism: the 8B shape 32x(256+1024) at TP 1 and 2, per-GPU busy, "
-               "collectives, DRAM bandwidth")
+DESCRIPTION = ("what tensor parallelism 2 buys at the 8B shape: whole run, per-GPU busy, "
+               "collectives (2 GPUs)")
 
 
 def save_checkpoint(preset: str, folder: Path) -> Path:

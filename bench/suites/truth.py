@@ -1,4 +1,4 @@
-"""Telemetry truth (issue 20): measured kernel busy against torch.profiler in every mode, the
+"""Telemetry truth: measured kernel busy against torch.profiler in every mode, the
 sampler's cost, the step waterfall against wall time, the size-aware floor, and GPM checked.
 
 For each shape (default: the 8B shape at batch 32, SmolLM2-135M's at 16; random bf16 weights,
@@ -26,7 +26,7 @@ sampler's cost (engine at the default period vs off, alternated pairs); and a te
 recording of the four modes with kernel samples for the dashboard (recording.jsonl). On a GPU
 the size-aware floor curve is measured first (engine/instruments/floor_probe.py; curve.json).
 
-    python -m bench truth                                  # the H200, ~4 min
+    python -m bench truth                                  # one GPU
     python -m bench truth --device cpu --presets tiny:4 --dtype float32 --window-s 0.3 \\
         --pairs 1 --pair-new 8                             # CPU dry run (no kernels: n/a)
 """
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -45,10 +44,10 @@ import torch
 
 from bench.harness import report
 from bench.harness.floor import COPY_BW, ByteFloor
+from bench.harness.sampler_cost import add_cost_arguments, cost_pairs
 from bench.harness.shapes import build_model
-from bench.harness.workload import default_device, random_prompts
-from bench.suites.truth_anatomy import anatomy_rows, contexts_of, step_reads
-from bench.suites.truth_busy import (
+from bench.harness.truth_anatomy import anatomy_rows, contexts_of, step_reads
+from bench.harness.truth_busy import (
     by_context,
     compute_spans,
     fair_busy,
@@ -62,17 +61,17 @@ from bench.suites.truth_busy import (
     step_differences,
     truth_busy,
 )
-from bench.suites.truth_cost import add_cost_arguments, cost_pairs
-from bench.suites.truth_engine import make_engine, params, wait_decoding
-from bench.suites.truth_kick import kick, with_retries
-from bench.suites.truth_report import markdown
+from bench.harness.truth_engine import make_engine, params, wait_decoding
+from bench.harness.truth_kick import kick, with_retries
+from bench.harness.truth_report import markdown
+from bench.harness.workload import default_device, random_prompts
 
-DESCRIPTION = ("kernel busy sampled vs torch.profiler in 4 modes, sampler cost, the step "
-               "waterfall vs wall time, size-aware floor curve, GPM check")
+DESCRIPTION = ("whether the dashboard's kernel busy agrees with torch.profiler's on the same "
+               "steps, 4 modes (CUDA)")
 MODES = ("sync-graphs", "async-graphs", "sync-eager", "async-eager")
 STEADY_STEPS = 3  # decode steps run before a window starts (graph capture is behind them)
 MIN_BARE_STEPS = 8  # a bare window runs at least these steps (up to 3 more windows' time)
-H200_DRAM_BW = 4.8e12  # bytes/s, the H200's specified HBM3e bandwidth (GPM's 100%)
+HBM_SPEC_BW = 4.8e12  # bytes/s, the specified HBM3e bandwidth that GPM's DRAM_BW_UTIL is a share of
 T0 = time.perf_counter()
 
 
@@ -120,9 +119,8 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
               for p in prompts]
         wait_decoding(eng, batch)
         # ... and a few decode steps more: the first graph-mode decode steps after a mode
-        # switch capture the batch's graphs, which can outlast a whole window (H200,
-        # 2026-12-04, 1405657: 8B sync + graphs, the first mode of its engine, ran 0 steps in
-        # its 0.5 s bare window, and every figure of the row read n/a).
+        # switch capture the batch's graphs, which can outlast a whole window (a large model's
+        # first mode would then run no step in its bare window, and its row read n/a).
         s = eng.loop.step_no
         run_until(0, lambda: eng.loop.step_no - s >= STEADY_STEPS, 180)
         deadline = time.monotonic() + 5
@@ -149,11 +147,10 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         tb1 = time.perf_counter_ns()
         n_bare = eng.loop.step_no - s_bare
         # A discarded profiler window, on this batch's tail: the first session after a mode
-        # switch pays CUPTI's start-up (H200, 2026-12-04: 8B sync + graphs read 32.6% in a
-        # first window, 86.1% and 85.4% in the next two). Not on the reference's batch: it
-        # moved the reference's steps ~0.1 s later, to longer contexts than the sampler's.
-        on_loop = None if os.environ.get("GAPLESS_TRUTH_REF_THREAD") == "main" else \
-            eng.run_on_loop
+        # switch pays CUPTI's start-up and reads far too little busy. Not on the reference's
+        # batch: it would move the reference's steps later, to longer contexts than the
+        # sampler's.
+        on_loop = eng.run_on_loop
         reference_busy(0.1, cuda, on_loop=on_loop)
         done(hs)
 
@@ -186,10 +183,9 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
         while sampler.open and time.monotonic() < deadline:  # its last steps, still decoding
             time.sleep(0.005)
         # The last samples' conversions, each carried out on a later step's record: the batch
-        # decodes on until all are out. (Aborted at once, as before, the last one or two, at
-        # the window's highest contexts, were never published: at b3f9eb9 the dashboard then
-        # gave SmolLM2's last async + graphs steps the 945 us of an earlier context where
-        # the reference measured 1,012-1,019 us, and read -2.23 pp.)
+        # decodes on until all are out. (Aborted at once, the last one or two, at the
+        # window's highest contexts, would never be published, and the dashboard would give
+        # the last steps the kernel time of an earlier, shorter context.)
         deadline = time.monotonic() + 5
         while (sampler._converted < sampler._submitted or sampler.ready) \
                 and time.monotonic() < deadline:
@@ -226,8 +222,8 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
     bare, in_ref = compute_spans(records, tb0, tb1), compute_spans(records, tr0, tr1)
     kref = kernel_per_step(in_ref, ref_iv)
     # The reference window's first and last steps can be cut by the session's start and stop
-    # (H200, c9c481b: the first one kept 2.8 us of a 5,030 us step's kernels, and the truth
-    # it gave the bare step of the same context read the dashboard +1.8 pp high): not used.
+    # (a cut step keeps a sliver of its kernels, and the truth it gives the bare step of the
+    # same context reads the dashboard too high): not used.
     whole = dict(sorted(kref["by_step"].items())[1:-1])
     ref_ctx = by_context(records, whole)
     matched = matched_kernel(ref_ctx, by_context(records, sampled_by_step(samples)))
@@ -280,7 +276,7 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
                 bps = read / ((b - a) / 1e9) if b > a else None
                 return {"readings": len(gpm), "dram_bw_util_pct": statistics.fmean(gpm)
                         if gpm else None, "anatomy_bytes_per_s": bps,
-                        "anatomy_pct_of_4p8": 100 * bps / H200_DRAM_BW if bps else None}
+                        "anatomy_pct_of_4p8": 100 * bps / HBM_SPEC_BW if bps else None}
 
             out["gpm"] = gpm_check(window, lo, hi, first_decode)  # the sampled window
             # The bare window: decode only, no profiler (what the dashboard's gauge reads).

@@ -1,6 +1,6 @@
 """The truth suite's retry of a reference window that lost every kernel record (CPU)."""
 
-from bench.suites.truth_kick import attempts_markdown, lost_all, with_retries
+from bench.harness.truth_kick import attempts_markdown, lost_all, with_retries
 
 
 def windows(*refs):

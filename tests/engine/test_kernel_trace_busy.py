@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.suites import truth_busy as tb
+from bench.harness import truth_busy as tb
 from telemetry.kernels import KernelRecord, KernelSample, SampledStep
 
 

@@ -197,7 +197,7 @@ def test_every_vllm_series_has_vllms_labels(server):
 
 def test_scrapes_are_answered_while_a_burst_waits(server):
     """/metrics is served from pre-rendered bytes: under a burst it still answers, with the
-    queue in its gauges (no timing target here: bench/suites/metrics_scrape.py measures)."""
+    queue in its gauges (no timing target here)."""
     wait_scrape(server.url, lambda s: metric(s, "gapless:engine_up") == 1, "engine up")
     seen, waiting = asyncio.run(burst(server))
     assert seen >= 1 and max(waiting) > 0

@@ -1,9 +1,8 @@
 """A reference window that lost every kernel record, tried again after a CUPTI "kick".
 
-On the H200 (2026-12-04, five runs of `bench truth`) some eager windows kept the launch calls
-of torch.profiler's trace but no kernel record at all, from one reference window to the end of
-the mode; Kineto's log showed that CUPTI had produced none (docs/benchmarks.md, "lost kernel
-records"), and the next session that replayed a CUDA graph had its kernels again. This module
+Some eager reference windows keep the launch calls of torch.profiler's trace but no kernel
+record at all, from one window to the end of the mode: CUPTI produces none (Kineto's log says
+so), and the next session that replays a CUDA graph has its kernels again. This module
 tests that observation while it repairs the table:
 
 - `kick()`: one short profiler session around an eager kernel, the replay of a one-kernel CUDA
@@ -14,13 +13,10 @@ tests that observation while it repairs the table:
 - `with_retries(window)`: the reference window, and while it lost every kernel record (and
   ``retries`` allow), a kick and the window again on a fresh batch of the same prompts. Every
   attempt stays in the result (``attempts``): a row measured on its second try says so.
-
-``GAPLESS_TRUTH_KICK=none`` retries without the kick (to tell the kick from a mere retry).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -125,9 +121,6 @@ def kick(stream: Any = None) -> dict[str, Any]:
     then `probes` (which kinds of launch a session records now)."""
     free, total = torch.cuda.mem_get_info()
     out: dict[str, Any] = {"free_mib": free // 2**20, "total_mib": total // 2**20}
-    if os.environ.get("GAPLESS_TRUTH_KICK", "graph") == "none":
-        out["kick"] = "none"
-        return out
     g, x = _graph()
 
     def replay() -> None:

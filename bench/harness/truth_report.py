@@ -6,10 +6,10 @@ import statistics
 from typing import Any
 
 from bench.harness.report import markdown_table
-from bench.suites.truth_anatomy import anatomy_markdown
-from bench.suites.truth_busy import fair_markdown
-from bench.suites.truth_cost import cost_markdown
-from bench.suites.truth_kick import attempts_markdown
+from bench.harness.sampler_cost import cost_markdown
+from bench.harness.truth_anatomy import anatomy_markdown
+from bench.harness.truth_busy import fair_markdown
+from bench.harness.truth_kick import attempts_markdown
 
 
 def pct(x: float | None) -> str:

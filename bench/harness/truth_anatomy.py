@@ -1,35 +1,22 @@
-"""The step anatomy against both floors (issue 20): one anatomy recording (async + graphs) of
-a decoding batch; each kernel family's time against its bytes' peak-copy floor and its
+"""The truth suite's step anatomy against both floors: one anatomy recording (async + graphs)
+of a decoding batch; each kernel family's time against its bytes' peak-copy floor and its
 size-aware floor (the achievable read bandwidth at each tensor's size, telemetry/floor.py);
 the longest kernels. Also owns a decode step's reads (one per weight tensor and per layer's K
-and V), which the truth suite's waterfall and GPM check use. The truth suite runs this on its
-first shape; alone:
-
-    python -m bench truth-anatomy                                    # the H200, 8B shape, b32
-    python -m bench truth-anatomy --device cpu --preset tiny --batch 4 --dtype float32  # dry
+and V), which the truth suite's waterfall and GPM check use. `python -m bench anatomy` answers
+where a step's time goes; the truth suite runs this on its first shape beside its busy
+figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.harness import report
 from bench.harness.floor import COPY_BW, ByteFloor
-from bench.harness.shapes import build_model
-from bench.harness.workload import random_prompts
-from bench.suites.truth_cost import add_shape_arguments
-
-DESCRIPTION = "step anatomy per kernel family against the peak-copy and size-aware floors"
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_shape_arguments(parser)
 
 
 def step_reads(model: torch.nn.Module, floor: ByteFloor, contexts: list[int]) -> list[int]:
@@ -53,7 +40,7 @@ def contexts_of(rec: Any, prompt: int, first_decode_step: int) -> list[int]:
 
 def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
                  args: argparse.Namespace, curve: Any, out: Path) -> dict[str, Any]:
-    from bench.suites.truth_engine import params, wait_decoding
+    from bench.harness.truth_engine import params, wait_decoding
     from engine.instruments.anatomy import record_anatomy
     from telemetry.anatomy import family_table
     from telemetry.floor import size_aware_seconds
@@ -69,8 +56,8 @@ def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
     Path(rec.trace_path).unlink(missing_ok=True)
     steps = [s for s in rec.steps if s.kernels]
     floor = ByteFloor.of(model)
-    # this batch's context when the recording starts (the count is the engine's lifetime's:
-    # the 12-04 table took it whole and put the 8B step's context at 2,530, not ~260)
+    # this batch's context when the recording starts (the engine's count is its lifetime's,
+    # so only this batch's share of it)
     ctx = args.prompt + (gen - gen0) // len(prompts)
     reads = step_reads(model, floor, [ctx] * len(prompts))
     layers = model.config.num_hidden_layers
@@ -115,36 +102,3 @@ def anatomy_markdown(a: dict[str, Any]) -> list[str]:
                      f"{num(r['time_us'] / sa if sa else None, '.2f')} |")
     return lines + ["", "longest kernels: " + "; ".join(
         f"{k['family']} {k['us']:.1f} us ({k['name'][:60]})" for k in a["longest"])]
-
-
-def run(args: argparse.Namespace, out: Path) -> dict:
-    from bench.suites.truth_engine import make_engine, params
-    from telemetry.floor import load_curve
-
-    cuda = args.device == "cuda"
-    with torch.profiler.profile():  # Kineto's client on this thread (see truth.run)
-        pass
-    curve = None
-    if cuda:
-        from engine.instruments.floor_probe import curve_for_device
-
-        curve = curve_for_device()
-    else:
-        curve = load_curve()
-    model = build_model(args.preset, torch.device(args.device), getattr(torch, args.dtype))
-    prompts = random_prompts(args.batch, args.prompt, model.config.vocab_size)
-    eng = make_engine(model, args, args.batch, 128, name=args.preset)
-    try:
-        eng.generate(random_prompts(4, 16, model.config.vocab_size, seed=1), params(8))
-        t = time.perf_counter()
-        a = anatomy_rows(eng, model, prompts, args, curve, out)
-    finally:
-        eng.shutdown()
-    summary = {"device": torch.cuda.get_device_name() if cuda else "cpu",
-               "preset": args.preset, "batch": args.batch, "anatomy": a,
-               "seconds": time.perf_counter() - t, "commit": report.short_commit()}
-    report.write_json(out / "truth_anatomy.json", summary)
-    text = "\n".join(anatomy_markdown(a)) + "\n"
-    (out / "truth_anatomy.md").write_text(text)
-    print(text, flush=True)
-    return summary

@@ -1,5 +1,6 @@
-"""The truth suites' engine plumbing (bench/suites/truth*.py): an engine for one shape and
-batch, greedy sampling parameters, and waiting until a fresh batch decodes."""
+"""The truth suites' engine plumbing (bench/suites/truth*.py): the options of one shape, an
+engine for one shape and batch, greedy sampling parameters, and waiting until a fresh batch
+decodes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,18 @@ import time
 from typing import Any
 
 import torch
+
+from bench.harness.workload import default_device
+
+
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """One shape's engine on its device (the truth-cost suite)."""
+    parser.add_argument("--preset", default="llama-8b")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--device", default=default_device())
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--budget", type=int, default=2048)
 
 
 def make_engine(model: torch.nn.Module, args: argparse.Namespace, batch: int, max_new: int,

@@ -1,0 +1,53 @@
+"""`python -m bench list` lists suites that run: every module in bench/suites/ is a suite (its
+one-line question, its options, its run), helpers live in bench/harness/ and never import a
+suite, and the decode-layer flags take the config's values."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from bench import suites
+from bench.__main__ import list_suites
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_listed_suite_loads_and_says_what_it_answers():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert list_suites() == 0
+    text = out.getvalue()
+    assert "cannot load" not in text, text
+    for name in suites.names():
+        mod = suites.load(name)
+        assert mod.DESCRIPTION and "\n" not in mod.DESCRIPTION, name
+        suites.parser(name, mod).parse_args([])  # its options have working defaults
+
+
+def test_the_harness_never_imports_a_suite():
+    for path in sorted((ROOT / "bench" / "harness").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.startswith("bench.suites") for n in names), \
+                f"{path.relative_to(ROOT)} imports a suite"
+
+
+def test_the_old_fused_layer_flag_names_its_replacement(capsys):
+    parser = suites.parser("anatomy")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--fused-layer", "five"])
+    err = capsys.readouterr().err
+    assert "--fused-layer is now --decode-layer" in err and "five: fused" in err
+    args = parser.parse_args(["--decode-layer", "fused", "--no-fused-rotary", "--fused-pdl"])
+    from bench.harness.fused_args import fused_config
+
+    assert fused_config(args) == dict(decode_layer="fused", fused_rotary=False, fused_pdl=True,
+                                      pdl_overlap="prefetch", gemm_table=None)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--decode-layer", "six"])
