@@ -1,5 +1,5 @@
 """Benchmark page: one fixed workload, the modes alternated over N repetitions, compared
-honestly (median and spread; a difference inside the spreads is not called a difference).
+honestly (telemetry.verdict: a 95% interval over the alternated pairs of runs decides).
 
 Owns the run settings (repetitions), the progress display (runs, requests finished, tokens
 generated) and the results: per mode the median total time and tokens/s with their spread,
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import plotly.graph_objects as go
 import streamlit as st
 
+from telemetry.verdict import runs_verdict, spread
 from ui.ab_view import Window, show_ab
 from ui.bench_runner import RUNS, BenchmarkRun, alternated, base_label
 from ui.client import engine_client, engine_errors, show_flashes
-from ui.compare import spread, verdict
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -110,11 +110,11 @@ def verdicts(results: list[Any]) -> list[tuple[bool, str]]:
     if len(names) < 2:
         return []
     base = names[0]
-    a = spread([r.total_s for r in groups[base]])
+    a = [r.total_s for r in groups[base]]
     out = []
     for name in names[1:]:
-        v = verdict(a, spread([r.total_s for r in groups[name]]), a_label=base, b_label=name,
-                    what="total time", unit=" s", fmt=".3f", higher_is_better=False)
+        v = runs_verdict(a, [r.total_s for r in groups[name]], a_label=base, b_label=name,
+                         what="total time", unit=" s", fmt=".3f", higher_is_better=False)
         out.append((v.measurable, v.text))
     return out
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import streamlit as st
 
+from telemetry.verdict import decode_steps
 from ui.ab_view import Window, show_ab
-from ui.decode_verdict import decode_steps
 from ui.recordings import Recording, list_recordings, load_recording, parse_recording
 from ui.window_stats import window_stats
 

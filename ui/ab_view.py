@@ -4,7 +4,7 @@ Owns the figure comparing two WindowStats (decode tokens/s, B's bar with the ver
 interval as an error bar; step period, the CPU's share of a step, compute idle by cause)
 and ``show_ab``, which the A/B page (live captures) and the Recordings page (a recording's
 modes) both draw: a verdict in plain words on decode-only steps with its 95% interval
-(ui/decode_verdict.py), prefill apart, the figures, and both timelines over the same span
+(telemetry.verdict), prefill apart, the figures, and both timelines over the same span
 of milliseconds. It must never call the engine: it is handed records.
 """
 
@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 
 from telemetry.gaps import CAUSE_LABELS, CAUSES
 from telemetry.records import StepRecord
-from ui.decode_verdict import Interval, decode_steps, decode_verdict, pooled, signed
+from telemetry.verdict import Interval, decode_steps, decode_verdict, pooled, signed
 from ui.timeline import timeline_figure
 from ui.window_stats import WindowStats, window_stats
 

@@ -50,24 +50,6 @@ class WindowStats:
         return self.cpu_ms / self.step_ms if self.step_ms > 0 else float("nan")
 
 
-def covered(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of [a_i, b_i] covered by the disjoint sorted intervals (starts, ends)."""
-    if starts.size == 0:
-        return np.zeros(a.shape, dtype=np.int64)
-    cum = np.concatenate(([0], np.cumsum(ends - starts)))
-
-    def upto(x: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(starts, x, side="right")  # intervals starting at or before x
-        over = np.where(k > 0, np.maximum(ends[np.maximum(k - 1, 0)] - x, 0), 0)
-        return cum[k] - over
-
-    return upto(b) - upto(a)
-
-
-def _end(rec: StepRecord) -> int:
-    return max(s.end_ns for s in rec.spans)
-
-
 def window_stats(
     records: Sequence[StepRecord],
     label: str,
@@ -82,10 +64,10 @@ def window_stats(
     if not recs:
         raise ValueError(f"window {label!r} has no steps")
     lo = min(s.start_ns for r in recs for s in r.spans) if start_ns is None else start_ns
-    hi = max(_end(r) for r in recs) if end_ns is None else end_ns
+    hi = max(r.end_ns for r in recs) if end_ns is None else end_ns
     if hi <= lo:
         raise ValueError(f"window {label!r} is empty: end {hi} <= start {lo}")
-    inside = [r for r in recs if lo <= _end(r) <= hi]
+    inside = [r for r in recs if lo <= r.end_ns <= hi]
     spans = [s for r in recs for s in r.spans]
     length_s = (hi - lo) / 1e9
     compute_starts = np.sort(
@@ -96,7 +78,7 @@ def window_stats(
     cpu = [sum(s.end_ns - s.start_ns for s in r.spans if s.lane in CPU_WORK_LANES) for r in inside]
     gaps = idle_gaps(spans, lo, hi)
     edges = np.linspace(lo, hi, parts + 1)
-    ends = np.array([_end(r) for r in inside])
+    ends = np.array([r.end_ns for r in inside])
     counts = np.histogram(ends, bins=edges)[0] if ends.size else np.zeros(parts)
     sub = (counts / (length_s / parts)).tolist()
     return WindowStats(

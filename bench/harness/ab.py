@@ -7,7 +7,9 @@ Each round runs the suite once per tree, in alternated order (A B, then B A, ...
 other load on the machine hit both. Each run is this checkout's bench/ (linked into a scratch
 folder that comes first on the path) over the tree's engine/ and telemetry/ (PYTHONPATH), so only
 the code under test differs. The table gives, for every number in the suites' summaries, the
-median over rounds before and after. Owns processes and the comparison; measures nothing itself.
+median over rounds before and after and the verdict on after against before: each round is an
+alternated pair, judged by telemetry.verdict (the dashboard's rule: a 95% interval over the
+pairs, in the same words). Owns processes and the table; measures nothing itself.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness import report
+from telemetry.verdict import Interval, Verdict, runs_verdict
 
 
 def flatten(data: object, prefix: str = "") -> dict[str, float]:
@@ -41,13 +45,31 @@ def flatten(data: object, prefix: str = "") -> dict[str, float]:
     return out
 
 
-def compare(before: list[dict], after: list[dict]) -> list[tuple[str, float, float]]:
-    """(key, median before, median after) for every number both sides report."""
+@dataclass(slots=True, frozen=True)
+class Row:
+    """One figure of the suite: medians over the rounds, and after against before."""
+
+    key: str
+    before: float
+    after: float
+    change: Interval | None  # after over before in %, over the rounds as alternated pairs
+    verdict: Verdict
+
+
+def compare(before: list[dict], after: list[dict]) -> list[Row]:
+    """A Row for every number both sides report in every round; ``before[i]`` and
+    ``after[i]`` are the summaries of round i."""
     b = [flatten(s) for s in before]
     a = [flatten(s) for s in after]
     keys = [k for k in b[0] if all(k in x for x in b + a)] if b and a else []
-    return [(k, statistics.median(x[k] for x in b), statistics.median(x[k] for x in a))
-            for k in keys]
+    rows = []
+    for k in keys:
+        xb, xa = [x[k] for x in b], [x[k] for x in a]
+        positive = all(v > 0 for v in xb + xa)
+        v = runs_verdict(xb, xa, what=k, a_label="before", b_label="after",
+                         higher_is_better=None) if positive else Verdict(False, None, "", "–")
+        rows.append(Row(k, statistics.median(xb), statistics.median(xa), v.change, v))
+    return rows
 
 
 def run_in_tree(tree: Path, suite: str, argv: list[str], out: Path) -> dict | None:
@@ -82,15 +104,21 @@ def main(argv: list[str]) -> int:
     sides: dict[str, list[dict]] = {"before": [], "after": []}
     for r in range(args.rounds):
         order = [("before", trees[0]), ("after", trees[1])]
+        got: dict[str, dict] = {}
         for label, tree in (order if r % 2 == 0 else order[::-1]):
             summary = run_in_tree(tree, args.suite, common, out / label / f"round{r + 1}")
             if summary is not None:
+                got[label] = summary
+        if len(got) == 2:  # a round is a pair only when both sides ran
+            for label, summary in got.items():
                 sides[label].append(summary)
-    rows = [(k, f"{b:.4g}", f"{a:.4g}", f"{a / b:.3f}" if b else "")
-            for k, b, a in compare(sides["before"], sides["after"])]
+    rows = [(row.key, f"{row.before:.4g}", f"{row.after:.4g}",
+             f"{row.after / row.before:.3f}" if row.before else "",
+             f"{row.change.lo:+.1f}% to {row.change.hi:+.1f}%" if row.change else "",
+             row.verdict.kind) for row in compare(sides["before"], sides["after"])]
     title = (f"A/B of `{args.suite}`: {trees[0]} (before) vs {trees[1]} (after), medians of "
-             f"{len(sides['before'])} and {len(sides['after'])} rounds")
+             f"{len(sides['before'])} rounds; each round an alternated pair (telemetry.verdict)")
     report.emit(out, "ab", title, [title, report.markdown_table(
-        ["figure", "before", "after", "after / before"], rows)],
+        ["figure", "before", "after", "after / before", "95% interval", "verdict"], rows)],
         {"trees": [str(t) for t in trees], "rows": rows, "summaries": sides})
     return 0 if sides["before"] and sides["after"] else 1

@@ -1,4 +1,4 @@
-"""The dashboard's other pages in a real browser (issue 14): the A/B view shows two timelines,
+"""The dashboard's other pages in a real browser: the A/B view shows two timelines,
 a shipped recording opens, the benchmark alternates the modes and reports the spread, the
 Requests page lists the requests; and a screenshot of every page at both window sizes.
 
@@ -6,7 +6,7 @@ Screenshots go to artifacts/screenshots/ (ignored by git); the README's copies i
 docs/screenshots/ are refreshed by hand from there (see README), so running the tests never
 changes a tracked file. Beside each first-screen shot, ``*-whole-*.png`` holds the whole
 scrolled page at that window's width: where a cut table column or a legend with its own
-scroll bar (issue 25, 10) would show.
+scroll bar would show.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def shoot_whole_page(page: sync_api.Page, name: str, settle: bool = True) -> Non
         page.screenshot(path=str(path))
         return
     page.set_viewport_size({"width": size["width"], "height": height})
-    wait_settled(page)  # charts redraw at the new height (a fixed 1.5 s until 2026-12-04)
+    wait_settled(page)  # charts redraw at the new height
     page.screenshot(path=str(path))
     page.set_viewport_size(size)
     if settle:
@@ -106,8 +106,8 @@ def test_a_shipped_recording_opens(page: sync_api.Page) -> None:
 def test_the_h200_1b_recording_names_the_async_gain_with_its_interval(
     page: sync_api.Page,
 ) -> None:
-    """Issue 25 (4): the verdict on the shipped H200 1B recording names async's decode gain
-    and its 95% interval; it once read "no measurable difference" for +41% steps/s."""
+    """The verdict on the shipped 1B recording names async's decode gain and its 95%
+    interval, never "no measurable difference" for a large gain."""
     goto_page(page, "Recordings")
     page.get_by_label("Shipped recordings (docs/recordings/)").click()
     page.get_by_role("option", name="h200-llama-1b.jsonl").click()
@@ -126,7 +126,7 @@ def test_the_h200_1b_recording_names_the_async_gain_with_its_interval(
 
 
 def test_hovering_the_live_timeline_says_it_holds_for_the_pointer(page: sync_api.Page) -> None:
-    """Issue 25 (14): while updates are held for the pointer the title no longer says
+    """While updates are held for the pointer the title no longer says
     "Live"; it says "Held for the pointer", and "Live" again once the pointer leaves."""
     goto_page(page, "Live")
     steps_on_the_timeline(page)
@@ -168,7 +168,7 @@ def test_benchmark_alternates_modes_and_reports_the_spread(server, browser, page
     wait_settled(page)
     text = body_text(page)
     assert "total time" in text and any(w in text for w in (
-        "no measurable difference", "not settled", "better", "worse"))
+        "no measurable difference", "not settled", "faster", "slower"))
     shoot(page, "benchmark")
     shoot_whole_page(page, "benchmark")
 
@@ -189,19 +189,19 @@ SIZES = (WIDE, SMALL)
 
 def test_screenshots_of_every_page(page: sync_api.Page) -> None:
     """Every page as a window of each size shows it, for the README (artifacts/ only). One
-    pass over the pages, both sizes shot on each (until 2026-12-04 one pass per size: each
-    page was opened, and the A/B comparison run, twice; 145 s -> see docs/testing.md).
+    pass over the pages, both sizes shot on each (each page opened, and the A/B comparison
+    run, once).
 
-    In the module's tab (until 2026-12-04 a fresh one): its A/B page still shows the
-    comparison test_ab_view_shows_two_timelines ran there, so the A/B shots need no second
-    one (~15 s); run alone, this test runs it. Each shot waits until the page is drawn and
-    still (wait_settled), not a fixed 2.5 s after a page and 1.5 s after a resize."""
+    In the module's tab: its A/B page still shows the comparison
+    test_ab_view_shows_two_timelines ran there, so the A/B shots need no second one; run
+    alone, this test runs it. Each shot waits until the page is drawn and still
+    (wait_settled), not a fixed time after a page or a resize."""
     tab = page
     try:
         tab.get_by_role("link", name="Live").first.click()
         # The page's own state first ("mode ..." comes from the engine), not the timeline's
-        # iframe: on CI (2026-12-04) a fresh tab right after the benchmark test held both
-        # live_plot iframes hidden for over 60 s, three times, and the test never learnt why.
+        # iframe: on CI a fresh tab right after the benchmark test can hold both live_plot
+        # iframes hidden for a long time.
         tab.wait_for_function("() => document.body.innerText.includes('mode ')",
                               timeout=ENGINE_START_S * 1000)
         steps_on_the_timeline(tab)  # something to look at (a rerun may find it running)

@@ -1,13 +1,16 @@
-"""The A/B figure (issue 25): B's decode-rate bar carries the verdict's 95% interval as an
-error bar (it was only in the text), and the tiles' figures fit their tiles."""
+"""The A/B figure: B's decode-rate bar carries the verdict's 95% interval as an error bar,
+the verdict on the shipped recordings names the async gain with that interval, and the tiles'
+figures fit their tiles."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from telemetry.verdict import decode_steps as decode_of
+from telemetry.verdict import decode_verdict, pooled
 from ui.ab_view import ab_figure, short_ms
-from ui.decode_verdict import decode_steps as decode_of
-from ui.decode_verdict import decode_verdict, pooled
 from ui.recordings import RECORDINGS_DIR, load_recording
 from ui.window_stats import window_stats
 
@@ -56,6 +59,27 @@ def test_no_interval_no_error_bar() -> None:
                     (10.0, 12.0))
     assert all(t.error_y.array is None for t in fig.data)
     assert fig.layout.annotations[0].text == "decode tokens/s"
+
+
+def test_the_shipped_h200_1b_recording_names_the_async_gain_with_its_interval() -> None:
+    rec = load_recording(RECORDINGS_DIR / "h200-llama-1b.jsonl")
+    windows = rec.by_mode()
+    assert list(windows) == ["sync+graphs", "async+graphs"]
+    v = decode_verdict([windows["sync+graphs"]], [windows["async+graphs"]],
+                       a_label="sync+graphs", b_label="async+graphs")
+    assert v.measurable and "no measurable difference" not in v.text
+    m = re.search(r"async\+graphs is (\d+\.\d)% faster than sync\+graphs\*\* \(95% interval "
+                  r"\+(\d+\.\d)% to \+(\d+\.\d)%", v.text)
+    assert m, v.text
+    gain, lo, hi = (float(x) for x in m.groups())
+    assert 0 < lo < gain < hi
+    # The same gain from the recording's own figures: decode tokens over the decode-only
+    # steps' time, each side (independent of the bootstrap).
+    a, b = decode_of(windows["sync+graphs"]), decode_of(windows["async+graphs"])
+    assert gain == pytest.approx(100 * (b.tokens_per_s / a.tokens_per_s - 1), abs=0.06)
+    assert lo > 20  # the recording's async gain is large: never "no difference"
+    busy = re.search(r"sync\+graphs (\d+\.\d)%, async\+graphs (\d+\.\d)%", v.text)
+    assert busy and float(busy.group(1)) < 80 < 99 < float(busy.group(2))
 
 
 @pytest.mark.parametrize(("ms", "text"), [(0.3862, "0.386 ms"), (23.4321, "23.43 ms"),

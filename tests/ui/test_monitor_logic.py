@@ -1,4 +1,4 @@
-"""The pure parts of the monitoring dashboard: verdicts, window figures, history buckets,
+"""The pure parts of the monitoring dashboard: window figures, history buckets,
 recordings, alternated benchmark modes, widget validation, the engine-status adapter."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import pytest
 from telemetry.export import to_jsonl
 from telemetry.records import RequestEvent, Span, StepRecord
 from ui.bench_runner import alternated, base_label
-from ui.compare import spread, verdict
 from ui.controls import load_lengths_error, load_stats_line
 from ui.gauges import gauge_values
 from ui.history import bin_steps, history_figure, series_from_buckets, smooth
@@ -19,7 +18,7 @@ from ui.recordings import RECORDINGS_DIR, load_recording, meta_line, parse_recor
 from ui.replies import reply_tokens
 from ui.status import HUNG_AFTER_S, HangMemo, Remembered, Watchdog, engine_status
 from ui.validation import parse_seed, sampling_error
-from ui.window_stats import covered, window_stats
+from ui.window_stats import window_stats
 
 MS = 1_000_000
 
@@ -36,38 +35,6 @@ def step(n: int, t0: int, cpu_ms: float, gpu_ms: float, mode: str = "sync") -> S
 def serial(n: int, cpu_ms: float, gpu_ms: float, mode: str = "sync") -> list[StepRecord]:
     period = int((cpu_ms + gpu_ms) * MS)
     return [step(i, i * period, cpu_ms, gpu_ms, mode) for i in range(n)]
-
-
-# ------------------------------------------------------------------------------- verdicts
-def test_overlapping_spreads_with_close_medians_are_no_measurable_difference() -> None:
-    v = verdict(spread([10, 12, 11]), spread([9.5, 13, 11.1]), a_label="sync",
-                b_label="async", what="steps/s")
-    assert not v.measurable and "no measurable difference" in v.text
-
-
-def test_a_large_difference_inside_overlapping_spreads_is_not_called_no_difference() -> None:
-    # Issue 25 (4): a 41% difference must never read "no measurable difference".
-    v = verdict(spread([100, 104, 160]), spread([141, 150, 98]), a_label="sync",
-                b_label="async", what="steps/s")
-    assert not v.measurable and v.change_pct == pytest.approx(35.6, abs=0.1)
-    assert "no measurable difference" not in v.text and "not settled" in v.text
-
-
-def test_separate_spreads_are_a_measured_difference_with_its_direction() -> None:
-    v = verdict(spread([2.0, 2.1, 2.05]), spread([1.5, 1.55, 1.6]), a_label="sync",
-                b_label="async", what="total time", unit=" s", higher_is_better=False)
-    assert v.measurable and v.change_pct == pytest.approx(-24.39, abs=0.01)
-    assert "async is 24.4% better than sync" in v.text
-
-
-def test_one_run_per_side_is_never_called_a_difference() -> None:
-    v = verdict(spread([2.0]), spread([1.0]), a_label="a", b_label="b", what="t")
-    assert not v.measurable and "no spread to judge by" in v.text
-
-
-def test_spread_needs_a_value() -> None:
-    with pytest.raises(ValueError, match="at least one"):
-        spread([])
 
 
 # -------------------------------------------------------------------------- window figures
@@ -115,12 +82,6 @@ def test_the_ab_page_blames_each_gap_as_the_live_page_does(recs) -> None:
         # Step 0's copy-out is nobody's wait in async: the gap is nothing queued until
         # step 1's CPU work starts, then that CPU work (and step 0's before its compute).
         assert ab["no_work"] == pytest.approx(4.0) and ab["cpu"] == pytest.approx(1.0 + 2.0)
-
-
-def test_covered_counts_partial_overlaps() -> None:
-    starts, ends = np.array([0, 10]), np.array([5, 20])
-    got = covered(starts, ends, np.array([3, 0, 21]), np.array([12, 30, 25]))
-    assert list(got) == [4, 15, 0]
 
 
 def test_an_empty_window_is_an_error() -> None:

@@ -112,7 +112,7 @@ def test_load_generator_starts_and_stops(fake: FakeEngineClient) -> None:
 
 def test_load_lengths_are_judged_as_typed_against_max_model_len(fake: FakeEngineClient) -> None:
     """No bound of the box's own: a value typed above it would be kept at the last valid one,
-    and the message would speak of that old value (issue 25, 12)."""
+    and the message would speak of that old value."""
     at = app().run()
     at.number_input(key="load.prompt_len").set_value(200).run()
     at.number_input(key="load.max_tokens").set_value(100).run()
@@ -227,7 +227,7 @@ def test_benchmark_page_runs_every_mode_and_compares(fake: FakeEngineClient) -> 
     assert list(table["runs"]) == [3, 3]
     assert list(table["total s (spread)"]) == ["2.010-2.030", "1.510-1.530"]
     # async's runs all beat sync's: a measurable difference, said as such.
-    assert any("async is 24.8% better than sync" in s.value for s in at.success), [
+    assert any("async is 24.8% faster than sync" in s.value for s in at.success), [
         s.value for s in at.success]
     charts = [c.proto.spec for c in at.get("plotly_chart")]
     timelines = [c for c in charts if "cpu.prepare" in c and "ms before the window" in c]
