@@ -1,7 +1,8 @@
 """Timing for benchmarks: a wall-clock timer that synchronises the device at both ends, a
 CUDA-graph timer for single kernels, and A/B comparisons run as alternated pairs (A B, B A,
 A B, ...) summarised by median and spread, so a slow drift of the machine (clocks, another
-tenant) lands on both sides.
+tenant) lands on both sides; the change of B over A and its 95% interval are
+telemetry.verdict's, the dashboard's rule.
 
 Owns no workload and prints nothing.
 """
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from telemetry.verdict import Interval, paired_change
 
 
 def synchronize(device: str | torch.device | None = None) -> None:
@@ -74,8 +77,16 @@ class PairResult:
     b: Samples
     ratios: Samples  # b / a of each pair
 
+    @property
+    def change(self) -> Interval | None:
+        """B over A in %, with its 95% interval over the pairs (None under three pairs)."""
+        return paired_change(self.a.values, self.b.values)
+
     def summary(self) -> dict:
-        return {"a": self.a.summary(), "b": self.b.summary(), "b_over_a": self.ratios.summary()}
+        c = self.change
+        return {"a": self.a.summary(), "b": self.b.summary(), "b_over_a": self.ratios.summary(),
+                "change_pct": None if c is None else {"estimate": c.estimate, "lo": c.lo,
+                                                      "hi": c.hi}}
 
 
 def alternated_pairs(run_a: Callable[[], float], run_b: Callable[[], float],
