@@ -31,7 +31,7 @@ def list_suites() -> int:
         print(f"{name:<{width}}  {desc}")
     print(f"{'gpu':<{width}}  several suites in one call, each in its own process with a "
           "time budget (python -m bench gpu -h)")
-    print(f"{'ab':<{width}}  one suite against two source trees, alternated rounds, medians "
+    print(f"{'ab':<{width}}  one suite against two source trees, alternated rounds, a verdict "
           "(python -m bench ab -h)")
     return 0
 
