@@ -180,7 +180,8 @@ def test_cuda_qkv_rope_bf16_configs_and_pdl() -> None:
                     config=GemmConfig(*config), pdl=True, tol=1e-2)
     _check_rope(torch.bfloat16, "cuda", 200, 2048, 32, 8, 64, add=True, pdl=True, tol=1e-2)
     # the tiny test model's layout (D 16) in the configurations the engine tests run it with:
-    # the fused layer's heuristic (interleaved, block_n 16) and the stand-in table's (two accumulators)
+    # the fused layer's heuristic (interleaved, block_n 16) and the stand-in table's (two
+    # accumulators)
     for config in ((16, 256, 4, 3), (32, 64, 4, 3)):
         _check_rope(torch.bfloat16, "cuda", 16, 64, 4, 2, 16, add=True,
                     config=GemmConfig(*config), tol=1e-2)
@@ -222,12 +223,10 @@ def test_gemm_table_rope_choice(tmp_path) -> None:
     """auto takes the rotary epilogue only where it beat both two-kernel ways (cuBLAS + norm +
     rope_and_cache, and the fused qkv + rope_and_cache); fused always; fused_rotary false
     never (the separate rope+cache kernel keeps its rounding)."""
-    import torch
-
-    from engine.model.llama import FusedPath
     import json
 
     from engine.model import gemm_table as gt
+    from engine.model.llama import FusedPath
 
     entries = {"norm_rope:960x576:m16": dict(config=[64, 128, 4, 4], triton_us=5.0,
                                               pdl_us=4.5, cublas_us=6.0, split_us=4.8),
