@@ -29,7 +29,7 @@ from telemetry.records import StepRecord
 from ui.banner import status_banner
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import engine_controls, load_generator, load_switch
-from ui.fragments import live_fragment
+from ui.fragments import live_fragment, run_page
 from ui.gauges import gauge_values, gauges_figure, keep_samples, live_window, steps_in_flight
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.kernel_lane import kernel_lane_figure, samples_of
@@ -295,6 +295,10 @@ def trace_download(shown: list[StepRecord], client: EngineClient) -> None:
 
 
 def live_page() -> None:
+    run_page(draw_live_page)
+
+
+def draw_live_page() -> None:
     client = engine_client()
     show_flashes()
     with engine_errors(client, "Reading the engine's settings"):
@@ -352,7 +356,8 @@ def main() -> None:
         # A dead engine stops here, at its restart message: the Playground's conversation
         # (a reply the death cut included) stays in view under it.
         kept = show_conversation if page.title == "Playground" else None
-        status_banner(engine_client(kept_when_dead=kept))
+        if not run_page(lambda: status_banner(engine_client(kept_when_dead=kept))):
+            return  # a normal end: Streamlit then drops the fragments this run did not draw
     page.run()
 
 

@@ -21,6 +21,7 @@ import streamlit as st
 from ui.ab_view import Window, show_ab
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.controls import load_spec_from_state
+from ui.fragments import run_page
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -134,4 +135,4 @@ def main() -> None:
                 "page, and capture B.")
 
 
-main()
+run_page(main)

@@ -33,6 +33,7 @@ from ui.anatomy import (
     step_timeline_figure,
 )
 from ui.client import engine_client, engine_errors, show_flashes
+from ui.fragments import run_page
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -118,4 +119,4 @@ def main() -> None:
     )
 
 
-main()
+run_page(main)

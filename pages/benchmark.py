@@ -24,6 +24,7 @@ from telemetry.verdict import runs_verdict, spread
 from ui.ab_view import Window, show_ab
 from ui.bench_runner import RUNS, BenchmarkRun, alternated, base_label
 from ui.client import engine_client, engine_errors, show_flashes
+from ui.fragments import live_fragment, run_page
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -240,14 +241,14 @@ def main() -> None:
     running = run is not None and run.running
     # Re-read every second: the load stopped (or a benchmark started) from another tab
     # enables (or disables) Run here without a reload.
-    st.fragment(run_every=CONTROLS_PERIOD_S)(run_controls)(client, settings, running)
+    live_fragment(run_controls, CONTROLS_PERIOD_S)(client, settings, running)
     failed = st.session_state.pop("bench.start_error", None)
     if failed:
         st.error(f"The benchmark could not start: {failed}")
     if run is None:
         return
     if running:
-        st.fragment(run_every=PROGRESS_PERIOD_S)(progress_view)(run)
+        live_fragment(progress_view, PROGRESS_PERIOD_S)(run)
         return
     with run.lock:
         results, error, cancelled = list(run.results), run.error, run.cancelled
@@ -259,4 +260,4 @@ def main() -> None:
         show_results(results)
 
 
-main()
+run_page(main)

@@ -30,6 +30,7 @@ import streamlit as st
 from ui.chat import ChatTemplate, load_chat_template
 from ui.client import engine_client, engine_errors, show_flashes
 from ui.engine_trouble import show_not_responding
+from ui.fragments import run_page
 from ui.playground_replies import Reply, finish, follow, interrupt, settings_line, settle
 from ui.playground_tokens import PromptTokenizer, load_prompt_tokenizer
 from ui.playground_view import HISTORY_KEY, draw_notes, draw_reply, draw_turn, show_conversation
@@ -288,4 +289,4 @@ def main() -> None:
     stream_reply(client, reply, history)
 
 
-main()
+run_page(main)

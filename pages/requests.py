@@ -22,6 +22,7 @@ import streamlit as st
 from telemetry.latency import Distribution, request_latencies, summarize_latencies
 from telemetry.ledger import build_ledger, slowest_first
 from ui.client import engine_client, engine_errors, show_flashes
+from ui.fragments import live_fragment, run_page
 from ui.histograms import latency_histograms, request_rows
 from ui.ledger_table import LIVE_URL_PATH, ledger_rows, outcome_counts, timeline_state
 
@@ -137,7 +138,7 @@ def main() -> None:
     )
     with engine_errors(client, "Reading the engine's settings"):
         per_token = int(client.settings().get("kv_bytes_per_token", 0))
-    st.fragment(run_every=REFRESH_S if auto else None)(requests_view)(client, per_token)
+    live_fragment(requests_view, REFRESH_S if auto else None)(client, per_token)
 
 
-main()
+run_page(main)

@@ -30,6 +30,7 @@ from ui.engine_trouble import (
     stop_busy,
     stop_not_responding,
 )
+from ui.fragments import stop_page
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -102,7 +103,7 @@ def engine_client(*, kept_when_dead: Callable[[], None] | None = None) -> Engine
         st.caption(f"Settings file: `{config_path()}`. Details are in the server's log.")
         if st.button("Try again", key="ui.retry_start"):
             st.rerun()
-        st.stop()
+        stop_page()
     from ui.status import engine_status, watch
 
     carry_out_restart(client)  # a restart clicked in this tab (it may find it stale)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import streamlit as st
 
-from ui.fragments import in_fragment
+from ui.fragments import in_fragment, live_fragment, stop_page
 from ui.status import StaleRestart, engine_status, kill_and_restart, restart_keeping_settings
 from ui.tab import tab_id
 
@@ -90,12 +90,11 @@ def _await_recovery(client: EngineClient, seen: Any) -> None:
 def _await_recovery_dead(client: EngineClient, seen: Any) -> None:
     """The dead page's watch: `_await_recovery`, and while the engine stays dead, the whole
     page again every REDRAW_DEAD_S after its last run (DEAD_DRAWN_KEY). In Chromium a dead
-    page was sometimes left with its message and its Restart button hidden (Streamlit 1.67
-    kept the button as a "retained" element that no later run drew: 3 of 8 kills in a
-    two-tab loop, 2026-12-04, docs/testing.md), and nothing ran the page again. The button
-    stays drawn by the page's run, not by this fragment: a fragment's redraw replaces its
-    elements each time, and a click on the button then waited for a stable element (the
-    reverted 2a1db65)."""
+    page was sometimes left with its message and its Restart button hidden (Streamlit kept
+    the button as a "retained" element that no later run drew), and nothing ran the page
+    again. The button stays drawn by the page's run, not by this fragment: a fragment's
+    redraw replaces its elements each time, and a click on the button then waits for a
+    stable element."""
     _await_recovery(client, seen)
     drawn = st.session_state.get(DEAD_DRAWN_KEY)
     if drawn is not None and time.monotonic() - drawn >= REDRAW_DEAD_S:
@@ -126,10 +125,10 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
               args=("restart", seen))
     st.session_state[DEAD_DRAWN_KEY] = time.monotonic()
     show_restart_outcome()
-    st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery_dead)(client, seen)
+    live_fragment(_await_recovery_dead, RECOVERY_PERIOD_S)(client, seen)
     if kept is not None:
         kept()
-    st.stop()
+    stop_page()
 
 
 def show_not_responding(client: EngineClient, reason: str | None, key: str) -> None:
@@ -165,8 +164,8 @@ def stop_busy(client: EngineClient, late: str) -> NoReturn:
         icon=":material/hourglass_top:",
     )
     if not in_fragment():
-        st.fragment(run_every=RECOVERY_PERIOD_S)(_retry_later)(time.monotonic())
-    st.stop()
+        live_fragment(_retry_later, RECOVERY_PERIOD_S)(time.monotonic())
+    stop_page()
 
 
 def _retry_later(since: float) -> None:
@@ -184,6 +183,6 @@ def stop_not_responding(client: EngineClient, reason: str | None) -> NoReturn:
     if in_fragment():
         st.rerun(scope="app")
     show_not_responding(client, reason, key="ui.kill_restart_page")
-    st.fragment(run_every=RECOVERY_PERIOD_S)(_await_recovery)(
+    live_fragment(_await_recovery, RECOVERY_PERIOD_S)(
         client, getattr(client, "generation", None))
-    st.stop()
+    stop_page()

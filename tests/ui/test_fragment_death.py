@@ -10,11 +10,13 @@ where the message is drawn.
 
 from __future__ import annotations
 
+import pytest
 from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
 PAUSE_KEY = "live.pause"  # app.py's (app.py is a script, not imported here)
+DEAD = "The engine is not running: engine process exited with code -9 (SIGKILL)."
 
 
 def dies_on_first_stats(fake: FakeEngineClient) -> None:
@@ -70,3 +72,46 @@ def test_the_marker_is_set_only_while_a_live_fragment_body_runs() -> None:
     assert not at.exception
     assert (at.session_state["outside"], at.session_state["inside"],
             at.session_state["after"]) == (False, True, False)
+
+
+def stored_fragments(at: AppTest) -> int:
+    """How many fragments the session's Streamlit keeps, each of which the browser's timer
+    can run again (AppTest keeps the session's fragment storage across its runs)."""
+    return len(at._fragment_storage._fragments)
+
+
+@pytest.mark.parametrize("page", [None, "pages/benchmark.py", "pages/requests.py"])
+def test_a_dead_page_keeps_no_fragment_of_the_page_it_replaced(
+        fake: FakeEngineClient, page: str | None) -> None:
+    """After a kill each page is replaced by the dead-engine page: the fragments of the page
+    before must be gone, or a timer rerun of one, sent by the browser before it learnt of
+    the new run, writes into the stopped page ("Bad delta path index", a blank tab)."""
+    at = app().run()
+    if page is not None:
+        at.switch_page(page).run()
+    assert not at.exception and stored_fragments(at) >= 1
+    fake.kill()
+    at.run()
+    assert [e.value for e in at.error] == [DEAD], texts(at)
+    assert stored_fragments(at) == 1  # the dead page's own watch
+
+
+def test_a_death_inside_the_benchmark_controls_shows_the_dead_page_at_the_top(
+        fake: FakeEngineClient) -> None:
+    """The Benchmark page's controls fragment meets the death first (its load_running()
+    call): the whole app runs again and stops at the top, never a dead page (with its own
+    timed watch) drawn inside the fragment, under the page's title."""
+    at = app().run()
+    at.switch_page("pages/benchmark.py").run()
+    assert [t.value for t in at.title] == ["Benchmark"]
+    alive_load_running = fake.load_running
+
+    def load_running() -> bool:
+        fake.kill()
+        return alive_load_running()
+
+    fake.load_running = load_running  # type: ignore[method-assign]
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert [e.value for e in at.error] == [DEAD]
+    assert not at.title, "the dead page was drawn inside the page's fragment"
