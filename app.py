@@ -27,7 +27,7 @@ import streamlit as st
 from telemetry.export import chrome_trace_json
 from telemetry.records import StepRecord
 from ui.banner import status_banner
-from ui.client import engine_client, engine_errors, show_flashes
+from ui.client import engine_client, engine_errors
 from ui.controls import engine_controls, load_generator, load_switch
 from ui.fragments import live_fragment, run_page
 from ui.gauges import gauge_values, gauges_figure, keep_samples, live_window, steps_in_flight
@@ -300,7 +300,6 @@ def live_page() -> None:
 
 def draw_live_page() -> None:
     client = engine_client()
-    show_flashes()
     with engine_errors(client, "Reading the engine's settings"):
         settings = client.settings()
     paused = bool(st.session_state.get(PAUSE_KEY))

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import streamlit as st
 
 from ui.ab_view import Window, show_ab
-from ui.client import engine_client, engine_errors, show_flashes
-from ui.controls import load_spec_from_state
+from ui.client import engine_client, engine_errors
+from ui.controls import load_spec_from_state, stop_load
 from ui.fragments import run_page
+from ui.tab import tab_id
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -51,10 +52,13 @@ def capture(client: EngineClient, label: str, seconds: float, mode: str | None =
     return Window(label, steps, t0, t1)
 
 
-def one_click(client: EngineClient, seconds: float, rounds: int = ROUNDS) -> dict[str, Window]:
+def one_click(client: EngineClient, seconds: float, rounds: int = ROUNDS,
+              who: str = "a tab") -> dict[str, Window]:
     """sync, async, sync, async... (``rounds`` pairs, ``seconds`` per mode in all) under
     load; the settings and the load generator restored after. Each side's Window draws its
-    last capture and carries every capture in ``runs`` for the verdict's interval."""
+    last capture and carries every capture in ``runs`` for the verdict's interval. Every
+    change is logged as ``who``'s A/B comparison."""
+    origin = f"{who}, A/B comparison"
     before = client.settings()
     started_load = False
     if not client.load_running():
@@ -64,7 +68,7 @@ def one_click(client: EngineClient, seconds: float, rounds: int = ROUNDS) -> dic
         runs: dict[str, list[Window]] = {"A": [], "B": []}
         for _ in range(rounds):
             for key, mode in (("A", "sync"), ("B", "async")):
-                client.configure(async_batching=mode == "async")
+                client.configure(async_batching=mode == "async", origin=origin)
                 time.sleep(SETTLE_S)
                 settings = client.settings()
                 runs[key].append(capture(client, describe(settings), seconds / rounds, mode))
@@ -76,14 +80,14 @@ def one_click(client: EngineClient, seconds: float, rounds: int = ROUNDS) -> dic
         return out
     finally:
         client.configure(**{k: before[k] for k in LIVE if k in before
-                            and (k != "cuda_graphs" or before.get("cuda_graphs_available"))})
+                            and (k != "cuda_graphs" or before.get("cuda_graphs_available"))},
+                         origin=origin)
         if started_load:
-            client.stop_load()
+            stop_load(client, f"{who}'s A/B comparison")
 
 
 def main() -> None:
     client = engine_client()
-    show_flashes()
     st.title("A/B")
     st.caption(
         "Compare two modes on the live engine under the same load. The one-click comparison "
@@ -105,7 +109,7 @@ def main() -> None:
             total = 2 * (seconds + ROUNDS * SETTLE_S)
             with st.spinner(f"Capturing sync and async in turn ({total:.0f} s)..."):
                 with engine_errors(client, "The comparison failed") as outcome:
-                    got = one_click(client, seconds)
+                    got = one_click(client, seconds, who=tab_id())
                 if not outcome.failed:
                     captures.clear()
                     captures.update(got)

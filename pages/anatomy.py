@@ -32,7 +32,7 @@ from ui.anatomy import (
     step_rows,
     step_timeline_figure,
 )
-from ui.client import engine_client, engine_errors, show_flashes
+from ui.client import engine_client, engine_errors
 from ui.fragments import run_page
 
 if TYPE_CHECKING:
@@ -68,7 +68,6 @@ def engine_idle(client: EngineClient) -> bool:
 
 def main() -> None:
     client = engine_client()
-    show_flashes()
     st.title("Step anatomy")
     st.caption(
         "Records the kernels of the engine's next steps with torch.profiler (Kineto), groups "

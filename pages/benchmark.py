@@ -23,8 +23,9 @@ import streamlit as st
 from telemetry.verdict import runs_verdict, spread
 from ui.ab_view import Window, show_ab
 from ui.bench_runner import RUNS, BenchmarkRun, alternated, base_label
-from ui.client import engine_client, engine_errors, show_flashes
+from ui.client import engine_client, engine_errors
 from ui.fragments import live_fragment, run_page
+from ui.tab import tab_id
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -212,14 +213,13 @@ def run_controls(client: EngineClient, settings: dict[str, Any], running: bool) 
 def start(client: EngineClient, settings: dict[str, Any]) -> None:
     reps = int(st.session_state.get(REPS_KEY, DEFAULT_REPETITIONS))
     try:
-        RUNS.start(client, benchmark_spec(settings, reps))
+        RUNS.start(client, benchmark_spec(settings, reps), who=tab_id())
     except ValueError as exc:
         st.session_state["bench.start_error"] = str(exc)
 
 
 def main() -> None:
     client = engine_client()
-    show_flashes()
     st.title("Benchmark")
     with engine_errors(client, "Reading the engine's settings"):
         settings = client.settings()

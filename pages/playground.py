@@ -28,7 +28,7 @@ import jinja2
 import streamlit as st
 
 from ui.chat import ChatTemplate, load_chat_template
-from ui.client import engine_client, engine_errors, show_flashes
+from ui.client import engine_client, engine_errors
 from ui.engine_trouble import show_not_responding
 from ui.fragments import run_page
 from ui.playground_replies import Reply, finish, follow, interrupt, settings_line, settle
@@ -232,7 +232,6 @@ def prompt_for_engine(prompt: str, history: list[Reply], system: str,
 def main() -> None:
     # A dead engine stops the page at its restart message: the conversation stays under it.
     client = engine_client(kept_when_dead=show_conversation)
-    show_flashes()
     st.title("Playground")  # the engine's mode line is the banner's, above
     model = ""
     with engine_errors(client, "Reading the engine's settings"):

@@ -21,7 +21,7 @@ import streamlit as st
 
 from telemetry.latency import Distribution, request_latencies, summarize_latencies
 from telemetry.ledger import build_ledger, slowest_first
-from ui.client import engine_client, engine_errors, show_flashes
+from ui.client import engine_client, engine_errors
 from ui.fragments import live_fragment, run_page
 from ui.histograms import latency_histograms, request_rows
 from ui.ledger_table import LIVE_URL_PATH, ledger_rows, outcome_counts, timeline_state
@@ -124,7 +124,6 @@ def ledger_view(records: list, events: list, kv_bytes_per_token: int, ids: set[s
 
 def main() -> None:
     client = engine_client()
-    show_flashes()
     st.title("Requests")
     auto = st.toggle(
         f"Refresh every {REFRESH_S:g} s",

@@ -186,7 +186,7 @@ def probe_async(browser: object, url: str, tabs_n: int, clicks: int, log_path: P
     tabs = [open_tab(browser, url, f"live{i}") for i in range(tabs_n)]
     try:
         log0 = log_path.stat().st_size
-        reverted = bad_steps = untouched = 0
+        reverted = bad_steps = untouched = not_applied = 0
         for i in range(clicks):
             tab = tabs[i % tabs_n]
             v = version(tab)
@@ -211,11 +211,13 @@ def probe_async(browser: object, url: str, tabs_n: int, clicks: int, log_path: P
             if f"mode {want}" not in tab.text():
                 reverted += 1
             for t in tabs:
-                untouched += sum(t.text().count(u) for u in UNTOUCHED)
+                shown = t.text()
+                untouched += sum(shown.count(u) for u in UNTOUCHED)
+                not_applied += shown.count("not applied")
         refused = log_count(log_path, r"refused: made on version", log0)
         return {"tabs": tabs_n, "clicks": clicks, "reverted": reverted,
                 "version_not_plus_one": bad_steps, "refused_in_log": refused,
-                "untouched_messages": untouched}
+                "untouched_messages": untouched, "not_applied_messages": not_applied}
     finally:
         for t in tabs:
             t.page.close()

@@ -64,6 +64,7 @@ class BenchmarkRun:
 
     client: Any
     spec: Any
+    who: str = "a tab"  # who started it, for the log
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     results: list[Any] = field(default_factory=list)
@@ -84,6 +85,11 @@ class BenchmarkRun:
                                  tokens_expected=runs * per_run)
         self._next_run(0)
         self._tokens0 = self._generated()
+        from engine.drivers.workload import mode_label
+
+        log.warning("benchmark started by %s: %d runs (%s); the engine's settings switch "
+                    "with each run and are put back after", self.who, runs,
+                    ", ".join(mode_label(m) for m in self.spec.modes))
         self._thread = threading.Thread(target=self._run, name="gapless-benchmark", daemon=True)
         self._thread.start()
         return self
@@ -150,6 +156,11 @@ class BenchmarkRun:
                     log.exception("closing the benchmark iterator failed")
             with self.lock:
                 self.finished = time.monotonic()
+                outcome = ("failed: " + self.error if self.error else
+                           "stopped" if self.cancelled else "done")
+            log.warning("benchmark started by %s %s after %d of %d runs; the engine's "
+                        "settings are put back", self.who, outcome, len(self.results),
+                        len(self.spec.modes))
 
 
 class Runs:
@@ -159,11 +170,11 @@ class Runs:
         self._lock = threading.Lock()
         self.current: BenchmarkRun | None = None
 
-    def start(self, client: Any, spec: Any) -> BenchmarkRun:
+    def start(self, client: Any, spec: Any, who: str = "a tab") -> BenchmarkRun:
         with self._lock:
             if self.current is not None and self.current.running:
                 raise ValueError("a benchmark is already running: wait for it or stop it")
-            self.current = BenchmarkRun(client, spec).start()
+            self.current = BenchmarkRun(client, spec, who).start()
             return self.current
 
     def running(self) -> BenchmarkRun | None:

@@ -157,37 +157,24 @@ def engine_errors(client: EngineClient, what: str) -> Iterator[Outcome]:
         stop_not_responding(client, late)
 
 
-FLASH_KEY = "ui.flash"
-
-
-def flash(message: str) -> None:
-    """Keep an error message for the next run of this session (widget callbacks use it:
-    they run before the script, where nothing can be drawn yet)."""
-    st.session_state.setdefault(FLASH_KEY, []).append(message)
-
-
-def show_flashes() -> None:
-    """Show and forget the messages kept by flash()."""
-    for message in st.session_state.pop(FLASH_KEY, []):
-        st.error(message)
-
-
-def in_callback(what: str, action: Callable[[], object]) -> None:
-    """Run an engine command from a widget callback; a failure becomes a flashed message.
+def in_callback(what: str, action: Callable[[], object]) -> str | None:
+    """Run an engine command from a widget callback; what went wrong, for the user (shown
+    by the caller beside the widget, in the run that follows the callback), or None.
 
     A dead engine needs no message here: the run that follows shows the restart banner.
     """
     try:
         action()
     except ValueError as exc:
-        flash(f"{what}: {exc}")
+        return f"{what}: {exc}"
     except (EngineDead, EngineNotResponding):
-        pass
+        return None
     except TimeoutError:
         from ui.status import HANG
 
         HANG.timed_out()
-        flash(f"{what}: the engine did not answer; the change may apply when it resumes.")
+        return f"{what}: the engine did not answer; the change may apply when it resumes."
     except Exception as exc:  # never a traceback in the browser
         log.exception("%s failed", what)
-        flash(f"{what} failed: {exc}")
+        return f"{what} failed: {exc}"
+    return None

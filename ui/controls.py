@@ -1,10 +1,20 @@
 """Widgets that act on the running engine: batching mode, slots, CUDA graphs, load generator.
 
-Owns the rule that the engine is the source of truth: before each widget is drawn its
-session-state value is set from ``client.settings()``, its key names the engine's settings
-version, and a change is a compare-and-set on that version sent from the widget's
-``on_change``. So every tab shows what the engine really does, whichever tab changed it, and
-a tab that has not yet redrawn can never push its stale value back.
+Owns the rule that the engine is the source of truth. Each settings widget is drawn with the
+engine's value as its default and a key that names the engine process and its settings
+version (``widget_key``), so every new state of the engine is a new widget, and a browser
+that still holds a widget of an older state can only send its value under the old key. A
+change is a compare-and-set on the version the widget was drawn at, sent from the widget's
+``on_change``; a callback whose value is the one its widget was drawn with is no change by
+the user (a widget the browser drew anew reports its default) and sends nothing. The
+widgets' state is never written, from the script or a callback: a widget whose change was
+not applied is drawn anew under a new key, at the engine's value.
+
+While a benchmark holds the engine (it switches the settings itself and the engine refuses
+other changes) the controls and the load switch are drawn disabled, saying why. What went
+wrong with a change is said beside its control in the run that follows the click (the
+controls live in fragments: a message kept for the page's next full run would show late,
+on another page, and pile up).
 
 It must never keep its own copy of a setting between runs, and never call the engine from
 anywhere but the script thread (callbacks run there too).
@@ -12,6 +22,8 @@ anywhere but the script thread (callbacks run there too).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import streamlit as st
@@ -26,8 +38,13 @@ SLOTS_KEY = "ctl.slots"
 GRAPHS_KEY = "ctl.graphs"
 SENTINEL_KEY = "ctl.sentinel"
 SENTINEL_EVERY = 64  # the toggle's sampling: re-score 1 in 64 finished greedy requests
-REFUSED_KEY = "ctl.refused"  # why this tab's last change was not applied (shown once)
+SAID_KEY = "ctl.said"  # what came of this tab's last change, said once under the controls
+REDRAW_KEY = "ctl.redraw"  # bumped when a change was not applied: the widgets drawn anew
+SENT_KEY = "ctl.sent"  # (widget key, value) of the last change sent: each click sends once
+LOAD_SAID_KEY = "load.said"  # what went wrong with this tab's last start or stop of the load
 SLOT_CHOICES = (1, 2, 3)
+BENCHMARK_HOLDS = ("A benchmark holds the engine: it switches the settings itself and "
+                   "they come back when it ends.")
 
 
 def mode_summary(settings: dict[str, Any]) -> str:
@@ -45,62 +62,79 @@ def mode_summary(settings: dict[str, Any]) -> str:
     )
 
 
-def widget_key(base: str, settings: dict[str, Any]) -> str:
+def benchmark_holds(settings: dict[str, Any]) -> bool:
+    """A benchmark runs on the engine: this dashboard's own or one another client started."""
+    from ui.bench_runner import RUNS
+
+    return bool(settings.get("benchmark_running")) or RUNS.running() is not None
+
+
+def widget_key(base: str, settings: dict[str, Any], redraw: int = 0) -> str:
     """The key of a settings widget drawn from ``settings``: it names the engine process and
-    its settings version, so each new state of the engine is a new widget. A browser that
-    still holds a widget of an older state (a tab not yet redrawn) can only send it under
-    the old key, whose change carries the old version and is refused by the engine."""
-    return f"{base}.{settings.get('engine_pid', 0)}.{settings.get('settings_version', 0)}"
+    its settings version (last), so each new state of the engine is a new widget, and
+    ``redraw`` (this tab's count of changes not applied), so a widget whose change was
+    refused is drawn anew at the engine's value."""
+    return (f"{base}.{settings.get('engine_pid', 0)}.{redraw}."
+            f"{settings.get('settings_version', 0)}")
 
 
-def _push(client: EngineClient, what: str, version: int | None, key: str,
-          **change: Any) -> None:
+def _say(key: str) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        st.session_state[key] = message
+
+    return say
+
+
+def _push(client: EngineClient, what: str, version: int | None, **change: Any) -> None:
+    """Send one change as a compare-and-set on ``version``; say what came of it when it was
+    not applied, and have the widgets drawn anew (at the engine's values) then."""
     from ui.status import REMEMBERED
     from ui.tab import tab_id
 
-    def call() -> None:
-        # A compare-and-set on the version this tab showed: the engine applies the change
-        # once, and refuses it if anything (another tab, the API) changed the settings since.
-        after = client.configure(**change, expect_version=version, origin=tab_id())
-        REMEMBERED.remember(after)  # the engine's answer is the new truth at once
-        if after.get("refused"):  # said under the toggles (a callback draws nothing)
-            st.session_state[REFUSED_KEY] = f"{what}: not applied; {after['refused']}."
+    answer: dict[str, Any] = {}
 
-    try:
-        in_callback(what, call)
-    finally:
-        # Whatever came of it (applied, refused, failed), the widget shows the engine's
-        # value: a callback may set a widget's state, the script body never does.
-        field, _ = next(iter(change.items()))
-        latest = REMEMBERED.latest()
-        if field in latest:
-            value = latest[field]
-            if field == "cuda_graphs":
-                value = bool(value) and bool(latest.get("cuda_graphs_available"))
-            elif field == "sentinel_sample_every":
-                value = bool(value)
-            st.session_state[key] = value
+    def call() -> None:
+        # The engine applies the change once, and refuses it if anything (another tab, the
+        # API) changed the settings since the version this tab showed.
+        answer.update(client.configure(**change, expect_version=version, origin=tab_id()))
+        REMEMBERED.remember(answer)  # the engine's answer is the new truth at once
+
+    failed = in_callback(what, call)
+    field, wanted = next(iter(change.items()))
+    if failed is None and answer.get("refused") and answer.get(field) != wanted:
+        failed = f"{what}: not applied; {answer['refused']}."
+    if failed is not None:
+        st.session_state[SAID_KEY] = failed
+        st.session_state[REDRAW_KEY] = int(st.session_state.get(REDRAW_KEY, 0)) + 1
 
 
 def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
-    """Async on/off, slots 1/2/3 and CUDA graphs on/off, in three columns. Each widget shows
-    the engine's value and is keyed by the engine's settings version (widget_key)."""
+    """Async on/off, slots 1/2/3, CUDA graphs on/off and the sentinel, in four columns. Each
+    widget shows the engine's value and is keyed by the engine's settings version."""
     version = settings.get("settings_version")
-    keys = {base: widget_key(base, settings)
-            for base in (ASYNC_KEY, SLOTS_KEY, GRAPHS_KEY, SENTINEL_KEY)}
     available = bool(settings.get("cuda_graphs_available"))
-    # A new widget (a new engine state) starts at the engine's value. Its state is never
-    # set again from the script body: doing that on every run made Streamlit fire on_change
-    # for values nobody clicked (seen in the server log as refused stale changes).
-    for base, value in ((ASYNC_KEY, bool(settings["async_batching"])),
-                        (SLOTS_KEY, int(settings["num_slots"])),
-                        (GRAPHS_KEY, bool(settings.get("cuda_graphs")) and available),
-                        (SENTINEL_KEY, bool(settings.get("sentinel_sample_every")))):
-        if keys[base] not in st.session_state:
-            st.session_state[keys[base]] = value
+    held = benchmark_holds(settings)
+    redraw = int(st.session_state.get(REDRAW_KEY, 0))
+    drawn = {ASYNC_KEY: bool(settings["async_batching"]),
+             SLOTS_KEY: int(settings["num_slots"]),
+             GRAPHS_KEY: bool(settings.get("cuda_graphs")) and available,
+             SENTINEL_KEY: bool(settings.get("sentinel_sample_every"))}
+    keys = {base: widget_key(base, settings, redraw) for base in drawn}
 
     def on_change(base: str, what: str, field: str) -> None:
-        _push(client, what, version, keys[base], **{field: st.session_state[keys[base]]})
+        value = st.session_state.get(keys[base])
+        if value is None or value == drawn[base]:
+            return  # the value the widget was drawn with: nobody changed it
+        if st.session_state.get(SENT_KEY) == (keys[base], value):
+            return  # this click again: the browser resent it with a later rerun
+        st.session_state[SENT_KEY] = (keys[base], value)
+        if base == SENTINEL_KEY:
+            value = SENTINEL_EVERY if value else 0
+        _push(client, what, version, **{field: value})
+
+    def args(base: str, what: str, field: str) -> dict[str, Any]:
+        return {"key": keys[base], "on_change": on_change, "args": (base, what, field),
+                "disabled": held}
 
     # Widths for the labels: "Async batching" and "CUDA graphs" were cut at 1280 in equal
     # quarters of the row ("Async batch...", "CUDA gra...").
@@ -108,42 +142,52 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
     with async_col:
         st.toggle(
             "Async batching",
-            key=keys[ASYNC_KEY],
+            value=drawn[ASYNC_KEY],
             help="Build batch N+1 on the CPU while the device runs batch N.",
-            on_change=on_change,
-            args=(ASYNC_KEY, "Switching async batching", "async_batching"),
+            **args(ASYNC_KEY, "Switching async batching", "async_batching"),
         )
     with slots_col:
         st.segmented_control(
             "Slots",
             SLOT_CHOICES,
-            key=keys[SLOTS_KEY],
+            default=drawn[SLOTS_KEY],
             required=True,
             help="Sets of input/output buffers the steps take turns with.",
-            on_change=on_change,
-            args=(SLOTS_KEY, "Changing the slot count", "num_slots"),
+            **args(SLOTS_KEY, "Changing the slot count", "num_slots"),
         )
     with graphs_col:
         reason = settings.get("cuda_graphs_reason") or "CUDA graphs are not available here."
+        graph_args = args(GRAPHS_KEY, "Switching CUDA graphs", "cuda_graphs")
+        graph_args["disabled"] = held or not available
         st.toggle(
             "CUDA graphs",
-            key=keys[GRAPHS_KEY],
-            disabled=not available,
+            value=drawn[GRAPHS_KEY],
             help=(
                 "Replay captured graphs of forward + sampling per token-count bucket."
                 if available
                 else reason
             ),
-            on_change=on_change,
-            args=(GRAPHS_KEY, "Switching CUDA graphs", "cuda_graphs"),
+            **graph_args,
         )
         if not available:
             st.caption(reason)
     with sentinel_col:
-        sentinel_control(client, settings, version, keys[SENTINEL_KEY])
-    refused = st.session_state.pop(REFUSED_KEY, None)
-    if refused:
-        st.caption(f":material/sync_problem: {refused}")
+        st.toggle(
+            "Async sentinel",
+            value=drawn[SENTINEL_KEY],
+            help=f"Re-score 1 in {SENTINEL_EVERY} finished greedy requests through the "
+                 "synchronous path on this engine and compare tokens: a live check that async "
+                 "output is right (gapless:sentinel_* on /metrics).",
+            **args(SENTINEL_KEY, "Switching the sentinel", "sentinel_sample_every"),
+        )
+        every = int(settings.get("sentinel_sample_every") or 0)
+        if every:
+            st.caption(f"1 in {every} · " + sentinel_line(client.stats()))
+    if held:
+        st.caption(f":material/speed: {BENCHMARK_HOLDS}")
+    said = st.session_state.pop(SAID_KEY, None)
+    if said:
+        st.caption(f":material/sync_problem: {said}")
 
 
 def sentinel_line(stats: dict[str, Any]) -> str:
@@ -152,28 +196,6 @@ def sentinel_line(stats: dict[str, Any]) -> str:
     bad = int(stats.get("sentinel_mismatches", 0))
     rate = f" ({100 * bad / checked:.1f}%)" if checked else ""
     return f"checked {checked:,} · mismatches {bad:,}{rate}"
-
-
-def sentinel_control(client: EngineClient, settings: dict[str, Any], version: int | None,
-                     key: str) -> None:
-    """The async-correctness sentinel on/off (1 in SENTINEL_EVERY finished greedy requests
-    re-scored through the synchronous path), and its running mismatch count."""
-    every = int(settings.get("sentinel_sample_every") or 0)
-
-    def on_change() -> None:
-        _push(client, "Switching the sentinel", version, key,
-              sentinel_sample_every=SENTINEL_EVERY if st.session_state[key] else 0)
-
-    st.toggle(
-        "Async sentinel",
-        key=key,
-        on_change=on_change,
-        help=f"Re-score 1 in {SENTINEL_EVERY} finished greedy requests through the synchronous "
-             "path on this engine and compare tokens: a live check that async output is right "
-             "(gapless:sentinel_* on /metrics).",
-    )
-    if every:
-        st.caption(f"1 in {every} · " + sentinel_line(client.stats()))
 
 
 LOAD_DRIVE_KEY = "load.drive"
@@ -223,10 +245,53 @@ def load_stats_line(stats: dict[str, Any]) -> str:
     ]
     if stats.get("errors"):
         parts.append(f"errors {stats['errors']:,}")
-    line = " · ".join(parts)
-    if stats.get("stopped_reason"):
-        line += f" · stopped: {stats['stopped_reason']}"
-    return line
+    return " · ".join(parts)
+
+
+class LoadStops:
+    """Who in this dashboard (every tab of the server) last stopped the load generator;
+    None once it is started again (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: str | None = None
+
+    def stopped(self, who: str) -> None:
+        with self._lock:
+            self._by = who
+
+    def started(self) -> None:
+        with self._lock:
+            self._by = None
+
+    def by(self) -> str | None:
+        with self._lock:
+            return self._by
+
+
+LOAD_STOPS = LoadStops()
+
+
+def stop_load(client: EngineClient, who: str) -> None:
+    """Stop the load generator, remembering who asked (the load line says it)."""
+    LOAD_STOPS.stopped(who)
+    client.stop_load()
+
+
+def load_state(stats: dict[str, Any], this_tab: str, stopped_by: str | None) -> str:
+    """The load generator's state in words: "running", "not started", "stopped by this
+    tab", "stopped by tab 1a2b3c4d", "stopped by a client outside this dashboard" (the HTTP
+    API, say) or "stopped: <why>" when it ended on its own (the engine shut down)."""
+    if stats.get("running"):
+        return "running"
+    reason = stats.get("stopped_reason")
+    if reason is None:
+        return "not started" if not stats.get("submitted") else "stopped"
+    if reason != "stopped":
+        return f"stopped: {reason}"
+    if stopped_by is None:
+        return "stopped by a client outside this dashboard"
+    return "stopped by this tab" if stopped_by == this_tab else f"stopped by {stopped_by}"
 
 
 def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
@@ -288,21 +353,37 @@ def load_generator(client: EngineClient, settings: dict[str, Any]) -> None:
 
 def load_switch(client: EngineClient, settings: dict[str, Any]) -> None:
     """Start or stop the load generator (with the parameters of load_generator's widgets,
-    or their defaults), and its counts in one line."""
-    stats = client.load_stats()
+    or their defaults), and its state and counts in one line. Disabled while a benchmark
+    holds the engine (it needs an idle engine and refuses a load); what went wrong with a
+    click is said under it at once."""
     from ui.status import REMEMBERED
+    from ui.tab import tab_id
 
+    stats = client.load_stats()
     REMEMBERED.remember_load(stats)  # a restart starts it again with this spec
     running = bool(stats.get("running"))
+    held = benchmark_holds(settings)
     spec = load_spec_from_state()
     error = load_lengths_error(spec.prompt_len, spec.max_tokens, settings.get("max_model_len"))
+    say = _say(LOAD_SAID_KEY)
+
+    def stop() -> None:
+        failed = in_callback("Stopping the load generator", lambda: stop_load(client, tab_id()))
+        if failed:
+            say(failed)
+
+    def start() -> None:
+        def call() -> None:
+            client.start_load(load_spec_from_state())
+            LOAD_STOPS.started()
+
+        failed = in_callback("Starting the load generator", call)
+        if failed:
+            say(failed)
+
     if running:
-        st.button(
-            "Stop load",
-            key="load.stop",
-            icon=":material/stop:",
-            on_click=lambda: in_callback("Stopping the load generator", client.stop_load),
-        )
+        st.button("Stop load", key="load.stop", icon=":material/stop:", on_click=stop,
+                  disabled=held)
     else:
         what = (f"{spec.concurrency} concurrent" if spec.concurrency is not None
                 else f"{spec.rate:g} req/s")
@@ -311,12 +392,14 @@ def load_switch(client: EngineClient, settings: dict[str, Any]) -> None:
             key="load.start",
             type="primary",
             icon=":material/play_arrow:",
-            disabled=error is not None,
-            help=f"{what}, {spec.prompt_len} prompt + {spec.max_tokens} output tokens "
-                 "(set under Load generator, below)." + (f" {error}" if error else ""),
-            on_click=lambda: in_callback(
-                "Starting the load generator",
-                lambda: client.start_load(load_spec_from_state()),
-            ),
+            disabled=error is not None or held,
+            help=(BENCHMARK_HOLDS if held else
+                  f"{what}, {spec.prompt_len} prompt + {spec.max_tokens} output tokens "
+                  "(set under Load generator, below)." + (f" {error}" if error else "")),
+            on_click=start,
         )
-    st.caption(("running · " if running else "stopped · ") + load_stats_line(stats))
+    state = load_state(stats, tab_id(), LOAD_STOPS.by())
+    st.caption(f"{state} · {load_stats_line(stats)}")
+    said = st.session_state.pop(LOAD_SAID_KEY, None)
+    if said:
+        st.caption(f":material/sync_problem: {said}")

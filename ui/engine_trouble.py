@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import streamlit as st
 
 from ui.fragments import in_fragment, live_fragment, stop_page
-from ui.status import StaleRestart, engine_status, kill_and_restart, restart_keeping_settings
+from ui.status import (
+    RESTARTING,
+    StaleRestart,
+    engine_status,
+    kill_and_restart,
+    restart_keeping_settings,
+)
 from ui.tab import tab_id
 
 if TYPE_CHECKING:
@@ -35,6 +41,8 @@ RESTART_ERROR_KEY = "ui.kill_restart_error"
 RECOVERY_PERIOD_S = 1.0
 REDRAW_DEAD_S = 4.0  # a dead page runs again this often (see _await_recovery_dead)
 DEAD_DRAWN_KEY = "ui.dead_page_drawn_at"  # monotonic time of the dead page's last run
+RESTART_LABEL = "Restart the engine"
+KILL_LABEL = "Kill and restart the engine"
 
 
 def _ask(kind: str, generation: Any) -> None:
@@ -43,7 +51,9 @@ def _ask(kind: str, generation: Any) -> None:
 
 def carry_out_restart(client: EngineClient) -> None:
     """The restart a click asked for, in the page's run with its progress shown (a callback
-    would leave the page greyed and silent for the 5-10 s a start takes)."""
+    would leave the page greyed and silent for the seconds a start takes). The progress
+    and a disabled button take the places of the message and the button clicked, so the
+    old button cannot be clicked again while the restart runs."""
     asked = st.session_state.pop(RESTART_ASK_KEY, None)
     if asked is None:
         return
@@ -51,23 +61,25 @@ def carry_out_restart(client: EngineClient) -> None:
     who = tab_id()
     label = "Killing the engine and starting a new one" if kind == "kill" else \
         "Starting a new engine"
-    with st.status(f"{label} (loading the model)...", expanded=True) as box:
-        t0 = time.monotonic()
-        try:
-            if kind == "kill":
-                kill_and_restart(client, who, seen_generation=seen)
-            else:
-                restart_keeping_settings(client, who, seen_generation=seen)
-        except StaleRestart as e:
-            box.update(label=f"Nothing done: {e}.", state="complete", expanded=False)
-            st.session_state[RESTART_ERROR_KEY] = ("info", f"Nothing done: {e}.")
-        except Exception as exc:  # shown on the next run, never as a traceback
-            log.exception("engine restart failed")
-            st.session_state[RESTART_ERROR_KEY] = (
-                "error", f"Restart failed: {exc or type(exc).__name__}")
+    box = st.status(f"{label} (loading the model)...", expanded=True)
+    st.button(KILL_LABEL if kind == "kill" else RESTART_LABEL, key="ui.restart_under_way",
+              type="primary", disabled=True, help="A restart is under way.")
+    t0 = time.monotonic()
+    try:
+        if kind == "kill":
+            kill_and_restart(client, who, seen_generation=seen)
         else:
-            box.update(label=f"The engine is running again ({time.monotonic() - t0:.1f} s); "
-                             "settings and load generator restored.", state="complete")
+            restart_keeping_settings(client, who, seen_generation=seen)
+    except StaleRestart as e:
+        box.update(label=f"Nothing done: {e}.", state="complete", expanded=False)
+        st.session_state[RESTART_ERROR_KEY] = ("info", f"Nothing done: {e}.")
+    except Exception as exc:  # shown on the next run, never as a traceback
+        log.exception("engine restart failed")
+        st.session_state[RESTART_ERROR_KEY] = (
+            "error", f"Restart failed: {exc or type(exc).__name__}")
+    else:
+        box.update(label=f"The engine is running again ({time.monotonic() - t0:.1f} s); "
+                         "settings and load generator restored.", state="complete")
     st.rerun()
 
 
@@ -121,8 +133,13 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
     else:
         st.error(f"The engine is not running: {reason or 'the engine process is gone'}.")
     seen = getattr(client, "generation", None)
-    st.button("Restart the engine", key="ui.restart", type="primary", on_click=_ask,
-              args=("restart", seen))
+    restarting = RESTARTING.by()
+    st.button(RESTART_LABEL, key="ui.restart", type="primary", on_click=_ask,
+              args=("restart", seen), disabled=restarting is not None,
+              help=f"{restarting} is restarting the engine." if restarting else None)
+    if restarting:
+        st.caption(f":material/restart_alt: {restarting} is restarting the engine; this "
+                   "page follows once it runs.")
     st.session_state[DEAD_DRAWN_KEY] = time.monotonic()
     show_restart_outcome()
     live_fragment(_await_recovery_dead, RECOVERY_PERIOD_S)(client, seen)
@@ -141,7 +158,7 @@ def show_not_responding(client: EngineClient, reason: str | None, key: str) -> N
         icon=":material/hourglass_disabled:",
     )
     st.button(
-        "Kill and restart the engine",
+        KILL_LABEL,
         key=key,
         type="primary",
         icon=":material/restart_alt:",

@@ -245,10 +245,33 @@ REMEMBERED = Remembered()  # one engine per Streamlit server (ui/client.py)
 
 
 # Held from a restart's staleness check until its restart is done: two tabs that saw the same
-# engine and clicked Restart together both passed the check before either restart moved the
-# generation, and both restarted it (the browser's two-tab test failed so under load, issue
-# 19). With the lock the second one checks after the first restart and is told it is stale.
+# engine and click Restart together must not both pass the check before either restart has
+# moved the generation. With the lock the second one checks after the first restart.
 _RESTART_LOCK = threading.RLock()
+
+
+class Restarting:
+    """Which tab's restart is under way, if any (thread-safe): a dead page drawn meanwhile
+    shows its Restart button disabled and says who is restarting the engine."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: str | None = None
+
+    def begin(self, who: str) -> None:
+        with self._lock:
+            self._by = who
+
+    def end(self) -> None:
+        with self._lock:
+            self._by = None
+
+    def by(self) -> str | None:
+        with self._lock:
+            return self._by
+
+
+RESTARTING = Restarting()
 
 
 class StaleRestart(Exception):
@@ -258,10 +281,17 @@ class StaleRestart(Exception):
 
 def check_restart_wanted(client: EngineClient, seen_generation: int | None,
                          hung: bool) -> None:
-    """Raise StaleRestart when the view that asked is stale: the engine it saw was already
-    restarted (by another tab), or (for a kill) it answers again."""
+    """Raise StaleRestart when the view that asked is stale. A plain restart (of a dead
+    engine) is refused whenever the engine runs: another tab restarted it (whatever
+    generation the asking view was drawn with: a view drawn during that restart already
+    carries the new one), or it never died. A kill is refused once the engine the view saw
+    was restarted, or when it answers again."""
     now = getattr(client, "generation", None)
-    if seen_generation is not None and now is not None and now != seen_generation:
+    moved = seen_generation is not None and now is not None and now != seen_generation
+    if not hung and client.alive():
+        raise StaleRestart("the engine is running" + (
+            " (another tab or client restarted it)" if moved else ""))
+    if moved:
         # Restarted since, or restarting now (the generation moves when a start begins).
         raise StaleRestart("the engine was already restarted by another tab or client" + (
             " and is running" if client.alive() else "; its start is under way"))
@@ -269,32 +299,49 @@ def check_restart_wanted(client: EngineClient, seen_generation: int | None,
         raise StaleRestart("the engine answers again; nothing was killed")
 
 
+def _checked(client: EngineClient, who: str, what: str, seen_generation: int | None,
+             hung: bool) -> None:
+    """check_restart_wanted, with a refusal logged naming who asked."""
+    try:
+        check_restart_wanted(client, seen_generation, hung)
+    except StaleRestart as e:
+        log.warning("engine %s asked by %s refused: %s (engine generation %s, seen %s)", what,
+                    who, e, getattr(client, "generation", "?"), seen_generation)
+        raise
+
+
 def restart_keeping_settings(client: EngineClient, who: str = "a tab",
                              seen_generation: int | None = None) -> dict[str, Any]:
-    """client.restart(), then the live settings it had before (async, slots, graphs) and
-    the load generator if it was running. Logged with who asked; StaleRestart if the engine
-    the asking view saw was already restarted (one restart at a time: _RESTART_LOCK)."""
+    """client.restart() of a dead engine, then the live settings it had before (async,
+    slots, graphs) and the load generator if it was running. Logged with who asked;
+    StaleRestart (logged too) when the engine runs or the view that asked is stale (one
+    restart at a time: _RESTART_LOCK)."""
     with _RESTART_LOCK:
-        return _restart_keeping_settings(client, who, seen_generation)
+        _checked(client, who, "restart", seen_generation, hung=False)
+        return _restart(client, who)
 
 
-def _restart_keeping_settings(client: EngineClient, who: str,
-                              seen_generation: int | None) -> dict[str, Any]:
-    check_restart_wanted(client, seen_generation, hung=False)
+def _restart(client: EngineClient, who: str) -> dict[str, Any]:
     log.warning("engine restart asked by %s (engine generation %s, pid %s: %s)", who,
                 getattr(client, "generation", "?"), client.pid,
                 client.death_reason() or "running")
     live = REMEMBERED.live()
     load = REMEMBERED.load_spec()
-    client.restart()
+    RESTARTING.begin(who)
+    try:
+        client.restart()
+    finally:
+        RESTARTING.end()
     HANG.answered()
     settings = client.settings()
+    origin = f"{who}, putting back the settings after a restart"
     if live:
         try:
-            settings = dict(client.configure(**live))
+            settings = dict(client.configure(**live, origin=origin))
         except ValueError:  # e.g. graphs no longer available: keep what the engine allows
             live.pop("cuda_graphs", None)
-            settings = dict(client.configure(**live)) if live else client.settings()
+            settings = (dict(client.configure(**live, origin=origin)) if live
+                        else client.settings())
     REMEMBERED.remember(settings)
     if load is not None:
         from engine.drivers.loadgen import LoadSpec
@@ -317,7 +364,7 @@ def kill_and_restart(client: EngineClient, who: str = "a tab",
 
 
 def _kill_and_restart(client: EngineClient, who: str, seen_generation: int | None) -> None:
-    check_restart_wanted(client, seen_generation, hung=True)
+    _checked(client, who, "kill", seen_generation, hung=True)
     pid = client.pid
     log.warning("engine kill (SIGKILL, pid %s) asked by %s: not responding", pid, who)
     if pid is not None:
@@ -328,4 +375,4 @@ def _kill_and_restart(client: EngineClient, who: str, seen_generation: int | Non
         deadline = time.monotonic() + 5.0
         while client.alive() and time.monotonic() < deadline:
             time.sleep(0.05)  # the client notices the exit within about a second
-    restart_keeping_settings(client, who)
+    _restart(client, who)

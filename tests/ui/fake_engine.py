@@ -327,9 +327,12 @@ class FakeClientWithoutHeartbeat(FakeEngineClient):
 def reset_shared_state() -> None:
     """Server-wide dashboard state (one per Streamlit process) must not leak between tests."""
     import ui.bench_runner
+    import ui.controls
     import ui.status
 
     ui.bench_runner.RUNS.current = None
+    ui.controls.LOAD_STOPS.started()
+    ui.status.RESTARTING.end()
     ui.status.REMEMBERED.settings = {}
     ui.status.REMEMBERED.full = {}
     ui.status.REMEMBERED.load = None

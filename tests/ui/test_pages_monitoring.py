@@ -203,7 +203,7 @@ def test_a_restart_in_one_tab_makes_the_others_stale_restart_do_nothing(
     assert fake.restarts == 1 and fake.alive()
     second.button(key="ui.restart").click().run()
     assert fake.restarts == 1, "a stale view's restart restarted the engine again"
-    assert any("already restarted" in i.value for i in second.info), (
+    assert any("the engine is running" in i.value for i in second.info), (
         [e.value for e in second.info], [e.value for e in second.error], texts(second))
     assert "mode **" in texts(second)  # and the second tab shows the running engine
 
