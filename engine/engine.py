@@ -31,7 +31,7 @@ from engine.core.scheduler import Scheduler
 from engine.handles import DeltaCallback, FinishCallback, HandleSink, RequestHandle
 from engine.inputs import PromptInput
 from engine.instruments.floor_probe import engine_curve
-from engine.instruments.kernel_trace import KernelSampler
+from engine.instruments.kernel_sampler import KernelSampler
 from engine.instruments.observer import Instruments
 from engine.instruments.sentinel import Sentinel
 from engine.instruments.step_floor import live_floor

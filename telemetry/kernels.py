@@ -1,12 +1,12 @@
 """Measured kernels of sampled steps: the records, their families, and kernel busy from them.
 
-Owns the shape of what the always-on kernel sampler (engine/instruments/kernel_trace.py) publishes:
-a `KernelSample` per sampled run of consecutive steps, each step's kernels with their real
-start and end on the host clock (time.perf_counter_ns), and the arithmetic that turns them
-into *kernel busy* (time inside kernels / time): the union of kernel intervals over a window
-that runs from one sampled step's first kernel to the first kernel of the step after the
-last one counted, so a sample measures whole step periods (inter-step idle included) and
-not one step's inside.
+Owns the shape of what the always-on kernel sampler (engine/instruments/kernel_sampler.py)
+publishes: a `KernelSample` per sampled run of consecutive steps, each step's kernels with
+their real start and end on the host clock (time.perf_counter_ns), and the arithmetic that
+turns them into *kernel busy* (time inside kernels / time): the union of kernel intervals
+over a window that runs from one sampled step's first kernel to the first kernel of the step
+after the last one counted, so a sample measures whole step periods (inter-step idle
+included) and not one step's inside.
 
 A kernel's family is telemetry.kernel_family's (the one classifier every view shares).
 
@@ -69,7 +69,7 @@ class KernelSample:
     step's first kernel to the first kernel of the step after the last counted one;
     ``kernel_ns`` the union of kernel time inside it. ``aligned`` says how the steps were
     found in the trace and put on our clock: "brackets" (CUDA runtime calls around each
-    launch) or "ranges" (profiler ranges, the fallback); engine/instruments/kernel_trace.py."""
+    launch) or "ranges" (profiler ranges, the fallback); engine/instruments/kernel_sampler.py."""
 
     steps: list[SampledStep]
     window: tuple[int, int]
@@ -80,7 +80,7 @@ class KernelSample:
     # launches: time the sampler added to its steps, not the engine's (left out of busy)
     bracket_idle_ns: int = 0
     # Sampled steps left out because the profiler dropped some of their kernels, and the
-    # kernel launches it kept no record of (engine/instruments/kernel_trace_read.py)
+    # kernel launches it kept no record of (engine/instruments/kernel_sampler.py)
     skipped_steps: int = 0
     lost_launches: int = 0
 

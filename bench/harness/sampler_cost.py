@@ -35,7 +35,7 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
     the cost apart (VARIANTS): the profiler sessions alone, or the conversion's GIL share."""
     from bench.harness.timing import alternated_pairs
     from bench.harness.truth_engine import make_engine, params
-    from engine.instruments import kernel_trace
+    from engine.instruments import kernel_sampler
 
     if variant not in VARIANTS:
         raise ValueError(f"cost variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -43,9 +43,9 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
     on = make_engine(model, args, len(prompts), args.pair_new, period=period)
     off = make_engine(model, args, len(prompts), args.pair_new, period=0.0)
     on.instruments.kernels.keep_results = variant != "no-convert"
-    switch = kernel_trace.CONVERT_SWITCH_S
+    switch = kernel_sampler.CONVERT_SWITCH_S
     if variant == "switch-5ms":
-        kernel_trace.CONVERT_SWITCH_S = None
+        kernel_sampler.CONVERT_SWITCH_S = None
     try:
         for e in (on, off):  # the whole batch: its first decode steps capture its graphs,
             e.generate(prompts, params(8))  # which the first timed run must not pay
@@ -59,15 +59,15 @@ def cost_pairs(model: torch.nn.Module, prompts: list[list[int]],
         samples = on.instruments.kernels.samples_made
         convert = [round(x * 1e3, 2) for x in on.instruments.kernels.convert_s]
     finally:
-        kernel_trace.CONVERT_SWITCH_S = switch
+        kernel_sampler.CONVERT_SWITCH_S = switch
         on.shutdown()
         off.shutdown()
     pairs = [{"off_tok_s": a, "on_tok_s": b, "cost_pct": 100 * (1 - b / a)}
              for a, b in zip(res.a.values, res.b.values, strict=True)]
     return {"pairs": pairs, "median_cost_pct": statistics.median(p["cost_pct"] for p in pairs),
             "samples_made": samples, "period_s": period, "convert_ms": convert,
-            "variant": variant, "read_from_objects": kernel_trace.READ_OBJECTS,
-            "read_times_s": dict(kernel_trace.READ_TIMES)}
+            "variant": variant, "read_from_objects": kernel_sampler.READ_OBJECTS,
+            "read_times_s": dict(kernel_sampler.READ_TIMES)}
 
 
 def cost_markdown(c: dict[str, Any]) -> list[str]:

@@ -246,8 +246,8 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     from torch.profiler import ProfilerActivity, profile
 
     from bench.harness.trace import profiler_trace
-    from engine.instruments.kernel_trace_clock import clock_lost
-    from engine.instruments.kernel_trace_read import _HOST_COPY, lost_launches
+    from engine.instruments.kernel_sampler import HOST_COPY, lost_launches
+    from engine.instruments.profiler_sessions import clock_lost
 
     before = clock_offset_ns()
     prof = profile(activities=[ProfilerActivity.CUDA])
@@ -261,7 +261,7 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     offset = (before + clock_offset_ns()) // 2
     events = trace["traceEvents"]
     cats = ("kernel", "gpu_memset", "gpu_memcpy")
-    iv = trace_intervals(trace, offset, cats, _HOST_COPY, marker=True)  # busy: as before
+    iv = trace_intervals(trace, offset, cats, HOST_COPY, marker=True)  # busy: as before
     # Kernel launches the trace holds no record of (the profiler can lose every kernel of an
     # eager window mid-run, and loses some at a session's start). A window that lost some
     # only starts later; one that lost all has no figure.
@@ -277,7 +277,7 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     lo, hi = min(a for a, _ in iv), max(b for _, b in iv)
     return {"busy": union_ns(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9,
             "lost_launches": lost, "clock_offset_drift_us": (clock_offset_ns() - before) / 1e3
-            }, trace_intervals(trace, offset, cats, _HOST_COPY)  # per step: the marker out
+            }, trace_intervals(trace, offset, cats, HOST_COPY)  # per step: the marker out
 
 
 def fair_markdown(shapes: dict[str, Any]) -> list[str]:

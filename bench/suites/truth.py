@@ -8,7 +8,8 @@ decodes:
 0. *bare*: ``--window-s`` with no profiler at all: the step period the tracers perturb;
 1. *reference*: torch.profiler (CUDA activities only, our sampler off) over ``--window-s``:
    kernel busy = union of device work (host copies left out) / first kernel to last;
-2. *ours*: the engine's kernel sampler (engine/instruments/kernel_trace.py) at ``--sample-period``
+2. *ours*: the engine's kernel sampler (engine/instruments/kernel_sampler.py) at
+   ``--sample-period``
    over the next ``--window-s``: kernel busy from the sampled steps' measured kernels
    (telemetry.kernels.kernel_busy). Target: within 1 pp of (1);
 3. the waterfall of (2)'s window (telemetry.waterfall): byte floor at the size-aware
@@ -90,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample-period", type=float, default=0.1,
                         help="sampler period during the comparison (the engine default is 10 s)")
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--trace-reader", default="json", choices=("json", "objects", "compare"),
+                        help="how the sampler reads its traces: Kineto's JSON export, the "
+                        "profiler's event objects, or both on the first sample (%(default)s)")
     add_cost_arguments(parser)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3,
@@ -109,12 +113,12 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
     sampler = eng.instruments.kernels
     sampler.set_period(0)
     batch = len(prompts)
-    from engine.instruments.kernel_trace_clock import unsaved
+    from engine.instruments.profiler_sessions import unsaved
 
     def fresh_batch() -> list[Any]:
         """The batch from its prompts again: every window decodes the same contexts (a
         step's attention time grows with its context), after any sample closed and was
-        written (no profiler session while a trace of ours is unwritten: kernel_trace_clock)."""
+        written (no profiler session while a trace of ours is unwritten: profiler_sessions)."""
         hs = [eng.submit(p, params(eng.config.max_model_len - args.prompt - 33))
               for p in prompts]
         wait_decoding(eng, batch)
@@ -286,12 +290,13 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
     return out, col.records
 
 
-# -------------------------------------------------------------------- first shape only
 # ---------------------------------------------------------------------------- the run
 def run(args: argparse.Namespace, out: Path) -> dict:
+    from engine.instruments import kernel_sampler
     from telemetry.export import write_jsonl
     from telemetry.floor import load_curve
 
+    kernel_sampler.set_trace_reader(args.trace_reader)
     cuda = args.device == "cuda"
     dtype = getattr(torch, args.dtype)
     # Kineto registers its client on the thread that imported torch: start it here once, so
@@ -366,9 +371,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             torch.cuda.empty_cache()
     if nvml is not None:
         nvml.close()
-    from engine.instruments import kernel_trace
-
-    summary["trace_read_from_objects"] = kernel_trace.READ_OBJECTS
+    summary["trace_read_from_objects"] = kernel_sampler.READ_OBJECTS
     summary["total_s"] = time.perf_counter() - T0
     report.write_json(out / "truth.json", summary)
     text = markdown(summary)

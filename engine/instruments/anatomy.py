@@ -8,8 +8,8 @@ had its results read (so all its kernels are done; in async mode the launch of t
 after it falls inside the recording too, unmarked). The caller then gets the Chrome trace
 (Perfetto opens it) and the steps grouped into kernels and families (telemetry.anatomy).
 Until the caller has written the trace no other session of ours starts (Kineto converts CUDA
-times at export with the latest session's converter: engine/instruments/kernel_trace_clock.py), and
-a trace whose CUDA events lost their times anyway is recorded once more.
+times at export with the latest session's converter: engine/instruments/profiler_sessions.py),
+and a trace whose CUDA events lost their times anyway is recorded once more.
 
 Zero cost when off: the pipeline tests one attribute per step. While recording, the profiler
 slows the engine (CUPTI callbacks, and the stop synchronises): figures measured during a
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from engine.instruments import kernel_trace_clock as clock
+from engine.instruments import profiler_sessions as sessions
 from engine.instruments.step_floor import engine_step_floors
 from telemetry.anatomy import (
     STEP_MARKER,
@@ -67,7 +67,7 @@ class AnatomyRecording:
     # from the engine's start-up curve); empty on a CPU
     floors: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Why a first recording was discarded and this one made (its CUDA events had lost their
-    # times: engine/instruments/kernel_trace_clock.py); None when the first one was good
+    # times: engine/instruments/profiler_sessions.py); None when the first one was good
     retried: str | None = None
 
 
@@ -80,7 +80,7 @@ class _Request:
     prof: Any = None
     error: BaseException | None = None
     t0: float = 0.0
-    hold: int | None = None  # kernel_trace_clock: our trace is not written yet
+    hold: int | None = None  # profiler_sessions: our trace is not written yet
     abandoned: bool = False  # the caller gave up: nobody will write the trace
 
 
@@ -124,7 +124,7 @@ class AnatomyRecorder:
         """The caller stopped waiting: a trace it will never write must not be held."""
         with self._lock:
             req.abandoned = True
-            clock.release(req.hold)
+            sessions.release(req.hold)
             req.hold = None
 
     def begin_step(self, step: int) -> str | None:
@@ -134,7 +134,7 @@ class AnatomyRecorder:
         try:
             with self._lock:
                 if (self._active is None and self._pending is not None
-                        and not (self.cuda and clock.unsaved())):
+                        and not (self.cuda and sessions.unsaved())):
                     # (while another trace of ours waits to be written, a new session would
                     # zero its CUDA times: the recording starts a step later)
                     self._active, self._pending = self._pending, None
@@ -167,9 +167,7 @@ class AnatomyRecorder:
         from torch.profiler import ProfilerActivity, profile
 
         if self.cuda:
-            from engine.instruments.kernel_trace import prime_profiler
-
-            prime_profiler()  # the process's first session loses its first steps' kernels
+            sessions.prime_profiler()  # the process's first session loses its first steps' kernels
             prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
         else:
             # Host-emulated streams run the work on their own threads, which a profiler
@@ -190,7 +188,7 @@ class AnatomyRecorder:
             prof, self._prof = self._prof, None
             self.active = self._pending is not None
             if req is not None and prof is not None and self.cuda and not req.abandoned:
-                req.hold = clock.hold()  # until the caller wrote the trace
+                req.hold = sessions.hold()  # until the caller wrote the trace
         if req is None:
             return
         try:
@@ -221,7 +219,7 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
     get some within ``timeout_s``). Returns the trace path and the grouped steps. Raises
     ValueError for bad arguments or a recording already running, TimeoutError when the
     steps did not come. A CUDA trace whose CUDA events lost their times is recorded once
-    more (``retried`` says why); twice bad raises kernel_trace_clock.ClockLost."""
+    more (``retried`` says why); twice bad raises profiler_sessions.ClockLost."""
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     recorder: AnatomyRecorder = engine.instruments.anatomy
@@ -245,10 +243,10 @@ def record_anatomy(engine: Any, n_steps: int, timeout_s: float = 60.0,
         recorder.abandon(req)  # written (or failed): the next session may start
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    lost = clock.clock_lost(events) if recorder.cuda else None
+    lost = sessions.clock_lost(events) if recorder.cuda else None
     if lost is not None:
         if _retried is not None:
-            raise clock.ClockLost(f"step anatomy: recorded twice, both traces unusable: {lost}")
+            raise sessions.ClockLost(f"step anatomy: recorded twice, both traces unusable: {lost}")
         return record_anatomy(engine, n_steps, timeout_s, trace_dir,
                               _retried=f"first recording ({trace_path}) discarded: {lost}")
     device = "cuda" if any(e.get("cat") == "kernel" for e in events) else "cpu"

@@ -22,7 +22,7 @@ import torch
 
 from engine.core.request import Request
 from engine.instruments.anatomy import AnatomyRecorder, marked
-from engine.instruments.kernel_trace import KernelSampler
+from engine.instruments.kernel_sampler import KernelSampler
 from engine.instruments.sentinel import Sentinel, check_sample_every
 from telemetry.bus import TelemetryBus
 from telemetry.records import RequestEvent, StepRecord

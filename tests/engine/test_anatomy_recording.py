@@ -127,7 +127,7 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
     assert rec.device == "cuda" and len(rec.steps) == 6
     with_marker = {m.step: m for m in group_by_step(
         rec.events, device_cats=("kernel", "gpu_memcpy", "gpu_memset"), keep_marker=True)}
-    from engine.instruments.kernel_trace_read import lost_launches
+    from engine.instruments.kernel_sampler import lost_launches
 
     print(join_report(rec.events, rec.steps[0].step))
     print(f"recorded again: {rec.retried}")
@@ -149,9 +149,9 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
         # A graph step's span runs from its start event, recorded inside the graph right
         # after the marker kernel, to its end event after the last kernel. Under the
         # profiler, a graph launched onto an idle stream starts its body up to a few hundred
-        # us after the marker (more in sync mode than in async; bench truth-graphs measures
-        # it), so the span is checked from the marker's end: a synthetic graph's events match
-        # marker end..last kernel end within 0.1 us under the same profiler.
+        # us after the marker (more in sync mode than in async), so the span is checked from
+        # the marker's end: a synthetic graph's events match marker end..last kernel end
+        # within 0.1 us under the same profiler.
         marker = [k for k in with_marker[s.step].kernels if k.family == "marker"]
         assert len(marker) == 1, [k.name for k in with_marker[s.step].kernels[:3]]
         from_marker = max(k.end_us for k in s.kernels) - marker[0].end_us
@@ -160,6 +160,6 @@ def test_on_cuda_kernels_join_their_step_and_lie_inside_our_compute_span(tiny_mo
               "after it)")
         assert abs(ours_us - from_marker) <= 5, (ours_us, from_marker, body_gap)
     # The first recording was good: no session of ours started before its trace was written
-    # (engine/instruments/kernel_trace_clock.py: a sampler session started in between would
+    # (engine/instruments/profiler_sessions.py: a sampler session started in between would
     # leave every CUDA event of this graph recording at ts 0).
     assert rec.retried is None, rec.retried

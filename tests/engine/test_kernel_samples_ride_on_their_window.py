@@ -9,10 +9,10 @@ import threading
 import time
 from types import SimpleNamespace
 
-from engine.instruments import kernel_trace
-from engine.instruments import kernel_trace_clock as clock
+from engine.instruments import kernel_sampler
+from engine.instruments import profiler_sessions as sessions
 from engine.instruments.anatomy import AnatomyRecorder
-from engine.instruments.kernel_trace import KernelSampler
+from engine.instruments.kernel_sampler import KernelSampler
 from engine.instruments.observer import Instruments, SamplePublisher
 from telemetry.bus import TelemetryBus
 from telemetry.records import RequestEvent, StepRecord
@@ -38,14 +38,14 @@ def test_a_sample_rides_on_the_record_of_the_step_that_closed_its_window(monkeyp
         release.wait(5)
         return sample
 
-    monkeypatch.setattr(kernel_trace, "convert", convert)
+    monkeypatch.setattr(kernel_sampler, "convert", convert)
     sampler = KernelSampler(enabled=False)
     bus = TelemetryBus()
     pub = SamplePublisher(bus, sampler)
     pub.publish_step(_rec(9))
     # The sampler stops after step 10's results were read (its window's end): the records
     # from step 10 on wait for its sample, events do not.
-    sampler._submit((None, 5, 4, {}, 0, {}), clock.hold())
+    sampler._submit((None, 5, 4, {}, 0, {}), sessions.hold())
     for step in (10, 11):
         pub.publish_step(_rec(step))
     pub.publish_event(RequestEvent("r", "tokens", 1, 1))
@@ -69,12 +69,12 @@ def test_held_records_go_out_when_the_engine_idles_and_when_a_sample_is_lost(mon
         release.wait(5)
         raise ValueError("a bad trace")
 
-    monkeypatch.setattr(kernel_trace, "convert", convert)
+    monkeypatch.setattr(kernel_sampler, "convert", convert)
     sampler = KernelSampler(enabled=False)
     inst = Instruments(cuda=False, kernels=sampler)
     bus = TelemetryBus()
     pub = inst.publisher(bus)
-    sampler._submit((None, 5, 4, {}, 0, {}), clock.hold())
+    sampler._submit((None, 5, 4, {}, 0, {}), sessions.hold())
     pub.publish_step(_rec(10))
     assert inst.idle() is False and bus.snapshot_steps(10) == []
     release.set()
@@ -82,7 +82,7 @@ def test_held_records_go_out_when_the_engine_idles_and_when_a_sample_is_lost(mon
     assert inst.idle() is False
     got = bus.snapshot_steps(10)
     assert [(r.step, r.kernel_samples) for r in got] == [(10, [])]
-    assert sampler.failures == 1 and not clock.unsaved()
+    assert sampler.failures == 1 and not sessions.unsaved()
     sampler.close()
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.instruments.kernel_trace import KernelSampler, NoRuntimeEvents, to_sample
-from engine.instruments.kernel_trace_read import LostKernels
+from engine.instruments.kernel_sampler import (
+    KernelSampler,
+    LostKernels,
+    NoRuntimeEvents,
+    to_sample,
+)
 
 OFF_US = 1_000_000.0  # the trace clock runs 1 s ahead of ours (in us)
 SPIN = "void at::cuda::(anonymous namespace)::spin_kernel(long)"
@@ -171,19 +175,31 @@ class _Result:
 
 @pytest.mark.parametrize("shift_ns", [0, 5_000])
 def test_objects_are_trusted_only_if_they_agree_with_the_export(monkeypatch, shift_ns):
-    from engine.instruments import kernel_trace
+    from engine.instruments import kernel_sampler
 
-    monkeypatch.setattr(kernel_trace, "READ_OBJECTS", None)
-    monkeypatch.setattr(kernel_trace, "READ_TIMES", {})
+    monkeypatch.setattr(kernel_sampler, "READ_OBJECTS", False)  # restored after the test
+    monkeypatch.setattr(kernel_sampler, "READ_TIMES", {})
+    kernel_sampler.set_trace_reader("compare")
     events, marks = trace([7, 8, 9])
-    sample = kernel_trace.convert(_Result(events, shift_ns), 7, 2, marks)
-    t = kernel_trace.READ_TIMES
+    sample = kernel_sampler.convert(_Result(events, shift_ns), 7, 2, marks)
+    t = kernel_sampler.READ_TIMES
     # trusted when they agree, and used when also faster than the export
-    assert kernel_trace.READ_OBJECTS is (shift_ns == 0 and t["objects_s"] < t["json_s"])
+    assert kernel_sampler.READ_OBJECTS is (shift_ns == 0 and t["objects_s"] < t["json_s"])
     # either way the sample is the export's (5 us off is not "the same")
     assert sample is not None and sample.steps[0].kernels[1].start_ns == 23_000
-    again = kernel_trace.convert(_Result(events, shift_ns), 7, 2, marks)
+    again = kernel_sampler.convert(_Result(events, shift_ns), 7, 2, marks)
     assert again is not None and again.steps[0].kernels[1].start_ns == 23_000
+
+
+def test_a_trace_reader_outside_the_three_is_refused_naming_them(monkeypatch):
+    from engine.instruments import kernel_sampler
+
+    monkeypatch.setattr(kernel_sampler, "READ_OBJECTS", False)
+    with pytest.raises(ValueError, match="one of json, objects, compare, got 'fast'"):
+        kernel_sampler.set_trace_reader("fast")
+    assert kernel_sampler.READ_OBJECTS is False
+    kernel_sampler.set_trace_reader("objects")
+    assert kernel_sampler.READ_OBJECTS is True
 
 
 def test_no_new_sample_starts_while_the_last_one_converts():
@@ -208,8 +224,8 @@ def test_samples_that_lost_their_kernels_are_counted_until_a_good_one(monkeypatc
     showing a lane that looks idle."""
     import queue
 
-    from engine.instruments import kernel_trace
-    from engine.instruments import kernel_trace_clock as clock
+    from engine.instruments import kernel_sampler
+    from engine.instruments import profiler_sessions as sessions
     from telemetry.kernels import KernelRecord, SampledStep, make_sample
 
     good = make_sample([SampledStep(1, [KernelRecord("nvjet", "gemm", 0, 10)])], None)
@@ -222,7 +238,7 @@ def test_samples_that_lost_their_kernels_are_counted_until_a_good_one(monkeypatc
             raise out
         return out
 
-    monkeypatch.setattr(kernel_trace, "convert", convert)
+    monkeypatch.setattr(kernel_sampler, "convert", convert)
     s = KernelSampler(enabled=False)
     assert s.stats()["kernel_samples_lost_in_row"] == 0
     assert s.stats()["kernel_sampler_error"] == ""
@@ -230,7 +246,7 @@ def test_samples_that_lost_their_kernels_are_counted_until_a_good_one(monkeypatc
     def run(n: int) -> None:
         s._jobs = queue.SimpleQueue()
         for _ in range(n):
-            s._jobs.put(((None, 0, 1, {}, 0, {}), clock.hold()))
+            s._jobs.put(((None, 0, 1, {}, 0, {}), sessions.hold()))
         s._jobs.put(None)
         s._work()
 
@@ -241,4 +257,4 @@ def test_samples_that_lost_their_kernels_are_counted_until_a_good_one(monkeypatc
     run(1)
     st = s.stats()
     assert st["kernel_samples_made"] == 1 and st["kernel_samples_lost_in_row"] == 0
-    assert st["kernel_samples_lost"] == 2 and not clock.unsaved()
+    assert st["kernel_samples_lost"] == 2 and not sessions.unsaved()

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from engine.instruments import anatomy as anatomy_mod
-from engine.instruments import kernel_trace_clock as clock
+from engine.instruments import profiler_sessions as sessions
 from engine.instruments.anatomy import AnatomyRecorder, record_anatomy
-from engine.instruments.kernel_trace import KernelSampler, to_sample
+from engine.instruments.kernel_sampler import KernelSampler, to_sample
 from telemetry.anatomy import STEP_MARKER
 
 T0 = 5_520_571_979_001.855  # us, as in the H200 trace (relative to Kineto's base time)
@@ -44,68 +44,67 @@ def h200_like(zeroed: bool, steps=(2, 3), real_head: int = 4) -> list[dict]:
 
 
 def test_a_trace_with_its_cuda_events_at_ts_0_is_found_and_a_good_one_passes():
-    assert clock.clock_lost(h200_like(zeroed=False)) is None
-    why = clock.clock_lost(h200_like(zeroed=True))
+    assert sessions.clock_lost(h200_like(zeroed=False)) is None
+    why = sessions.clock_lost(h200_like(zeroed=True))
     assert why is not None and "14 of 18 CUDA events at ts 0" in why
     # a few at 0 among real times are not judged; times far outside the session's span are
     few = h200_like(zeroed=True, real_head=15)
-    assert clock.clock_lost(few) is None
+    assert sessions.clock_lost(few) is None
     shifted = h200_like(zeroed=False)
     for e in shifted:
-        if e["cat"] in clock.CUDA_CATS:
+        if e["cat"] in sessions.CUDA_CATS:
             e["ts"] += 5e6  # 5 s after the session ended
-    assert "18 outside the session's span" in clock.clock_lost(shifted)
-    assert clock.clock_lost([]) is None  # no CUDA events (a CPU trace): nothing to judge
+    assert "18 outside the session's span" in sessions.clock_lost(shifted)
+    assert sessions.clock_lost([]) is None  # no CUDA events (a CPU trace): nothing to judge
 
 
 def test_the_sampler_drops_a_zeroed_trace_and_releases_its_hold(monkeypatch):
     import time
 
-    from engine.instruments import kernel_trace
+    from engine.instruments import kernel_sampler
 
     def convert(*job):
-        raise clock.ClockLost("kernel sampler: 14 of 18 CUDA events at ts 0")
+        raise sessions.ClockLost("kernel sampler: 14 of 18 CUDA events at ts 0")
 
-    monkeypatch.setattr(kernel_trace, "convert", convert)
+    monkeypatch.setattr(kernel_sampler, "convert", convert)
     s = KernelSampler(enabled=True, period_s=0.05)
-    s._submit((None, 1, 1, {}, 0, {}), clock.hold())
+    s._submit((None, 1, 1, {}, 0, {}), sessions.hold())
     deadline = time.monotonic() + 5
     while s._converted < 1 and time.monotonic() < deadline:
         time.sleep(0.005)
     s.close()
     assert s.clock_lost == 1 and s.samples_made == 0 and "ts 0" in s.last_error
-    assert not clock.unsaved()
+    assert not sessions.unsaved()
 
 
 def test_no_session_of_ours_starts_while_a_trace_waits_to_be_written(monkeypatch):
-    from engine.instruments import kernel_trace
 
     started = []
-    monkeypatch.setattr(kernel_trace, "prime_profiler", lambda: None)
-    monkeypatch.setattr(kernel_trace, "_start", lambda with_cpu: started.append("sampler"))
+    monkeypatch.setattr(sessions, "prime_profiler", lambda: None)
+    monkeypatch.setattr(sessions, "start_kineto", lambda with_cpu: started.append("sampler"))
     s = KernelSampler(enabled=True, period_s=0.05)
     s._side = object()  # no CUDA stream on a CPU
     s.next_at = 0.0
     rec = _Recorder(lambda r: started.append("anatomy"))
-    token = clock.hold()
+    token = sessions.hold()
     try:
         assert s.begin_step(5) is False and not s.open
         req = rec.request(2, "/tmp")
         assert rec.begin_step(5) is None and rec.active  # waits, still pending
         assert req.first_step is None and started == []
     finally:
-        clock.release(token)
+        sessions.release(token)
     assert rec.begin_step(6) is None and req.first_step == 6 + rec.warmup
     assert started == ["anatomy"]
     assert s.begin_step(7) is True and started == ["anatomy", "sampler"]
 
 
 def test_a_stale_hold_stops_nothing_for_ever(monkeypatch):
-    token = clock.hold()
-    assert clock.unsaved()
-    monkeypatch.setattr(clock, "STALE_S", 0.0)
-    assert not clock.unsaved()
-    clock.release(token)  # already dropped: a no-op
+    token = sessions.hold()
+    assert sessions.unsaved()
+    monkeypatch.setattr(sessions, "STALE_S", 0.0)
+    assert not sessions.unsaved()
+    sessions.release(token)  # already dropped: a no-op
 
 
 class _Recorder(AnatomyRecorder):
@@ -154,7 +153,7 @@ def test_the_anatomy_records_once_more_when_its_trace_lost_the_cuda_times(
     prof = _Prof(list(traces))
 
     def start(r: AnatomyRecorder) -> None:
-        assert not clock.unsaved(), "a session started while a trace was unwritten"
+        assert not sessions.unsaved(), "a session started while a trace was unwritten"
         r._prof = prof
 
     rec = _Recorder(start)
@@ -165,7 +164,7 @@ def test_the_anatomy_records_once_more_when_its_trace_lost_the_cuda_times(
     loop.start()
     try:
         if bad == 2:
-            with pytest.raises(clock.ClockLost, match="recorded twice"):
+            with pytest.raises(sessions.ClockLost, match="recorded twice"):
                 record_anatomy(engine, 2, timeout_s=10, trace_dir=str(tmp_path))
             return
         out = record_anatomy(engine, 2, timeout_s=10, trace_dir=str(tmp_path))
@@ -174,7 +173,7 @@ def test_the_anatomy_records_once_more_when_its_trace_lost_the_cuda_times(
         loop.join(5)
     assert out.retried is not None and "discarded" in out.retried and "ts 0" in out.retried
     assert [len(s.kernels) for s in out.steps] == [8, 8]
-    assert not clock.unsaved()  # every hold released
+    assert not sessions.unsaved()  # every hold released
     assert anatomy_mod.anatomy_summary(out)["retried"] == out.retried
 
 
@@ -184,5 +183,5 @@ def test_a_normal_recording_says_it_was_not_retried():
 
 def test_to_sample_refuses_a_trace_whose_cuda_times_are_lost():
     events = h200_like(zeroed=True)
-    with pytest.raises(clock.ClockLost, match="kernel sampler"):
+    with pytest.raises(sessions.ClockLost, match="kernel sampler"):
         to_sample(events, first=2, steps=1, marks={2: (0, 1, 2, 3), 3: (4, 5, 6, 7)})
