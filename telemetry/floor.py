@@ -5,8 +5,9 @@ its ramp-up and its tail for little data. A `BandwidthCurve` holds measured (byt
 points from 1 MB to 1 GB, read with a cold L2, and gives the size-aware time of a read: the
 bandwidth at that size, interpolated in log-log, clamped at the ends. A curve belongs to a
 GPU model, its driver and torch's version (`GpuIdentity`): engine/instruments/floor_probe.py
-measures it once per identity and caches it under `cache_path`; telemetry/curves/<gpu>.json
-are the shipped ones, per GPU model, for where nothing was measured.
+measures it once per identity and caches it under `cache_path` in the folder its caller
+names; telemetry/curves/<gpu>.json are the shipped ones, per GPU model, for where nothing
+was measured.
 
 Every "x floor" figure is printed twice: against the peak-copy floor (all bytes at one
 peak bandwidth) and against the size-aware floor (each read at its size's bandwidth).
@@ -18,14 +19,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 CURVES_DIR = Path(__file__).with_name("curves")
-CACHE_DIR = Path(os.environ.get("GAPLESS_CACHE", Path.home() / ".cache" / "gapless")) / "floor"
 DEFAULT_GPU = "NVIDIA H200"
 
 
@@ -91,11 +90,11 @@ class GpuIdentity:
     torch: str
 
 
-def cache_path(ident: GpuIdentity, cache_dir: Path | None = None) -> Path:
-    """The cached curve of one GPU model, driver and torch version: a new driver or torch
-    gets a measurement of its own."""
+def cache_path(ident: GpuIdentity, cache_dir: Path) -> Path:
+    """The cached curve of one GPU model, driver and torch version in ``cache_dir``: a new
+    driver or torch gets a measurement of its own."""
     name = f"{slug(ident.gpu)}--driver-{slug(ident.driver)}--torch-{slug(ident.torch)}"
-    return (cache_dir or CACHE_DIR) / f"{name}.json"
+    return cache_dir / f"{name}.json"
 
 
 def load_curve(gpu: str = DEFAULT_GPU) -> BandwidthCurve | None:

@@ -19,9 +19,9 @@ below this floor, which assumes one read after another.
 
 The curve is a property of the GPU, its driver and torch: `engine_curve` (engine start, and
 the bench suites through `curve_for_device`) reads the one cached on disk for this GPU
-model, driver and torch version (telemetry.floor.cache_path), and measures it only when
-there is none, once, then caches it. The shipped curve of the GPU model stands in only when
-measuring fails; nothing on a CPU.
+model, driver and torch version (telemetry.floor.cache_path, under GAPLESS_CACHE's floor/
+folder), and measures it only when there is none, once, then caches it. The shipped curve
+of the GPU model stands in only when measuring fails; nothing on a CPU.
 
 It must never run on a CPU (ValueError) nor keep its buffers after returning.
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from engine import envs
 from telemetry.floor import BandwidthCurve, GpuIdentity, cache_path, load_curve, save_curve
 
 log = logging.getLogger("gapless.floor")
@@ -155,7 +156,7 @@ def engine_curve(device: torch.device, *, cache_dir: Path | None = None,
     if device.type != "cuda":
         return None
     ident = identity or gpu_identity(device)
-    path = cache_path(ident, cache_dir)
+    path = cache_path(ident, cache_dir if cache_dir is not None else default_cache_dir())
     if path.is_file():
         try:
             cached = load_curve_file(path)
@@ -179,6 +180,11 @@ def engine_curve(device: torch.device, *, cache_dir: Path | None = None,
     except OSError:  # a read-only home: measure again next time
         pass
     return curve
+
+
+def default_cache_dir() -> Path:
+    """Where measured curves are cached: the floor/ folder of gapless's cache."""
+    return envs.get(envs.GAPLESS_CACHE) / "floor"
 
 
 def curve_for_device(device: torch.device | str = "cuda") -> BandwidthCurve:

@@ -64,9 +64,22 @@ def test_another_driver_torch_or_gpu_is_measured_again(tmp_path, changed):
     assert _start(tmp_path, fake, changed) == _curve() and fake.calls == 2  # cached too
 
 
-def test_the_cache_path_is_a_plain_file_name():
-    path = cache_path(GpuIdentity("NVIDIA H200", "cuda-13000", "2.11.0+cu130"))
+def test_the_cache_path_is_a_plain_file_name(tmp_path):
+    path = cache_path(GpuIdentity("NVIDIA H200", "cuda-13000", "2.11.0+cu130"), tmp_path)
     assert path.name == "nvidia-h200--driver-cuda-13000--torch-2-11-0-cu130.json"
+    assert path.parent == tmp_path
+
+
+def test_an_engine_start_caches_under_the_folder_gapless_cache_names(tmp_path, monkeypatch):
+    from engine import envs
+
+    monkeypatch.setenv(envs.GAPLESS_CACHE, str(tmp_path))
+    assert floor_probe.default_cache_dir() == tmp_path / "floor"
+    fake = Fake(_curve())
+    assert floor_probe.engine_curve(CUDA, identity=GPU, measure=fake) == _curve()
+    assert cache_path(GPU, tmp_path / "floor").is_file()
+    assert floor_probe.engine_curve(CUDA, identity=GPU, measure=fake) == _curve()
+    assert fake.calls == 1
 
 
 def test_a_cached_curve_of_the_old_method_is_measured_again(tmp_path):
