@@ -71,7 +71,7 @@ def predict_async(records: Sequence[StepRecord]) -> AsyncPrediction:
             f"predict_async needs steps run in sync mode, got modes {sorted(modes)}; "
             "run the window with async_batching=False")
     start = min(s.start_ns for r in recs for s in r.spans)
-    end = max(s.end_ns for r in recs for s in r.spans)
+    end = max(r.end_ns or 0 for r in recs)  # each has spans, so an end
     cpu = device = predicted = exposed = 0
     for r in recs:
         c, d = _lane_ns(r, _CPU_LANES), _lane_ns(r, _DEVICE_LANES)

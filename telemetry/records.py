@@ -84,8 +84,8 @@ class StepRecord:
     # (request id, tokens it computed in this step, its context length after them): which
     # requests rode the step, for the request ledger. Empty when telemetry is off.
     chunks: list[tuple[str, int, int]] = field(default_factory=list)
-    # Measured kernels (telemetry.kernels.KernelSample) of sampled steps that finished since
-    # the last record: the kernel sampler's output rides on the next record published.
+    # Measured kernels (telemetry.kernels.KernelSample) of the sampled steps whose window
+    # this step closed: a kernel sample rides on that step's record.
     kernel_samples: list[Any] = field(default_factory=list)
     # The step's byte floor, ns: the weights it reads once and its requests' KV over their
     # contexts, at the peak copy bandwidth the engine measured at start (the waterfall's

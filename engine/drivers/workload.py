@@ -277,7 +277,7 @@ def _result(label: str, settings: dict[str, Any], handles: list[RequestHandle],
     # A from_now reader can still catch the warmup's last step, published after its
     # requests finished: keep only the steps that overlap this run's window.
     records = [r for r in records
-               if r.spans and max(s.end_ns for s in r.spans) > start
+               if r.end_ns is not None and r.end_ns > start
                and min(s.start_ns for s in r.spans) < end]
     spans = spans_of(records)
     gaps = idle_gaps(spans, start, end)
