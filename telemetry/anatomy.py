@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from telemetry.kernel_family import FAMILIES, MARKER_PATTERN, family_of
-from telemetry.metrics import busy_intervals, spans_of
+from telemetry.metrics import busy_intervals, spans_of, union_length
 from telemetry.records import StepRecord
 
 STEP_MARKER = "gapless.step "
@@ -62,23 +62,11 @@ class StepKernels:
     @property
     def kernel_us(self) -> float:
         """Time inside kernels (union: overlapping kernels count once)."""
-        return union_us((k.start_us, k.end_us) for k in self.kernels)
+        return union_length((k.start_us, k.end_us) for k in self.kernels)
 
     @property
     def gap_us(self) -> float:
         return self.span_us - self.kernel_us
-
-
-def union_us(intervals: Iterable[tuple[float, float]]) -> float:
-    total, reach = 0.0, None
-    for a, b in sorted(intervals):
-        if reach is None or a > reach:
-            total += b - a
-            reach = b
-        elif b > reach:
-            total += b - reach
-            reach = b
-    return total
 
 
 _HOST_COPY = re.compile(r"Memcpy (HtoD|DtoH)|Memcpy .*Pinned|Memcpy .*Pageable")
@@ -204,7 +192,7 @@ def kernel_busy(events: Sequence[Mapping[str, Any]], window_us: tuple[float, flo
     if hi <= lo:
         return 0.0
     clipped = [(max(a, lo), min(b, hi)) for a, b in iv if b > lo and a < hi]
-    return union_us(clipped) / (hi - lo)
+    return union_length(clipped) / (hi - lo)
 
 
 StepKey = Hashable  # what a step's in-step gaps depend on: see step_key

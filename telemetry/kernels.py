@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from telemetry.kernel_family import family_of
+from telemetry.metrics import union_length
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,7 +61,7 @@ class SampledStep:
 
     @property
     def kernel_ns(self) -> int:
-        return union_ns((k.start_ns, k.end_ns) for k in self.kernels)
+        return union_length((k.start_ns, k.end_ns) for k in self.kernels)
 
 
 @dataclass(slots=True)
@@ -91,19 +92,6 @@ class KernelSample:
         return self.kernel_ns / w if w > 0 else 0.0
 
 
-def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
-    """Total length of the union of [start, end) intervals."""
-    total, reach = 0, None
-    for a, b in sorted(intervals):
-        if reach is None or a > reach:
-            total += b - a
-            reach = b
-        elif b > reach:
-            total += b - reach
-            reach = b
-    return total
-
-
 def idle_overlap_ns(spans: Iterable[tuple[int, int]], busy: Sequence[tuple[int, int]],
                     lo: int, hi: int) -> int:
     """How much of ``spans`` (disjoint) falls inside [lo, hi) but outside every ``busy``
@@ -113,7 +101,7 @@ def idle_overlap_ns(spans: Iterable[tuple[int, int]], busy: Sequence[tuple[int, 
         a, b = max(a, lo), min(b, hi)
         if b <= a:
             continue
-        covered = union_ns((max(x, a), min(y, b)) for x, y in busy if y > a and x < b)
+        covered = union_length((max(x, a), min(y, b)) for x, y in busy if y > a and x < b)
         total += (b - a) - covered
     return total
 
@@ -133,7 +121,7 @@ def make_sample(steps: Sequence[SampledStep], next_start_ns: int | None,
         s.end_ns for s in steps)
     clipped = [(max(k.start_ns, lo), min(k.end_ns, hi)) for s in steps for k in s.kernels
                if k.end_ns > lo and k.start_ns < hi]
-    return KernelSample(list(steps), (lo, hi), union_ns(clipped), aligned, cost_ns,
+    return KernelSample(list(steps), (lo, hi), union_length(clipped), aligned, cost_ns,
                         idle_overlap_ns(brackets, clipped, lo, hi))
 
 
@@ -155,7 +143,7 @@ def kernel_fraction(samples: Iterable[KernelSample]) -> float | None:
         for st in s.steps:
             work = st.work or st.kernels
             span += max(k_.end_ns for k_ in work) - min(k_.start_ns for k_ in work)
-            k += union_ns((k_.start_ns, k_.end_ns) for k_ in work)
+            k += union_length((k_.start_ns, k_.end_ns) for k_ in work)
     return k / span if span else None
 
 

@@ -104,6 +104,20 @@ def busy_intervals(
     return starts[first], reach[last]
 
 
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals (overlaps count once), in their
+    own unit: int in, int out. The one interval union every kernel-busy figure sums."""
+    total, reach = 0, None
+    for a, b in sorted(intervals):
+        if reach is None or a > reach:
+            total += b - a
+            reach = b
+        elif b > reach:
+            total += b - reach
+            reach = b
+    return total
+
+
 def busy_fraction(
     spans: Iterable[Span], window_start_ns: int, window_end_ns: int, lane: str = "compute"
 ) -> float:

@@ -21,9 +21,9 @@ samples. Kernel time per step, not a share of the span: a sampled graph step's s
 stretched by the profiler (its body starts up to a few hundred us after the marker) while
 its kernels are not, so a share taken there and applied to an unsampled step would read
 about half the kernel busy of unperturbed steps. The kernel parts over a window are so the
-kernel busy of the window's own (unsampled, unperturbed) steps. So the parts sum to the window by construction; without
-samples (a CPU, or none yet) the kernel parts are None and `host_phases` gives the CPU's
-side instead.
+kernel busy of the window's own (unsampled, unperturbed) steps. The parts sum to the window
+by construction; without samples (a CPU, or none yet) the kernel parts are None and
+`host_phases` gives the CPU's side instead.
 
 Pure: no clocks, no torch, nothing of ours beyond telemetry.
 """
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from telemetry.gaps import idle_by_cause
-from telemetry.kernels import KernelSample, union_ns
-from telemetry.metrics import busy_intervals, spans_of
+from telemetry.kernels import KernelSample
+from telemetry.metrics import busy_intervals, spans_of, union_length
 from telemetry.records import CPU_LANES, StepRecord
 
 COMPONENTS: tuple[str, ...] = ("floor", "kernels_above_floor", "in_step_gaps", "idle_cpu",
@@ -121,7 +121,7 @@ def kernel_times(records: Iterable[StepRecord], samples: Iterable[KernelSample],
             work = st.work
             if not work:
                 continue
-            k = union_ns((x.start_ns, x.end_ns) for x in work)
+            k = union_length((x.start_ns, x.end_ns) for x in work)
             span = max(x.end_ns for x in work) - min(x.start_ns for x in work)
             r = rec_by_step.get(st.step)
             if r is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.kernel_family import family_of
+from telemetry.metrics import union_length
 
 
 def profiler_trace(prof: Any) -> dict[str, Any]:
@@ -45,17 +46,6 @@ def split_steps(events: list[dict]) -> list[list[dict]]:
     return [s for s in steps if any(e["cat"] == "kernel" for e in s)]
 
 
-def union_us(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end) intervals."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
 def analyse(steps: list[list[dict]]) -> dict:
     """Per step on average: count and time of each family, span (first kernel to last),
     kernel-busy time (union), and the slowest unclassified kernels."""
@@ -74,7 +64,7 @@ def analyse(steps: list[list[dict]]) -> dict:
         start = min(e["ts"] for e in kernels)
         end = max(e["ts"] + e["dur"] for e in kernels)
         spans.append(end - start)
-        busy.append(union_us([(e["ts"], e["ts"] + e["dur"]) for e in kernels]))
+        busy.append(union_length([(e["ts"], e["ts"] + e["dur"]) for e in kernels]))
     per_step = {k: {"count": v["count"] / n, "us": v["us"] / n} for k, v in fam.items()}
     return {"steps": n, "families": per_step, "span_us": sum(spans) / n,
             "kernel_busy_us": sum(busy) / n,

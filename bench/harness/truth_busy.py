@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from telemetry.kernel_family import MARKER_PATTERN
-from telemetry.kernels import union_ns
+from telemetry.metrics import union_length
 from telemetry.waterfall import at_context, context_of
 
 
@@ -99,14 +99,14 @@ def kernel_per_step(spans: Sequence[tuple[int, int, int]],
     per, taken, by_step = [], 0, {}
     for n, s0, s1 in spans:
         i, j = bisect.bisect_left(mids, s0), bisect.bisect_right(mids, s1)
-        k = union_ns(intervals[i:j])
+        k = union_length(intervals[i:j])
         if k:
             per.append(k)
             by_step[n] = k
         taken += k
     lo, hi = spans[0][1], spans[-1][2]
     i, j = bisect.bisect_left(mids, lo), bisect.bisect_right(mids, hi)
-    total = union_ns(intervals[i:j])
+    total = union_length(intervals[i:j])
     return {"median_us": statistics.median(per) / 1e3 if per else None, "steps": len(per),
             "joined": taken / total if total else None, "by_step": by_step}
 
@@ -125,7 +125,7 @@ def by_context(records: Sequence[Any], per_step: dict[int, int]) -> dict[int, in
 
 def sampled_by_step(samples: Sequence[Any]) -> dict[int, int]:
     """Each sampled step's kernel time (union, marker left out), ns."""
-    return {st.step: union_ns((k.start_ns, k.end_ns) for k in st.work)
+    return {st.step: union_length((k.start_ns, k.end_ns) for k in st.work)
             for s in samples for st in s.steps if st.work}
 
 
@@ -195,7 +195,7 @@ def step_differences(records: Sequence[Any], ref: dict[int, int], samples: Seque
 
 def sampled_kernel_per_step(samples: Sequence[Any]) -> float | None:
     """Median over sampled steps of their kernels' union (marker left out), us."""
-    per = [union_ns((k.start_ns, k.end_ns) for k in st.work) for s in samples for st in s.steps
+    per = [union_length((k.start_ns, k.end_ns) for k in st.work) for s in samples for st in s.steps
            if st.work]
     return statistics.median(per) / 1e3 if per else None
 
@@ -275,7 +275,7 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
                 "why": why_clock or f"torch.profiler kept no kernel record of {lost} kernel "
                 "launches in its window"}, []
     lo, hi = min(a for a, _ in iv), max(b for _, b in iv)
-    return {"busy": union_ns(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9,
+    return {"busy": union_length(iv) / (hi - lo), "kernels": len(iv), "window_s": (hi - lo) / 1e9,
             "lost_launches": lost, "clock_offset_drift_us": (clock_offset_ns() - before) / 1e3
             }, trace_intervals(trace, offset, cats, HOST_COPY)  # per step: the marker out
 

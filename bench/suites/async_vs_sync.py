@@ -27,6 +27,7 @@ from bench.harness.floor import ByteFloor
 from bench.harness.fused_args import add_fused_arguments, fused_config
 from bench.harness.timing import Samples
 from bench.harness.workload import add_model_arguments, model_from_args, random_prompts
+from telemetry.metrics import union_length
 
 DESCRIPTION = ("what async batching and CUDA graphs save on a whole run, against transformers' "
                "generate_batch")
@@ -95,7 +96,7 @@ def profiler_busy(eng, prompts: list[list[int]], new: int, trace_path: Path) -> 
     busy = None
     if kernels:
         start, end = min(a for a, _ in kernels), max(b for _, b in kernels)
-        busy = trace.union_us(kernels) / (end - start) if end > start else None
+        busy = union_length(kernels) / (end - start) if end > start else None
     return {"ours_busy": ours.get("busy"), "profiler_busy": busy,
             "kernels": len(kernels), "wall_s": ours["wall_s"]}
 
