@@ -1,4 +1,5 @@
-"""Does watching the engine slow it down? Engine throughput with and without the dashboard.
+"""Does an open dashboard slow the engine? Engine throughput with and without the Live page
+open: the `dashboard` part of `python -m bench watch-cost`.
 
 Runs the Streamlit server of app.py in this process (exactly what `streamlit run app.py`
 does: streamlit.web.bootstrap) and, on a second thread, drives the very engine the
@@ -9,7 +10,8 @@ Chromium on the Live page (timeline at 1 Hz, gauges at 2 Hz, its steps on screen
 alternate A B A B ... so drift and other load on the machine hit both. Prints one row per
 phase (with the CPU each process used) and the median throughput ratio.
 
-    python -m bench dashboard [--repeats 6] [--requests 16] [--max-tokens 128] [--pin-engine 0]
+    python -m bench watch-cost --parts dashboard [--repeats 6] [--requests 16] \\
+        [--max-tokens 128] [--pin-engine 0]
 
 On a small VM the CPU engine's throughput depends on whether the other vCPUs are idle
 (waking an idle vCPU for each hand-off between the engine's threads is slow): any load on
@@ -37,7 +39,6 @@ from typing import Any
 from ui.headless import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-DESCRIPTION = "whether an open Live page slows the engine (alternated phases)"
 
 
 @dataclass(slots=True)
@@ -215,8 +216,7 @@ def print_report(phases: list[Phase], args: argparse.Namespace) -> None:
             )
 
 
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
+def add_dashboard_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=6, help="pairs of phases")
     ap.add_argument("--requests", type=int, default=16, help="requests per workload run")
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -229,7 +229,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, out: Path) -> dict:
+def dashboard_cost(args: argparse.Namespace) -> dict:
+    """Alternated phases without and with the Live page open (module docstring); the phases'
+    figures. Runs the Streamlit server on this process's main thread until they are done."""
     args.load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
     if not CHROMIUM.exists():
         sys.exit(f"{CHROMIUM} is missing: apt-get install chromium")

@@ -2,7 +2,8 @@
 against off, in alternated pairs (bench.harness.timing), two engines on one model so both stay
 warm. Cost is linear in the sampling rate (each sample costs the same profiler start, stop and
 conversion), so a cost measured at a period shorter than the engine's default bounds the
-default's from above. The truth-cost suite runs it alone; the truth suite on its first shape.
+default's from above. watch-cost's sampler part runs it alone; the truth suite on its first
+shape.
 """
 
 from __future__ import annotations

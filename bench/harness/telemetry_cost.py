@@ -1,6 +1,5 @@
-"""Cost of telemetry on the engine's hot loop and of building a trace for export.
-
-    python -m bench telemetry [--runs N]
+"""What telemetry costs on the host per step, and building a trace for export: the
+`telemetry` part of `python -m bench watch-cost`.
 
 Measures, as the median over many timed runs:
 - publish_step of a prebuilt record with 8 spans (what the engine pays per step), and
@@ -9,6 +8,8 @@ Measures, as the median over many timed runs:
 - busy_fraction and idle_gaps over 5,000 spans, idle_by_cause over the same 625 steps;
 - chrome_trace (dict) and chrome_trace_json (dict + serialisation) of 5,000 spans.
 Prints a small table. Touches no GPU.
+
+    python -m bench watch-cost --parts telemetry [--runs N]
 """
 
 from __future__ import annotations
@@ -19,16 +20,12 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from telemetry.bus import TelemetryBus
 from telemetry.export import chrome_trace, chrome_trace_json, orjson
 from telemetry.gaps import idle_by_cause
 from telemetry.metrics import busy_fraction, idle_gaps, spans_of
 from telemetry.records import LANES, Span, StepRecord
-
-DESCRIPTION = ("what telemetry costs per step on the host: publish, read, busy and gap maths, "
-               "trace export")
 
 STEP_NS = 5_000_000  # a 5 ms decode step
 
@@ -77,13 +74,12 @@ def fmt(ns: float) -> str:
     return f"{ns / 1e9:.3f} s"
 
 
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
+def add_telemetry_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--runs", type=int, default=200, help="timed runs per row (median)")
 
 
-def run(args: argparse.Namespace, out: Path) -> dict:
-    runs = args.runs
+def telemetry_costs(runs: int) -> dict:
+    """Each operation's median time per call (printed as a table), and the trace's size."""
 
     bus = TelemetryBus()
     rec = make_record(0)

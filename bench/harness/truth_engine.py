@@ -14,7 +14,7 @@ from bench.harness.workload import default_device
 
 
 def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
-    """One shape's engine on its device (the truth-cost suite)."""
+    """One shape's engine on its device (watch-cost's sampler part)."""
     parser.add_argument("--preset", default="llama-8b")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--device", default=default_device())

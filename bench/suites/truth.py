@@ -362,7 +362,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                 f.write(path.with_suffix(".tmp").read_text())
             path.with_suffix(".tmp").unlink()
         eng.shutdown()
-        if n == 0 and args.pairs > 0:  # --pairs 0: no cost pairs (bench truth-cost alone)
+        if n == 0 and args.pairs > 0:  # --pairs 0: no cost pairs (watch-cost's sampler part)
             shape["sampler_cost"] = cost_pairs(model, prompts, args)
             log(f"cost: {json.dumps(shape['sampler_cost'])}")
         summary["shapes"][preset] = shape

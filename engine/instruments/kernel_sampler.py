@@ -332,7 +332,7 @@ class KernelSampler:
         # samples handed to the worker / done by it (each counter written by one thread)
         self._submitted = self._converted = 0
         self.convert_s: deque[float] = deque(maxlen=64)  # worker seconds per conversion
-        # False only to measure the sampler's cost without its conversion (bench truth-cost)
+        # False only to measure the sampler's cost without its conversion (bench watch-cost)
         self.keep_results = True
 
     def set_period(self, period_s: float) -> None:
