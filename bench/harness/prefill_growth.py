@@ -1,20 +1,23 @@
-"""CPU prefill time against prompt length, and the largest token gap of a stream beside a long
-prefill (the CPU attention path must not copy the whole context per prompt token).
+"""Prefill time against prompt length, and the largest token gap of a stream beside a long
+prefill: the `prefill` part of `python -m bench default-model` (the attention path must not
+copy the whole context per prompt token, and chunked prefill must keep streams flowing).
 
-Runs the engine in this process on the CPU (the tiny shipped model by default, whose context
-is 1,024 positions). Two measurements:
+Runs the engine in this process (on the CPU by default). Two measurements:
 
     prefill : one request alone, a prompt of L token ids, one new token; the time to its first
-              token (median of --repeats), for each L in --lengths (capped at max_model_len - 1)
+              token (median of --prefill-repeats), for each L in --lengths (capped at
+              max_model_len - 1)
     gap     : a stream (short prompt, greedy, no EOS) runs; once it has produced --warm tokens a
               prompt of the longest length is submitted beside it. The stream's largest gap
               between two deltas while that prompt prefills, against its median gap before (one
               step's time): with chunked prefill the gap is a few step times, not the prefill
 
-The engine config is built from explicit keys only (no config.yaml), so the same suite runs
-against an older source tree (`python -m bench ab prefill-cpu --trees BEFORE,AFTER`).
+The engine config is built from explicit keys only (no config.yaml where --model names the
+model), so the same part runs against an older source tree (`python -m bench ab default-model
+--trees BEFORE,AFTER -- --parts prefill --model models/gapless-tiny-python`).
 
-    python -m bench prefill-cpu [--lengths 128 256 512 1024] [--repeats 2] [--model DIR]
+    python -m bench default-model --parts prefill --model models/gapless-tiny-python \\
+        [--lengths 128 256 512 1024] [--prefill-repeats 2]
 """
 
 from __future__ import annotations
@@ -29,15 +32,12 @@ from pathlib import Path
 from bench.harness import report
 from engine import Engine, EngineConfig, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[2]
-DESCRIPTION = ("how CPU prefill grows with the prompt, and a stream's largest gap beside a "
-               "long prefill")
 
-
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024])
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--model", default=str(ROOT / "models" / "gapless-tiny-python"))
+def add_prefill_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024],
+                    help="prompt lengths, each capped at max_model_len - 1")
+    ap.add_argument("--prefill-repeats", type=int, default=2,
+                    help="runs per length (median)")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--warm", type=int, default=16,
@@ -90,8 +90,9 @@ def stream_gap(eng: Engine, length: int, vocab: int, warm: int) -> dict[str, flo
             "prefill_wall_s": t_done - t_submit, "tokens_during": len(during)}
 
 
-def run(args: argparse.Namespace, out: Path) -> dict:
-    keys = {"model": args.model, "device": "cpu", "max_model_len": args.max_model_len,
+def prefill_growth(args: argparse.Namespace, model: str, out: Path) -> dict:
+    """Both measurements with ``model`` on ``args.device``; writes prefill.md/.json."""
+    keys = {"model": model, "device": args.device, "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens, "async_batching": True}
     if "prefix_caching" in {f.name for f in dataclasses.fields(EngineConfig)}:
         keys["prefix_caching"] = False  # an older tree has no such key
@@ -102,7 +103,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
         vocab = len(eng.tokenizer)
         eng.generate([prompt_ids(32, vocab, 0)], SamplingParams(max_tokens=4))  # warm-up
         for length in lengths:
-            times = [prefill_s(eng, length, vocab, 10 * length + r) for r in range(args.repeats)]
+            times = [prefill_s(eng, length, vocab, 10 * length + r)
+                     for r in range(args.prefill_repeats)]
             rows.append({"prompt_tokens": length, "prefill_s": statistics.median(times),
                          "runs": times})
             print(f"prefill {length} tokens: {statistics.median(times):.3f} s", flush=True)
@@ -115,10 +117,10 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                 f"({gap['largest_gap_s'] / gap['step_s']:.1f} steps), the prefill took "
                 f"{gap['prefill_wall_s']:.2f} s beside it, {gap['tokens_during']} stream "
                 f"tokens meanwhile.")
-    note = (f"Model {Path(args.model).name}, CPU, async, max_num_batched_tokens "
-            f"{args.max_num_batched_tokens}, prefix caching off, median of {args.repeats}.")
-    summary = {"model": Path(args.model).name, "rows": rows, "gap": gap,
+    note = (f"Model {Path(model).name}, {args.device}, async, max_num_batched_tokens "
+            f"{args.max_num_batched_tokens}, prefix caching off, median of "
+            f"{args.prefill_repeats}.")
+    summary = {"model": Path(model).name, "device": args.device, "rows": rows, "gap": gap,
                "max_num_batched_tokens": args.max_num_batched_tokens}
-    report.emit(out, "prefill_cpu", "CPU prefill vs prompt length", [table, gap_line, note],
-                summary)
+    report.emit(out, "prefill", "Prefill vs prompt length", [table, gap_line, note], summary)
     return summary

@@ -16,6 +16,14 @@ from types import ModuleType
 
 from bench.harness import report
 
+# Suites that became a part of another: the old name says where its measurement went.
+MERGED = {
+    "telemetry": "watch-cost --parts telemetry",
+    "truth-cost": "watch-cost --parts sampler",
+    "dashboard": "watch-cost --parts dashboard",
+    "prefill-cpu": "default-model --parts prefill --model models/gapless-tiny-python",
+}
+
 
 def module_name(suite: str) -> str:
     return "bench.suites." + suite.replace("-", "_")
@@ -29,7 +37,10 @@ def names() -> list[str]:
 
 
 def load(suite: str) -> ModuleType:
-    """The suite's module; ValueError naming the known suites when there is none."""
+    """The suite's module; ValueError naming the known suites when there is none (and the
+    suite that took over a merged one's measurement)."""
+    if suite in MERGED:
+        raise ValueError(f"suite {suite!r} is now `python -m bench {MERGED[suite]}`")
     try:
         mod = importlib.import_module(module_name(suite))
     except ModuleNotFoundError as exc:

@@ -1,13 +1,18 @@
-"""Time to first token and tokens/s of the default model through the engine on this machine.
+"""How fast config.yaml's model serves on this machine, part by part (``--parts``):
 
-The default model (config.yaml: SmolLM2-135M-Instruct; --model names another,
-e.g. models/gapless-tiny-python) at batch 1 and 16, in async and sync mode: chat questions
-through the model's chat template (plain code prompts for a model without one), greedy,
---new tokens per request, no EOS. Prints a markdown table: median over --repeats runs of
-the time to first token (per request, then the median request), the whole batch's tokens/s
-and the median request's decode tokens/s (after its first token).
+    speed   : time to first token and tokens/s at batch 1 and 16, async and sync: chat
+              questions through the model's chat template (plain code prompts for a model
+              without one), greedy, --new tokens per request, no EOS. A markdown table: median
+              over --repeats runs of the time to first token (per request, then the median
+              request), the whole batch's tokens/s and the median request's decode tokens/s
+    prefill : how prefill time grows with the prompt, and a stream's largest gap beside a long
+              prefill (bench/harness/prefill_growth.py)
+
+The model is config.yaml's (SmolLM2-135M-Instruct) unless --model names another, e.g.
+models/gapless-tiny-python. By default the speed part.
 
     python -m bench default-model [--device cpu] [--model DIR]
+    python -m bench default-model --parts prefill --model models/gapless-tiny-python
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ import statistics
 import time
 from pathlib import Path
 
+from bench.harness.prefill_growth import add_prefill_arguments, prefill_growth
 from engine import Engine, EngineConfig, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
-DESCRIPTION = ("time to first token and tokens/s of config.yaml's model, batch 1 and 16, async "
-               "and sync")
+DESCRIPTION = ("how fast config.yaml's model serves on this machine: TTFT and tokens/s at "
+               "batch 1 and 16, prefill against prompt length")
+PARTS = ("speed", "prefill")
 
 QUESTIONS = [
     "What is the capital of France?", "Write a Python function that reverses a string.",
@@ -42,15 +49,38 @@ def prompts_for(tokenizer: object, batch: int) -> list[str]:
     return [CODE_PROMPTS[i % len(CODE_PROMPTS)] for i in range(batch)]
 
 
+def parse_parts(text: str) -> list[str]:
+    """``--parts``: the parts named, in running order; an error naming the known ones."""
+    asked = [p.strip() for p in text.split(",") if p.strip()]
+    if not asked or any(p not in PARTS for p in asked):
+        raise argparse.ArgumentTypeError(
+            f"parts must be among {', '.join(PARTS)}, comma-separated; got {text!r}")
+    return [p for p in PARTS if p in asked]
+
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--parts", default=["speed"], type=parse_parts,
+                    help=f"comma-separated, of: {', '.join(PARTS)} (default: speed)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="a model folder instead of config.yaml's")
+    group = ap.add_argument_group("speed part")
+    group.add_argument("--new", type=int, default=64, help="new tokens per request")
+    group.add_argument("--repeats", type=int, default=3, help="runs per row (median)")
+    add_prefill_arguments(ap.add_argument_group("prefill part"))
 
 
 def run(args: argparse.Namespace, out: Path) -> dict:
+    summary: dict = {}
+    if "speed" in args.parts:
+        summary["speed"] = speed(args)
+    if "prefill" in args.parts:
+        model = args.model or str(EngineConfig.from_yaml(ROOT / "config.yaml").model)
+        summary["prefill"] = prefill_growth(args, model, out)
+    return summary
+
+
+def speed(args: argparse.Namespace) -> dict:
+    """The TTFT and tokens/s table (module docstring), printed as it is measured."""
     params = SamplingParams(max_tokens=args.new, temperature=0.0, ignore_eos=True)
     overrides = {"model": args.model} if args.model else {}
     rows = []

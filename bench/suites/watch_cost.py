@@ -9,7 +9,9 @@
                 it, alternated phases (bench/harness/dashboard_cost.py; needs Chromium and
                 playwright, and runs last: it serves app.py from this process)
 
-By default the telemetry part, and the sampler part where the device is CUDA.
+By default the telemetry part, and the sampler part where the device is CUDA. What telemetry
+costs on a whole GPU run is `python -m bench async-vs-sync --telemetry-cost` (the same run
+with telemetry off).
 
     python -m bench watch-cost                                             # telemetry (+ sampler)
     python -m bench watch-cost --parts sampler --cost-period 1 --pair-new 768   # 8B b32, a GPU

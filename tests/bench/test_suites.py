@@ -51,3 +51,30 @@ def test_the_old_fused_layer_flag_names_its_replacement(capsys):
                                       pdl_overlap="prefetch", gemm_table=None)
     with pytest.raises(SystemExit):
         parser.parse_args(["--decode-layer", "six"])
+
+
+@pytest.mark.parametrize("old", sorted(suites.MERGED))
+def test_a_merged_suite_names_the_part_that_took_it_over(old):
+    with pytest.raises(ValueError, match=r"is now `python -m bench [a-z-]+ --parts [a-z]+"):
+        suites.load(old)
+    new, _, rest = suites.MERGED[old].partition(" ")
+    parts = rest.split()[1]
+    args = suites.parser(new).parse_args(["--parts", parts])
+    assert args.parts == [parts]  # the part it names exists
+
+
+@pytest.mark.parametrize("suite", ["watch-cost", "default-model"])
+def test_a_part_outside_the_suites_parts_is_refused_naming_them(suite, capsys):
+    with pytest.raises(SystemExit):
+        suites.parser(suite).parse_args(["--parts", "telemetry,nonsense"])
+    assert "parts must be among" in capsys.readouterr().err
+
+
+def test_watch_cost_runs_the_sampler_part_by_default_only_on_cuda():
+    from bench.suites.watch_cost import parts_of
+
+    parser = suites.parser("watch-cost")
+    assert parts_of(parser.parse_args(["--device", "cpu"])) == ["telemetry"]
+    assert parts_of(parser.parse_args(["--device", "cuda"])) == ["telemetry", "sampler"]
+    asked = parser.parse_args(["--parts", "dashboard,telemetry"])
+    assert parts_of(asked) == ["telemetry", "dashboard"]  # the dashboard part runs last
