@@ -1,8 +1,10 @@
 """Incremental detokenization and stop strings for one request.
 
 Owns turning the next token id into the next piece of text without decoding the whole
-output again each step (a sliding window of tokens, as vLLM does), and holding back just
-enough text that a stop string split across tokens is never emitted.
+output again each step (a sliding window of tokens, as vLLM does), holding back just
+enough text that a stop string split across tokens is never emitted, and finding stop
+strings: one automaton over all of them (StopMatcher) reads each new character once, so a
+token costs the same whatever the number of stop strings.
 """
 
 from __future__ import annotations
@@ -43,6 +45,62 @@ def _is(fn: Any, module: str, qualname: str) -> bool:
                                                                                   qualname)
 
 
+class StopMatcher:
+    """Aho-Corasick over a request's stop strings, fed the text one piece at a time: each
+    character is read once (the state carries a match across pieces), and a match is found
+    where it ends first, the longest one ending there when several do (the same whichever
+    way the text was cut into tokens)."""
+
+    def __init__(self, stop: list[str]) -> None:
+        self._goto: list[dict[str, int]] = [{}]
+        fail = [0]
+        done = [0]  # per state: length of the longest stop string ending there (0: none)
+        for word in stop:
+            state = 0
+            for ch in word:
+                nxt = self._goto[state].get(ch)
+                if nxt is None:
+                    nxt = len(self._goto)
+                    self._goto[state][ch] = nxt
+                    self._goto.append({})
+                    fail.append(0)
+                    done.append(0)
+                state = nxt
+            done[state] = len(word)
+        queue = list(self._goto[0].values())
+        for state in queue:  # breadth first: a state's fail link is shallower
+            for ch, nxt in self._goto[state].items():
+                f = fail[state]
+                while ch not in self._goto[f] and f:
+                    f = fail[f]
+                fail[nxt] = self._goto[f].get(ch, 0)
+                if not done[nxt]:
+                    done[nxt] = done[fail[nxt]]
+                queue.append(nxt)
+        self._fail = fail
+        self._done = done
+        self._state = 0
+
+    def feed(self, text: str) -> tuple[int, int] | None:
+        """(index in ``text`` where a stop string ends, its length), or None."""
+        goto, fail, done = self._goto, self._fail, self._done
+        state = self._state
+        for i, ch in enumerate(text):
+            while True:
+                nxt = goto[state].get(ch)
+                if nxt is not None:
+                    state = nxt
+                    break
+                if not state:
+                    break
+                state = fail[state]
+            if done[state]:
+                self._state = state
+                return i, done[state]
+        self._state = state
+        return None
+
+
 class IncrementalDetokenizer:
     """The text so far is kept as settled pieces (emitted, and out of reach of any stop
     string) and a short live tail, so a token costs the same at the 10,000th token as at
@@ -58,6 +116,8 @@ class IncrementalDetokenizer:
         self._decode = decode or decoder_for(tokenizer)
         self.stop = list(stop or [])
         self._holdback = max((len(s) for s in self.stop), default=1) - 1
+        self._matcher = StopMatcher(self.stop) if self.stop else None
+        self._fed = 0  # text[:_fed] went through the matcher
         self.ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -81,14 +141,14 @@ class IncrementalDetokenizer:
             self._prefix_offset = self._read_offset
             self._read_offset = len(self.ids)
         end = self._base + len(self._tail)
-        if self.stop:
-            # Only the new tail can complete a stop string.
-            start = max(0, self._emitted - self._holdback) - self._base
-            for s in self.stop:
-                i = self._tail.find(s, start)
-                if i != -1:
-                    self._tail = self._tail[:i]
-                    return self._take(self._base + i), True
+        if self._matcher is not None:
+            fed = self._fed
+            hit = self._matcher.feed(self._tail[fed - self._base :])
+            self._fed = end
+            if hit is not None:
+                i = fed + hit[0] + 1 - hit[1] - self._base  # where the stop string begins
+                self._tail = self._tail[:i]
+                return self._take(self._base + i), True
             return self._take(end - self._holdback), False
         return self._take(end), False
 
