@@ -39,7 +39,7 @@ from engine.process.status import (  # noqa: F401  (re-exported: they belong to 
     EngineStartError,
     EngineStatus,
 )
-from engine.process.streams import KEEP_FINISHED, RequestStream, next_item
+from engine.process.streams import KEEP_FINISHED, Follower, RequestStream, next_item
 from engine.process.wire import Command
 from telemetry.bus import TelemetryBus
 
@@ -267,7 +267,7 @@ class EngineClient:
         stream = s.streams.get(rid) if s is not None else None
         if s is None or stream is None:
             raise ValueError(f"unknown request id {rid!r} (not submitted through this client, "
-                             f"or ended long ago: it keeps the last {KEEP_FINISHED})")
+                             f"or read long ago: it keeps the last {KEEP_FINISHED} read)")
         return stream, self.timeouts.wait_check(s, timeout, f"request {rid} {what}")
 
     def stream(self, rid: str, timeout: float | None = None) -> Iterator[str]:
@@ -283,6 +283,15 @@ class EngineClient:
         delta's tokens included): what a usage figure on every chunk needs."""
         stream, check = self._waiting(rid, timeout, "sent nothing")
         return stream.iter_counted(check)
+
+    def follow(self, rid: str, wake: Callable[[], None]) -> Follower:
+        """The request for a reader on an event loop, with no thread waiting on it: ``wake()``
+        is called (on the client's receiver thread: it must only schedule, never block)
+        whenever a delta or the end arrives; Follower.take() then returns them. The reader
+        runs Follower.check between waits (it raises once the engine has been silent for
+        give_up_after_s) and calls Follower.close() when it stops reading."""
+        stream, check = self._waiting(rid, None, "sent nothing")
+        return Follower(stream, wake, check)
 
     def result(self, rid: str, timeout: float | None = None) -> RequestOutput:
         """The request's output once it has ended; finish_reason "error" (and error set,

@@ -1,11 +1,10 @@
 """Engine processes forked from a fork server, where that is safe: the owner's side.
 
 An engine process spawned fresh spends most of its start importing (torch, transformers'
-auto classes and the generation utilities they pull in: ~3 of ~4 CPU-s on a 2-core VM,
-2026-12-04). The fork server (forkserver_main.py) is one fresh interpreter, started by the
-owner the first time it needs an engine, that has done those imports; each later engine is a
-fork of it (~1 CPU-s to a running engine with a small model). A dashboard's Restart, and every
-test that starts an engine, waits that much less.
+auto classes and the generation utilities they pull in). The fork server (forkserver_main.py)
+is one fresh interpreter, started by the owner the first time it needs an engine, that has
+done those imports; each later engine is a fork of it. A dashboard's Restart, and every test
+that starts an engine, waits that much less.
 
 Used only where forking cannot go wrong:
 - on a machine with no NVIDIA device (no /dev/nvidiactl, /dev/nvidia0, /proc/driver/nvidia):
@@ -17,10 +16,11 @@ Used only where forking cannot go wrong:
   environment gets a fork server of its own, up to MAX_SERVERS, then engines spawned fresh;
 - unless GAPLESS_ENGINE_FORKSERVER=0 (the config-free switch for a user who wants every
   engine a fresh interpreter).
-Anything that fails on the way (the fork server will not start, or dies) falls back to a
-fresh spawn, logged. The price: the fork server stays resident while its owner runs, ~420 MB
-RSS (270 MB anonymous) on this project's VM with torch 2.13 (2026-12-04), its pages shared
-copy-on-write with the engines it forks.
+Anything that fails on the way (the fork server will not start, dies, is stopped, or does
+not fork within REPLY_TIMEOUT_S) falls back to a fresh spawn, logged; a fork server that
+failed so is not asked again (the next engine gets a new one). The price: the fork server
+stays resident while its owner runs (the size of an interpreter with torch imported), its
+pages shared copy-on-write with the engines it forks.
 
 The forked engine behaves as a spawned one (spawn.EngineProcess) to its owner: the same pipe,
 stderr relayed, a process group of its own, the exit code (from the fork server, which reaps
@@ -41,12 +41,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engine.process.forkserver_main import FORKED, REAPED, UP
+from engine import envs
+from engine.process.forkserver_main import FORKED, REAPED, TITLE_ROOM, UP
 from engine.process.spawn import (
     EngineProcess,
     engine_argv,
@@ -58,10 +60,10 @@ from engine.process.spawn import (
 
 log = logging.getLogger("gapless.process")
 
-ENV_SWITCH = "GAPLESS_ENGINE_FORKSERVER"
+ENV_SWITCH = envs.GAPLESS_ENGINE_FORKSERVER
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia")
-READY_TIMEOUT_S = 120.0  # the fork server's imports (~3 s on a quiet 2-core VM)
-REPLY_TIMEOUT_S = 30.0  # a fork
+READY_TIMEOUT_S = 120.0  # the fork server's imports
+REPLY_TIMEOUT_S = 5.0  # a fork: a copy of page tables, well under a second on a busy machine
 MAX_SERVERS = 2
 # Variables that change while a process runs and that no import reads: a fork server started
 # before the change serves on (pytest sets the first for each test).
@@ -70,8 +72,7 @@ VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
 
 def forkserver_wanted(device: str) -> bool:
     """Whether an engine on `device` is forked from a fork server here (see the docstring)."""
-    switch = os.environ.get(ENV_SWITCH, "").strip().lower()
-    if switch in ("0", "false", "off", "no"):
+    if not envs.get(ENV_SWITCH):
         return False
     return device in ("cpu", "auto") and not any(Path(p).exists() for p in GPU_NODES)
 
@@ -86,6 +87,7 @@ def start_engine_process(listen: Path | None, device: str) -> Any:
             try:
                 return server.fork(listen, env)
             except (OSError, TimeoutError, EOFError) as e:
+                server.give_up()
                 log.warning("the engine fork server failed (%s): spawning a fresh engine "
                             "process", e)
     return EngineProcess(listen)
@@ -115,6 +117,14 @@ def _server_for(env: dict[str, str]) -> ForkServer | None:
         return server
 
 
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, T stopped, Z exited but not reaped), None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 class ForkServer:
     """One fork server process (forkserver_main.py) and the owner's end of its socket."""
 
@@ -122,7 +132,7 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [sys.executable, "-P", "-c",
                 "from engine.process.forkserver_main import main; main()",
-                "--fd", str(theirs.fileno())]
+                "--fd", str(theirs.fileno()), "--title-room", "." * TITLE_ROOM]
         try:
             # Its own process group, as an engine's: a terminal's Ctrl-C reaches the owner only.
             self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
@@ -140,6 +150,7 @@ class ForkServer:
         self._exits: dict[int, int] = {}  # exit codes told before the engine was registered
         self._cond = threading.Condition()
         self._gone = False
+        self._given_up = False
         ours.settimeout(READY_TIMEOUT_S)
         try:
             kind, self.pid = pickle.loads(self._recv())
@@ -160,11 +171,24 @@ class ForkServer:
         return data
 
     def alive(self) -> bool:
-        return not self._gone and self.proc.poll() is None
+        return not self._gone and not self._given_up and self.proc.poll() is None
+
+    def give_up(self) -> None:
+        """Ask this fork server for nothing more (it failed a fork): the next engine gets a
+        new one. It is left running: the engines it forked are its children."""
+        self._given_up = True
+
+    def stopped(self) -> bool:
+        """Stopped (SIGSTOP, a debugger): it cannot fork until continued."""
+        return _state(self.pid) in ("T", "t")
 
     def fork(self, listen: Path | None, env: dict[str, str]) -> ForkedEngine:
         """A new engine process, forked; its pipe's other end and its stderr's write end are
-        passed to the fork server, which closes its copies once the child has them."""
+        passed to the fork server, which closes its copies once the child has them.
+        OSError when the fork server is stopped, TimeoutError when it does not answer within
+        REPLY_TIMEOUT_S."""
+        if self.stopped():
+            raise OSError(f"the engine fork server (pid {self.pid}) is stopped")
         parent_sock, child_sock = socket.socketpair()
         err_r, err_w = os.pipe()
         request_id = next(self._ids)
@@ -269,5 +293,12 @@ class ForkedEngine:
                 pass
 
     def wait(self, timeout: float) -> bool:
-        """True when the process has exited within ``timeout``."""
-        return self.exited.wait(timeout)
+        """True when the process has exited within ``timeout``: reaped by its fork server, or
+        a zombie its fork server has not reaped yet (a stopped fork server reaps nothing)."""
+        deadline = time.monotonic() + timeout
+        while not self.exited.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+            if _state(self.pid) in (None, "Z"):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        return True

@@ -26,7 +26,9 @@ import select
 import signal
 import socket
 import sys
+from pathlib import Path
 
+TITLE_ROOM = 160  # spare command-line characters the owner starts this process with
 MAX_MESSAGE = 1 << 20  # a request: the environment, the working folder, the engine's arguments
 # What this process tells its owner (each a tuple with the tag first): its imports are done
 # (its pid), a request's fork is done (request id, pid), a child exited (pid, exit code as
@@ -34,21 +36,29 @@ MAX_MESSAGE = 1 << 20  # a request: the environment, the working folder, the eng
 UP, FORKED, REAPED = "fork-server-up", "forked", "reaped"
 
 
-def set_name(name: str) -> None:
-    """The process's name in ps -o comm, top and /proc/PID/comm (a forked engine's command
-    line is this process's, so the name is what tells them apart there)."""
+def set_name(name: str, args: list[str]) -> None:
+    """The process's name in ps -o comm, top and /proc/PID/comm, and its command line in ps
+    and /proc/PID/cmdline: a forked engine starts with this process's command line, so both
+    are rewritten to tell them apart. The command line is written over the memory the
+    kernel shows (as setproctitle does), cut to what the original held: the fork server is
+    started with TITLE_ROOM spare characters for that."""
     try:
         import ctypes
 
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):  # not Linux: the name stays python
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end
+        room = end - start
+        title = b"\0".join(a.encode() for a in args)[:room - 1]
+        ctypes.memmove(start, title.ljust(room, b"\0"), room)
+    except (OSError, AttributeError, IndexError, ValueError):  # not Linux: names stay python
         pass
 
 
 def preload() -> None:
-    """The imports that take most of an engine process's start (~3 of ~4 CPU-s on a 2-core VM,
-    2026-12-04): torch, transformers' auto classes with the generation utilities they pull in,
-    the Llama modeling code (the default model's family) and the engine."""
+    """The imports that take most of an engine process's start: torch, transformers' auto
+    classes with the generation utilities they pull in, the Llama modeling code (the default
+    model's family) and the engine."""
     import torch  # noqa: F401
     import transformers
     from transformers.models.llama import modeling_llama  # noqa: F401
@@ -63,9 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="gapless engine fork server (started by "
                                      "engine.process.forkserver)")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the owner")
+    parser.add_argument("--title-room", default="", help="spare characters for set_name")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    set_name("gapless-forksrv")
+    set_name("gapless-forksrv", ["gapless-forksrv", "engine.process.forkserver_main", "--fd",
+                                 str(args.fd)])
     sock = socket.socket(fileno=args.fd)
     os.set_inheritable(args.fd, False)
     preload()
@@ -114,7 +126,6 @@ def _become_engine(request: dict, fds: list[int], sock: socket.socket, wake_r: i
     os.close(wake_w)
     sock.close()  # only the fork server speaks to the owner over it
     os.setpgid(0, 0)  # a process group of its own, as a spawned engine's (spawn.py says why)
-    set_name("gapless-engine")
     conn_fd, err_fd = fds
     os.dup2(err_fd, 2)
     os.close(err_fd)
@@ -124,6 +135,7 @@ def _become_engine(request: dict, fds: list[int], sock: socket.socket, wake_r: i
     argv = ["--fd", str(conn_fd), "--parent", str(os.getppid()), "--owner",
             str(request["owner"]), *request["args"]]
     sys.argv = ["-c", *argv]
+    set_name("gapless-engine", ["gapless-engine", "engine.process.server", *argv])
     return argv
 
 

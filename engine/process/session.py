@@ -61,6 +61,9 @@ from telemetry.bus import TelemetryBus
 log = logging.getLogger("gapless.client")
 
 EXIT_GRACE_S = 1.5  # after the pipe closes, how long to wait for the exit code
+# What a Python caller can do about a hung engine; status() reasons, which a dashboard or an
+# HTTP server shows its own users, state the fact only.
+RESTART_ADVICE = "restart() kills it and starts a new one"
 
 
 class _Call:
@@ -165,8 +168,7 @@ class Session:
 
     def _silence(self, silent: float) -> str:
         return (f"the engine process (pid {self.pid}) has sent nothing for {silent:.1f} s, "
-                "not even its heartbeat: it is hung or stopped (restart() kills it and "
-                "starts a new one)")
+                "not even its heartbeat: it is hung or stopped")
 
     def check(self, limit_s: float | None = None) -> None:
         """EngineDead, or EngineNotResponding when silent for longer than ``limit_s``
@@ -175,7 +177,7 @@ class Session:
             raise EngineDead(self.dead)
         silent = self.silent_s()
         if silent > (self.not_responding_after_s if limit_s is None else limit_s):
-            raise EngineNotResponding(self._silence(silent), silent)
+            raise EngineNotResponding(f"{self._silence(silent)} ({RESTART_ADVICE})", silent)
 
     # --------------------------------------------------------------------- transport
     def _encode(self, call_id: int, command: Command, kwargs: dict[str, Any]) -> bytes:

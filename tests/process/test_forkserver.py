@@ -53,9 +53,14 @@ def test_a_forked_engine_is_the_fork_servers_child_and_answers_as_a_spawned_one(
         assert server != os.getpid() and parent_of(server) == os.getpid()
         assert parent_of(spawned.pid) == os.getpid()
         assert set(engine_pids(os.getpid())) >= {forked.pid, spawned.pid}
-        # Named apart in ps and top (its command line is the fork server's).
+        # Named apart in ps and top, and in their command lines (a fork starts with its
+        # parent's).
         assert Path(f"/proc/{forked.pid}/comm").read_text().strip() == "gapless-engine"
         assert Path(f"/proc/{server}/comm").read_text().strip() == "gapless-forksrv"
+        assert Path(f"/proc/{forked.pid}/cmdline").read_bytes().startswith(
+            b"gapless-engine\0engine.process.server\0--fd\0")
+        assert Path(f"/proc/{server}/cmdline").read_bytes().startswith(
+            b"gapless-forksrv\0engine.process.forkserver_main\0")
         # A process group of its own, as a spawned engine's; not the fork server's.
         assert os.getpgid(forked.pid) == forked.pid != os.getpgid(server)
         prompts = [[1, 2, 3, 4], [5, 6, 7]]
@@ -102,6 +107,29 @@ def test_a_dead_fork_server_leaves_its_engine_serving_until_it_ends_and_is_repla
         assert parent_of(c.pid) not in (server, os.getpid())  # a new fork server's child
         assert len(c.generate([1, 2], GREEDY).token_ids) == 8
     finally:
+        c.shutdown()
+
+
+def test_a_stopped_fork_server_costs_a_restart_no_wait(model) -> None:
+    """A fork server that cannot fork (SIGSTOP) is not waited for: the restart spawns a fresh
+    engine at once (it waited for a fork that could not come, then spawned), and the next
+    start gets a new fork server."""
+    c = EngineClient(None, model=model, **SMALL)
+    server = parent_of(c.pid)
+    try:
+        os.kill(server, signal.SIGSTOP)
+        t0 = time.monotonic()
+        c.restart()
+        took = time.monotonic() - t0
+        assert parent_of(c.pid) == os.getpid()  # spawned fresh
+        assert len(c.generate([1, 2, 3], GREEDY).token_ids) == 8
+        print(f"\nrestart beside a stopped fork server: {took:.1f} s")
+        # A fresh spawn's time, not a wait for a fork that cannot come (it waited 30 s).
+        assert took < 20
+        c.restart()
+        assert parent_of(c.pid) not in (server, os.getpid())  # a new fork server's child
+    finally:
+        os.kill(server, signal.SIGCONT)
         c.shutdown()
 
 
