@@ -8,18 +8,20 @@ engine this process started or one it attached to.
 
 Errors use OpenAI's shape {"error": {"message", "type", "param", "code"}}: bad input 400,
 a wrong API key 401, an unknown model 404 (as OpenAI and vLLM answer), a slow body 408, a
-big one 413, a dead engine 503, and an engine silent past the client's give_up_after_s
-(serve --engine-timeout) 503 too, its requests aborted (a stream ends with an error event
-and [DONE]). docs/serving.md says what a client sees in each case.
+big one 413, a dead engine 503, a server at its limit of requests in flight 503 with
+Retry-After, and an engine silent past the client's give_up_after_s (serve
+--engine-timeout) 503 too, its requests aborted (a stream ends with an error event and
+[DONE]). docs/serving.md says what a client sees in each case.
 A client that goes away before its answer is complete gets its request aborted, so its KV
-blocks come back at once. It must never call the engine from the event loop thread
-(bridge.py runs those calls on threads) and never run in the engine process.
+blocks come back at once. It must never wait on the engine on the event loop thread
+(bridge.py says how a request crosses to it) and never run in the engine process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -34,16 +36,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from engine.core.request import RequestOutput
-from engine.process.client import EngineDead, EngineError
+from engine.process.client import EngineDead, EngineError, EngineNotResponding
 from engine.serving import limits, schema
 from engine.serving.bridge import EngineRequest
 from engine.serving.ledger_route import ledger_router
 from engine.serving.model_names import accepted_names, served_names
 from engine.serving.prometheus import CONTENT_TYPE, EngineMetrics
 from engine.serving.prompts import PromptBuilder
+from engine.serving.protocol import SSE_SCOPE_KEY
 from engine.serving.schema import ApiError, ChatCompletionRequest, CompletionRequest
 
+log = logging.getLogger("gapless.http")
+
 DONE = "data: [DONE]\n\n"
+PARSE_ON_LOOP_BYTES = 64 * 1024  # bodies up to this size are decoded on the event loop
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # (engine request, model name, created, the request) -> the SSE events of a streamed answer
 StreamEvents = Callable[[EngineRequest, str, int, Any], AsyncIterator[str]]
@@ -68,6 +74,10 @@ def engine_failure(e: BaseException) -> ApiError:
     if isinstance(e, EngineDead):
         return ApiError(503, f"the engine is not running: {e.reason}", type="server_error",
                         code="engine_dead")
+    if isinstance(e, EngineNotResponding):  # its message speaks to Python callers
+        return ApiError(503, f"the engine has sent nothing for {e.silent_s:.1f} s: it is hung "
+                             "or stopped; the request was aborted", type="server_error",
+                        code="engine_timeout")
     if isinstance(e, TimeoutError):
         return ApiError(503, f"the engine did not answer in time: {e}; the request was "
                              "aborted", type="server_error", code="engine_timeout")
@@ -97,6 +107,7 @@ class EventStream(StreamingResponse):
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SSE_SCOPE_KEY] = True  # the connection may probe it with a comment
         try:
             async with anyio.create_task_group() as tg:
                 async def write() -> None:
@@ -157,6 +168,8 @@ def create_app(client: Any, *, tokenizer: Any,
     bounds = bounds or limits.Bounds()
     tokenizing = limits.WorkGate("tokenizations", bounds.max_tokenizing,
                                  bounds.max_tokenize_waiting_chars)
+    inflight = limits.InflightLimit(bounds.max_inflight)
+    chat_overhead = prompts.chat_overhead_chars()
     metrics = EngineMetrics(client, model, metrics_period_s, max_model_len=max_model_len)
 
     @asynccontextmanager
@@ -173,13 +186,21 @@ def create_app(client: Any, *, tokenizer: Any,
     app.state.metrics = metrics
     app.state.served_model_names = names
     app.state.engine_note = None
+    app.state.inflight = inflight
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        headers = dict(e.headers or {})
+        if e.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
         if e.status in (408, 413):  # the body may be unread: the connection cannot go on
-            headers = {"Connection": "close"}
-        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+            headers["Connection"] = "close"
+        return JSONResponse(e.body(), status_code=e.status, headers=headers or None)
+
+    @app.exception_handler(limits.ClientGone)
+    async def client_gone(request: Request, e: limits.ClientGone) -> Response:
+        log.warning("%s %s: %s", request.method, request.url.path, e)
+        return Response(status_code=499)  # nobody is listening
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -204,8 +225,8 @@ def create_app(client: Any, *, tokenizer: Any,
     def check_model(name: str | None) -> None:
         if name is not None and name not in accepted:
             served = ", ".join(repr(n) for n in names)
-            raise ApiError(404, f"the model {name!r} does not exist; this server serves "
-                                f"{served} (see GET /v1/models)", param="model",
+            raise ApiError(404, f"the model {schema.shown(name)} does not exist; this server "
+                                f"serves {served} (see GET /v1/models)", param="model",
                            code="model_not_found")
 
     async def submit(ids: list[int], req: Any, prefix: str) -> EngineRequest:
@@ -223,14 +244,29 @@ def create_app(client: Any, *, tokenizer: Any,
         return schema.models_body(names, settings["model"], max_model_len, schema.now_s())
 
     async def answer(request: Request, req: CompletionRequest | ChatCompletionRequest,
-                     ids: list[int], prefix: str, events: StreamEvents,
-                     body: Callable[..., dict[str, Any]]) -> Response:
-        """Submit the prompt, then stream its events or answer with ``body`` once it is done."""
-        er = await submit(ids, req, prefix)
+                     tokenize: Callable[[], Awaitable[list[int]]], prefix: str,
+                     events: StreamEvents, body: Callable[..., dict[str, Any]]) -> Response:
+        """Take a slot among the requests in flight (503 when none is free), tokenize and
+        submit the prompt, then stream its events or answer with ``body`` once it is done.
+        The slot is freed when the answer ends, however it ends."""
+        free = inflight.take()
+        try:
+            er = await submit(await tokenize(), req, prefix)
+        except BaseException:
+            free()
+            raise
         created = schema.now_s()
         if req.stream:
-            return EventStream(events(er, model, created, req), er.abort)
-        out = await until_done(request, er)
+            async def closed() -> None:
+                try:
+                    await er.abort()
+                finally:
+                    free()
+            return EventStream(events(er, model, created, req), closed)
+        try:
+            out = await until_done(request, er)
+        finally:
+            free()
         if out is None:
             return Response(status_code=499)  # nobody is listening
         failure = output_failure(out, client)
@@ -266,22 +302,35 @@ def create_app(client: Any, *, tokenizer: Any,
                                                out.num_cached_tokens))
         yield DONE
 
-    async def parse(request: Request, model_type: Any) -> Any:
-        """The request, refused (413/400) on its size, nesting or prompt characters before
-        it is parsed or tokenized."""
+    def check_shape(data: dict[str, Any]) -> None:
+        limits.check_shape(data, max_model_len)
+
+    parsing = anyio.CapacityLimiter(1)
+
+    async def parse(request: Request, model_type: Any) -> tuple[Any, int]:
+        """The request and its prompt's characters, refused (413/400) on its size, nesting,
+        arrays or prompt characters before it is validated or tokenized. A large body is
+        decoded on a worker thread, one at a time: the loop answers /health and writes
+        streams between two of them, never waits behind a queue of them."""
         raw = await limits.read_body(request, bounds.max_body_bytes, bounds.body_timeout_s)
-        limits.check_json_depth(raw)
-        req = schema.parse_request(raw, model_type)
-        limits.check_prompt_chars(limits.prompt_chars(req), max_model_len)
-        return req
+        limits.check_commas(raw, max_model_len)
+        if len(raw) <= PARSE_ON_LOOP_BYTES:
+            req = schema.parse_request(raw, model_type, check_shape)
+        else:
+            req = await anyio.to_thread.run_sync(schema.parse_request, raw, model_type,
+                                                 check_shape, limiter=parsing)
+        chars = limits.prompt_chars(req, chat_overhead)
+        limits.check_prompt_chars(chars, max_model_len)
+        return req, chars
 
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
-        req = await parse(request, CompletionRequest)
+        req, chars = await parse(request, CompletionRequest)
         check_model(req.model)
-        ids = await tokenizing.run(prompts.completion_ids, req,
-                                   cost=limits.prompt_chars(req) + 1)
-        return await answer(request, req, ids, "cmpl", _completion_events,
+
+        def tokenize() -> Awaitable[list[int]]:
+            return tokenizing.run(prompts.completion_ids, req, cost=chars + 1)
+        return await answer(request, req, tokenize, "cmpl", _completion_events,
                             schema.completion_body)
 
     def _completion_events(er: EngineRequest, name: str, created: int,
@@ -304,11 +353,12 @@ def create_app(client: Any, *, tokenizer: Any,
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = await parse(request, ChatCompletionRequest)
+        req, chars = await parse(request, ChatCompletionRequest)
         check_model(req.model)
-        ids = await tokenizing.run(prompts.chat_ids, req, model,
-                                   cost=limits.prompt_chars(req) + 1)
-        return await answer(request, req, ids, "chatcmpl", _chat_events, schema.chat_body)
+
+        def tokenize() -> Awaitable[list[int]]:
+            return tokenizing.run(prompts.chat_ids, req, model, cost=chars + 1)
+        return await answer(request, req, tokenize, "chatcmpl", _chat_events, schema.chat_body)
 
     async def _chat_events(er: EngineRequest, name: str, created: int,
                            req: ChatCompletionRequest) -> AsyncIterator[str]:

@@ -1,26 +1,30 @@
 """One engine request seen from asyncio: submit, its text deltas, its end, its abort.
 
-Owns the crossing from EngineClient's blocking calls (submit, stream, result, abort: pipe
-round-trips and queue waits) to the HTTP server's event loop, which must never block on
-them. Short calls run in the thread pool; each request's stream is drained by one daemon
-thread that hands deltas to the loop with call_soon_threadsafe (a pool worker per open
-stream would cap the streams at the pool's size). It must never hold an engine call on the
-event loop thread, and never leave a request running in the engine once its HTTP client
-has gone: whoever owns an EngineRequest calls abort() when it stops reading early.
+Owns the crossing from EngineClient to the HTTP server's event loop, which must never block
+on a pipe round-trip or a queue wait. The submit (a round-trip the engine answers) runs in
+the thread pool; after it, the request is read through EngineClient.follow: the client's
+receiver thread wakes the loop when something arrives and the loop takes it, so an open
+request holds no thread (thousands may be in flight). Abort is a message the client queues
+without waiting, so it is sent from the loop. It must never hold an engine call on the
+event loop thread, and never leave a request running in the engine once its HTTP client has
+gone: whoever owns an EngineRequest calls abort() when it stops reading early.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 from starlette.concurrency import run_in_threadpool
 
 from engine.config import SamplingParams
 from engine.core.request import RequestOutput
+
+# How long a reader waits for the next delta before it asks whether the engine is silent
+# past the client's give_up_after_s.
+CHECK_EVERY_S = 1.0
 
 
 class EngineRequest:
@@ -33,9 +37,9 @@ class EngineRequest:
         self.output: RequestOutput | None = None
         self.num_tokens = 0  # output tokens so far, as of the last delta deltas() gave
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        threading.Thread(target=self._pump, daemon=True,
-                         name=f"gapless-http-{request_id}").start()
+        self._arrived = asyncio.Event()
+        self._wake_sent = False
+        self._follower = client.follow(request_id, self._wake)
 
     @classmethod
     async def submit(cls, client: Any, prompt_ids: list[int], params: SamplingParams,
@@ -45,24 +49,16 @@ class EngineRequest:
         await run_in_threadpool(client.submit, prompt_ids, params, request_id)
         return cls(client, request_id, len(prompt_ids))
 
-    def _put(self, item: Any) -> None:
+    def _wake(self) -> None:
+        """On the client's receiver thread: schedule one wake-up of the reader (one pending
+        at a time, however many deltas arrive before it runs)."""
+        if self._wake_sent:
+            return
+        self._wake_sent = True
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._arrived.set)
         except RuntimeError:  # the loop is closed: the server is stopping
             pass
-
-    def _pump(self) -> None:
-        try:
-            counted = getattr(self.client, "stream_counted", None)  # EngineClient has it
-            if counted is not None:
-                for delta in counted(self.request_id):
-                    self._put(delta)
-            else:
-                for text in self.client.stream(self.request_id):
-                    self._put(text)
-            self._put(self.client.result(self.request_id))
-        except BaseException as e:  # handed to the reader, who raises it
-            self._put(e)
 
     @property
     def finished(self) -> bool:
@@ -72,27 +68,32 @@ class EngineRequest:
         """Text as it comes; deltas already waiting are joined into one (fewer chunks for
         a client that reads slower than the engine writes), ``num_tokens`` then counting the
         output tokens up to the end of that text (where the client tells it). Ends when the
-        request does."""
-        while self.output is None:
-            item = await self._queue.get()
-            text = ""
-            while True:
-                if isinstance(item, tuple):
-                    text += item[0]
-                    self.num_tokens = item[1]
-                elif isinstance(item, str):
-                    text += item
-                elif isinstance(item, RequestOutput):
-                    self.num_tokens = len(item.token_ids)
-                    self.output = item
-                    break
-                else:
-                    raise item
-                if self._queue.empty():
-                    break
-                item = self._queue.get_nowait()
-            if text:
-                yield text
+        request does; raises EngineNotResponding once the engine has been silent for the
+        client's give_up_after_s."""
+        t0 = time.monotonic()
+        try:
+            while self.output is None:
+                self._arrived.clear()
+                self._wake_sent = False  # from here on, an arrival schedules a wake-up
+                items, out = self._follower.take()
+                if items:
+                    self.num_tokens = items[-1][1]
+                if out is not None:
+                    self.num_tokens = len(out.token_ids)
+                    self.output = out
+                text = "".join(t for t, _ in items)
+                if text:
+                    yield text
+                if items or out is not None:
+                    t0 = time.monotonic()
+                    continue
+                try:
+                    async with asyncio.timeout(CHECK_EVERY_S):
+                        await self._arrived.wait()
+                except TimeoutError:
+                    self._follower.check(t0)
+        finally:
+            self._follower.close()
 
     async def result(self) -> RequestOutput:
         async for _ in self.deltas():
@@ -101,11 +102,12 @@ class EngineRequest:
         return self.output
 
     async def abort(self) -> None:
-        """Abort in the engine unless it has ended; safe to call from a cancelled task."""
+        """Abort in the engine unless it has ended (the client queues the message and
+        returns at once); safe to call from a cancelled task."""
+        self._follower.close()
         if self.output is not None:
             return
-        with anyio.CancelScope(shield=True):
-            try:
-                await run_in_threadpool(self.client.abort, self.request_id)
-            except Exception:  # dead engine: nothing left to free
-                pass
+        try:
+            self.client.abort(self.request_id)
+        except Exception:  # dead engine: nothing left to free
+            pass

@@ -15,7 +15,8 @@ labels and buckets (metric_names.py), so existing dashboards work: vllm:num_requ
 fraction in [0, 1] as in vLLM), vllm:generation_tokens_total, vllm:num_preemptions_total, and
 the per-request series request_metrics.py counts as vLLM counts them (prompt tokens at the
 first token, aborted requests left out of the finished-request series). Ours:
-gapless:requests_aborted_total, gapless:requests_failed_total, gapless:step_busy_seconds_total,
+gapless:requests_aborted_total, gapless:requests_failed_total{reason} (a request that an engine
+death ended counts as reason="engine_dead"), gapless:step_busy_seconds_total,
 gapless:device_idle_seconds_total{cause}, gapless:steps_total{mode,cuda_graph},
 gapless:padded_tokens_total, gapless:discarded_tokens_total, gapless:kv_blocks_used / _total,
 gapless:async_batching, gapless:num_slots, gapless:cuda_graphs(_available), gapless:engine_up,
@@ -25,6 +26,9 @@ and where GPM works gapless:gpu_dram_bandwidth_percent, _sm_active_percent, _sm_
 
 Figures from telemetry (prompt tokens, latencies, steps, busy, idle) count only while the
 engine's telemetry is on; generation tokens and the gauges come from stats() and always do.
+Every counter is monotonic for the life of this process: the engine's own counters start at 0
+in each new engine process, so what the previous one had counted is carried on top
+(EngineCounters).
 Kernel busy (time inside kernels) needs a profiler recording and is not exported.
 
 A scrape is served from bytes the poll thread renders after each poll (every ``period_s``):
@@ -119,6 +123,7 @@ class EngineMetrics:
         self._reader: Any = None
         self._last_end: int | None = None
         self._had_work = False
+        self.counters = EngineCounters()
         self.stats: dict[str, Any] | None = None
         self.settings: dict[str, Any] | None = None
         self.nvml: dict[str, Any] | None = None
@@ -159,29 +164,40 @@ class EngineMetrics:
             self._rendered = rendered  # one reference swap: a scrape reads either whole
 
     def _poll(self, with_engine: bool) -> None:
+        # Asked before reading: once the engine is seen dead, everything it sent is on the bus.
+        dead = not self.client.alive()
         with self._lock:
             bus = self.client.telemetry()
             if bus is not self._bus:  # first poll, or the engine restarted
+                if self._reader is not None:
+                    self._read()  # the old engine's last records
+                    self.requests.engine_gone()
                 self._bus, self._reader = bus, bus.reader()
-                self.requests.reset()
                 self._last_end = None
-            dropped = self._reader.dropped
-            for ev in self._reader.events():
-                self.requests.on_event(ev)
-            self._on_steps(self._reader.steps())
-            if self._reader.dropped > dropped:
-                self._dropped.inc(self._reader.dropped - dropped)
+            self._read()
+            if dead:
+                self.requests.engine_gone()
         if not with_engine:
             return
-        alive = self.client.alive()
+        alive = not dead and self.client.alive()
         try:
             stats = self.client.stats() if alive else None
             settings = self.client.settings() if alive else None
         except Exception:  # EngineDead, TimeoutError: the gauges say the engine is down
             stats = settings = None
+        if stats is not None:
+            stats = self.counters.carry(stats, getattr(self.client, "pid", None))
         self.stats, self.settings = stats, settings
         nvml = getattr(self.client, "nvml", None)  # local: the mirror's latest reading
         self.nvml = nvml() if nvml is not None and alive else None
+
+    def _read(self) -> None:
+        dropped = self._reader.dropped
+        for ev in self._reader.events():
+            self.requests.on_event(ev)
+        self._on_steps(self._reader.steps())
+        if self._reader.dropped > dropped:
+            self._dropped.inc(self._reader.dropped - dropped)
 
     def _on_steps(self, records: list[StepRecord]) -> None:
         for component, ns in self._waterfall.add(sorted(records, key=lambda r: r.step)).items():
@@ -218,6 +234,36 @@ class EngineMetrics:
             return generate_latest(self.registry)
 
 
+class EngineCounters:
+    """The engine's own counters (stats()) made monotonic across engine processes: when the
+    engine is another one (its pid changed) or a counter went down, what was counted before
+    is carried on top of the new process's figures."""
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.last: dict[str, float] = {}  # the engine's own figures, as last read
+        self.carried: dict[str, float] = {}  # what earlier engine processes counted
+
+    def carry(self, stats: dict[str, Any], engine: Any) -> dict[str, Any]:
+        """``stats`` with every counter key monotonic (a new dict)."""
+        if engine != self.engine and self.engine is not None:
+            self._carry_all()
+        self.engine = engine
+        if any(stats.get(k, self.last[k]) < self.last[k] for k in self.last):
+            self._carry_all()  # the same pid, yet counting again from 0: a new process
+        out = dict(stats)
+        for key in COUNTER_KEYS:
+            if key in stats:
+                self.last[key] = stats[key]
+                out[key] = stats[key] + self.carried.get(key, 0)
+        return out
+
+    def _carry_all(self) -> None:
+        for key, value in self.last.items():
+            self.carried[key] = self.carried.get(key, 0) + value
+        self.last = {}
+
+
 SENTINEL_COUNTERS = (
     ("sentinel_checked", "gapless:sentinel_checked", "Finished greedy requests the "
      "async-correctness sentinel re-scored through the synchronous path."),
@@ -228,6 +274,11 @@ SENTINEL_COUNTERS = (
     ("sentinel_tokens_mismatched", "gapless:sentinel_tokens_mismatched", "Re-scored output "
      "tokens that did not match."),
 )
+
+
+# stats() keys that are counters: monotonic within one engine process.
+COUNTER_KEYS = ("generated_tokens", "preemptions", "prefix_cache_queries", "prefix_cache_hits",
+                "discarded_tokens", *(key for key, _, _ in SENTINEL_COUNTERS))
 
 
 class _LiveGauges(Collector):

@@ -17,6 +17,7 @@ from engine.config import SamplingParams
 from engine.serving.schema import ApiError, ChatCompletionRequest, CompletionRequest
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CHAT_OVERHEAD_FALLBACK = 16  # characters a message's header and footer count, if unmeasured
 
 
 def load_tokenizer(source: str, *, trust_remote_code: bool = False,
@@ -111,6 +112,25 @@ class PromptBuilder:
         if not ids:
             raise ApiError(400, "the messages format to an empty prompt", param="messages")
         return ids
+
+    def chat_overhead_chars(self) -> tuple[int, int]:
+        """(characters the chat template writes once, characters it writes around each
+        message): what tokenizing a chat reads beside the messages' own text, content-less
+        messages included. Measured once by formatting empty messages; a template that
+        refuses them counts CHAT_OVERHEAD_FALLBACK a message."""
+        if not self.has_chat_template:
+            return 0, 0
+
+        def chars(roles: list[str]) -> int:
+            return len(self.tokenizer.apply_chat_template(
+                [{"role": r, "content": ""} for r in roles], tokenize=False,
+                add_generation_prompt=True))
+        try:
+            one = chars(["user"])
+            three = chars(["user", "assistant", "user"])
+        except Exception:  # a template may raise on what it cannot format
+            return 0, CHAT_OVERHEAD_FALLBACK
+        return one, max(1, (three - one) // 2)
 
     # ----------------------------------------------------------------------- sampling
     def sampling(self, req: CompletionRequest | ChatCompletionRequest, prompt_len: int,

@@ -12,7 +12,9 @@ Owns the moment each ``vllm:`` request figure is counted, as vLLM's V1 engine co
   decode (first token -> last token) and inference (first scheduled -> last token) times, and
   its prompt / generation token counts. vLLM records none of these for a request its client
   aborted; we count those in gapless:requests_aborted_total, and requests that ended in an
-  error in gapless:requests_failed_total.
+  error in gapless:requests_failed_total{reason}: "error" (a failed step, a tokenizer or
+  callback error) or "engine_dead" (the engine process died with the request unfinished:
+  ``engine_gone``).
 
 Times come from the engine's own event timestamps (one clock). It must never call the engine
 and never raise on an event it cannot place (a request seen half-way is skipped).
@@ -28,6 +30,7 @@ from engine.serving import metric_names as mn
 from telemetry.records import RequestEvent
 
 MAX_TRACKED = 100_000  # requests followed at once (the oldest is forgotten beyond)
+FAILURE_REASONS = ("error", "engine_dead")
 
 
 @dataclass(slots=True)
@@ -84,14 +87,21 @@ class RequestMetrics:
         self.aborted = Counter("gapless:requests_aborted", "Requests aborted before they "
                                "finished (a client that went away, or an abort call); "
                                "vLLM's request series leave them out.", registry=registry)
-        self.failed = Counter("gapless:requests_failed", "Requests that ended in an error "
-                              "(a failed step, a tokenizer or callback error, a dead "
-                              "engine).", registry=registry)
+        failed = Counter("gapless:requests_failed", "Requests that ended in an error: "
+                         "reason=error (a failed step, a tokenizer or callback error), "
+                         "reason=engine_dead (the engine process died first).", ["reason"],
+                         registry=registry)
+        self.failed = {r: failed.labels(r) for r in FAILURE_REASONS}
         self._lives: dict[str, _Life] = {}
 
-    def reset(self) -> None:
-        """Forget the requests being followed (the engine restarted: their ends are lost)."""
+    def engine_gone(self) -> int:
+        """The engine process died (or was replaced): every request still followed ended
+        with it; count them and forget them. Returns how many."""
+        n = len(self._lives)
+        if n:
+            self.failed["engine_dead"].inc(n)
         self._lives.clear()
+        return n
 
     def on_event(self, ev: RequestEvent) -> None:
         life = self._lives.get(ev.request_id)
@@ -123,7 +133,7 @@ class RequestMetrics:
             self.aborted.inc()
             return
         if ev.reason not in ("stop", "length"):
-            self.failed.inc()
+            self.failed["error"].inc()
             return
         scheduled = life.scheduled_ns if life.scheduled_ns is not None else life.queued_ns
         first = life.first_ns if life.first_ns is not None else ev.t_ns

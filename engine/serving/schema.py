@@ -11,22 +11,29 @@ Unknown fields are ignored, as vLLM does: clients send extras such as `user`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# The parser's nesting limit (pydantic-core's JSON parser refuses deeper input without
+# recursing in Python); OpenAI's request shapes nest fewer than 10 levels.
+MAX_JSON_DEPTH = 200
 
 
 class ApiError(Exception):
     """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # sent with the answer (Retry-After on a 503 for a busy server)
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
@@ -147,27 +154,57 @@ class ChatCompletionRequest(_Sampling):
             else self.max_tokens
 
 
-def parse_request(raw: bytes, model: type[_Sampling]) -> Any:
-    """The validated request, or ApiError(400) naming the first bad field and why."""
-    import json
+def decode_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or ApiError(400). Decoded by pydantic's parser (no Python
+    recursion: nesting past its limit is refused, not a RecursionError)."""
+    from pydantic_core import from_json
 
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+        data = from_json(raw)
+    except ValueError as e:
+        if "recursion limit" in str(e):
+            raise ApiError(400, f"the request body nests JSON deeper than {MAX_JSON_DEPTH} "
+                                "levels; OpenAI's request shapes need far fewer",
+                           code="json_too_deep") from None
         raise ApiError(400, f"the request body is not valid JSON ({e}); send a JSON object "
                             "with Content-Type: application/json") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_request(raw: bytes, model: type[_Sampling],
+                  check: Callable[[dict[str, Any]], None] | None = None) -> Any:
+    """The validated request, or ApiError(400) naming the first bad field and why. ``check``
+    sees the decoded body before it is validated (limits.check_shape)."""
+    data = decode_json(raw)
+    refused: ApiError | None = None
     try:
-        req = model.model_validate_json(raw)
+        if check is not None:
+            check(data)
+        req = model.model_validate(data)
+    except ApiError as e:
+        refused = e
     except ValidationError as e:
         message, param = _describe(e.errors(include_url=False)[0])
-        raise ApiError(400, message, param=param) from None
+        refused = ApiError(400, message, param=param)
+    if refused is not None:
+        # Freed here, on this thread: a traceback would keep the decoded body alive until
+        # the error is handled, and a big one would then be freed on the event loop.
+        del data
+        raise refused.with_traceback(None) from None
     bad = req.unsupported()
     if bad:
         field, why = bad[0]
         raise ApiError(400, why, param=field)
     return req
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """repr(value) cut to ``limit`` characters: what an error message quotes of an input."""
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < limit \
+        else f"<{type(value).__name__} of {len(value)} items>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 # What a field that takes one of several shapes allows (pydantic names each member instead).
@@ -185,7 +222,7 @@ def _describe(err: Any) -> tuple[str, str | None]:
     # Union members appear in loc as their type ("str", "list[int]"): drop them.
     clean = [p for p in loc if not (isinstance(p, str) and (p in _SCALARS or "[" in p))]
     path = ".".join(str(p) for p in clean) or "body"
-    given = f"; got {err['input']!r}" if "input" in err and err["type"] != "missing" else ""
+    given = f"; got {shown(err['input'])}" if "input" in err and err["type"] != "missing" else ""
     if err["type"] == "missing":
         return f"{path} is required", path
     field = next((p for p in reversed(clean) if isinstance(p, str)), "")

@@ -5,7 +5,10 @@ Owns the engine-death policy of `python -m engine serve --on-engine-death`:
     restart : start the engine again with the same settings (EngineClient.restart), waiting
               1, 2, 4... s between attempts (``backoff_s`` doubling, at most 30 s); after
               ``max_restarts`` failed attempts in a row, or that many deaths within
-              ``window_s``, give up and exit (a crash loop is a supervisor's business)
+              ``window_s``, give up and exit (a crash loop is a supervisor's business).
+              A serve attached to another process's engine (serve --attach) cannot start
+              it: it re-attaches once the engine's owner (the dashboard) has restarted it,
+              trying every ``reattach_period_s`` for as long as it serves
     exit    : stop serving and exit with EXIT_ENGINE_DIED, so a supervisor (systemd,
               Kubernetes) acts
     stay    : keep serving: /health and every request answer 503 with the reason until
@@ -42,7 +45,8 @@ class EngineSupervisor:
 
     def __init__(self, client: Any, policy: str, *, stop_serving: Callable[[int], None],
                  note: Callable[[str | None], None], max_restarts: int = 5,
-                 backoff_s: float = 1.0, window_s: float = 300.0, poll_s: float = 0.2) -> None:
+                 backoff_s: float = 1.0, window_s: float = 300.0, poll_s: float = 0.2,
+                 reattach_period_s: float = 1.0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"--on-engine-death must be one of {', '.join(POLICIES)}, "
                              f"got {policy!r}")
@@ -56,6 +60,7 @@ class EngineSupervisor:
         self.backoff_s = backoff_s
         self.window_s = window_s
         self.poll_s = poll_s
+        self.reattach_period_s = reattach_period_s
         self.deaths: deque[float] = deque()
         self.restarts = 0
         self._stop = threading.Event()
@@ -91,8 +96,30 @@ class EngineSupervisor:
                 self.note("serve is exiting (--on-engine-death exit)")
                 self.stop_serving(EXIT_ENGINE_DIED)
                 return
-            if not self._restart(reason):
+            if getattr(self.client, "attached", False):
+                if not self._reattach(reason):
+                    return
+            elif not self._restart(reason):
                 return
+
+    def _reattach(self, reason: str) -> bool:
+        """Connect again to the engine's socket once its owner has restarted it; False when
+        serve stops first."""
+        where = getattr(self.client, "listen_path", None) or "its socket"
+        say(f"the engine died ({reason}); this serve is attached to it and cannot start it: "
+            f"re-attaching to {where} once its owner restarts it, trying every "
+            f"{self.reattach_period_s:g} s")
+        self.note("waiting for the engine's owner to restart it")
+        while not self._stop.wait(self.reattach_period_s):
+            try:
+                self.client.restart()
+            except Exception:  # nothing listens there yet
+                continue
+            self.restarts += 1
+            self.note(None)
+            say(f"re-attached to the engine (pid {self.client.pid})")
+            return True
+        return False
 
     def _restart(self, reason: str) -> bool:
         """Restart with backoff; False (after stop_serving) when it gives up."""

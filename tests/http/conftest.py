@@ -34,13 +34,15 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 def server(tmp_path_factory: pytest.TempPathFactory):
     from serving import API_KEY, BODY_TIMEOUT_S, CHAT_TEMPLATE, HEADER_TIMEOUT_S, start_server
 
+    from engine import envs
+
     tmp = tmp_path_factory.mktemp("serve")
     template = tmp / "chat_template.jinja"
     template.write_text(CHAT_TEMPLATE)
     # Short read deadlines so that the slow-client tests (test_timeouts.py) take seconds.
     srv = start_server(tmp, "--chat-template", str(template), "--header-timeout",
                        str(HEADER_TIMEOUT_S), "--body-timeout", str(BODY_TIMEOUT_S),
-                       env={"GAPLESS_API_KEY": API_KEY})
+                       env={envs.GAPLESS_API_KEY: API_KEY})
     yield srv
     srv.stop()
 

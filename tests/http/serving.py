@@ -1,6 +1,6 @@
 """Starting a real `python -m engine serve` process and reading its /metrics, for tests/http.
 
-Starting one costs ~10 s on a 2-core CPU (the engine process imports torch and loads the
+Starting one takes seconds on a small CPU (the engine process imports torch and loads the
 model), so conftest.py shares one server across the session; tests that need a clean state
 wait for the engine to go idle (wait_idle).
 """
@@ -27,7 +27,7 @@ MODEL = "models/gapless-tiny-python"
 SERVED = "gapless-tiny-python"  # the name it is served under by default: its folder's
 API_KEY = "test-key-123"
 HEADER_TIMEOUT_S = 3.0  # the session server's --header-timeout
-BODY_TIMEOUT_S = 10.0  # a 4 MB body must arrive in time on a loaded 2-core CI machine (3 s did not)
+BODY_TIMEOUT_S = 10.0  # a 4 MB body must arrive in time on a loaded CI machine
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"

@@ -1,16 +1,18 @@
-"""Bounds before work (issue 21): a body over the limit, a declared absurd Content-Length,
-conflicting framing, JSON nested too deep and a prompt of too many characters are each
-refused with a 4xx in OpenAI's error shape, and the server serves on afterwards."""
+"""Bounds before work: a body over the limit, a declared absurd Content-Length, conflicting
+framing, JSON nested too deep and a prompt of too many characters are each refused with a 4xx
+in OpenAI's error shape, and the server serves on afterwards."""
 
 from __future__ import annotations
 
 import socket
+import time
 from urllib.parse import urlparse
 
 import httpx
 import pytest
 from serving import API_KEY, MODEL
 
+from engine import envs
 from engine.serving import limits
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -65,20 +67,82 @@ def test_server_serves_on_after_refusals(server):
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("raw", [b"{" * 65 + b"}" * 65, b'"' + b"[" * 200 + b'"'])
-def test_json_depth_scan(raw):
-    if raw.startswith(b"{"):
-        with pytest.raises(limits.ApiError):
-            limits.check_json_depth(raw)
+@pytest.mark.parametrize("raw,deep", [
+    (b'{"prompt": ' + b"[" * 300 + b"]" * 300 + b"}", True),
+    (b'{"prompt": ' + b"[" * 60 + b"1" + b"]" * 60 + b"}", False),
+    (b'{"prompt": "' + b"[" * 300 + b'"}', False),  # brackets inside a string do not nest
+])
+def test_deep_json_is_refused_by_the_parser_without_recursion(raw, deep):
+    from engine.serving.schema import decode_json
+
+    if deep:
+        with pytest.raises(limits.ApiError) as e:
+            decode_json(raw)
+        assert e.value.code == "json_too_deep"
     else:
-        limits.check_json_depth(raw)  # brackets inside a string do not nest
+        decode_json(raw)
 
 
-def test_empty_api_key_refused(capsys):
+def test_empty_api_key_refused(capsys, monkeypatch):
     from engine.serving.serve import main
 
     assert main(["--api-key", ""]) == 2
     assert "--api-key is empty" in capsys.readouterr().err
+    # The same key from the environment is refused the same way, not taken as "no key".
+    monkeypatch.setenv(envs.GAPLESS_API_KEY, "")
+    assert main([]) == 2
+    assert f"${envs.GAPLESS_API_KEY} is empty" in capsys.readouterr().err
+    monkeypatch.setenv(envs.GAPLESS_API_KEY, "  ")
+    assert main([]) == 2
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+BYPASSES = [
+    # (path, body, param, words the message must hold): each was tokenized whole before.
+    ("/v1/completions", {"prompt": ["word " * 838_000], "max_tokens": 1}, "prompt",
+     ["4190000 characters", "at most 32768 characters"]),
+    ("/v1/completions", {"prompt": [[5] * 500_000], "max_tokens": 1}, "prompt",
+     ["token ids: 500000", "at most 1023"]),
+    ("/v1/completions", {"prompt": [5] * 500_000, "max_tokens": 1}, "prompt",
+     ["token ids: 500000", "at most 1023"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}] * 100_000, "max_tokens": 1},
+     "messages", ["messages: 100000", "at most 1024"]),
+    # What the template writes around each message counts too, beside its content.
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 31}] * 1024,
+                              "max_tokens": 1}, "prompt", ["at most 32768 characters"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": ""}] * 120_000}], "max_tokens": 1}, "messages",
+     ["content parts in all messages: 120000", "at most 1024"]),
+    ("/v1/completions", {"prompt": "x", "stop": [f"s{i}" for i in range(100_000)]}, "stop",
+     ["stop strings: 100000", "at most 16"]),
+    ("/v1/completions", {"prompt": "x", "stop": ["s" * 300_000]}, "stop",
+     ["300000", "at most 256"]),
+]
+
+
+def test_prompt_bounds_count_what_is_tokenized_and_memory_stays_flat(server):
+    before = _rss_mb(server.proc.pid)
+    took = []
+    for path, body, param, words in BYPASSES:
+        t0 = time.monotonic()
+        r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH, timeout=120)
+        took.append(time.monotonic() - t0)
+        assert r.status_code == 400, (path, r.text[:300])
+        err = r.json()["error"]
+        assert err["param"] == param, err
+        for w in words:
+            assert w in err["message"], (w, err["message"])
+    after = _rss_mb(server.proc.pid)
+    print(f"\nserve RSS {before:.0f} -> {after:.0f} MiB over {len(BYPASSES)} refusals, "
+          f"each answered in {max(took) * 1000:.0f} ms at most")
+    # Each body is decoded once and dropped: no tokenized copy, no gigabytes held.
+    assert after - before < 100
 
 
 def _peak_rss_mb(pid: int) -> float:

@@ -1,6 +1,5 @@
 """After the engine process is killed (-9), the requests it held end "error" with what the
-client knew of them: the prompt's token ids (issue 21: they came back empty), the tokens and
-text that had arrived."""
+client knew of them: the prompt's token ids, the tokens and text that had arrived."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""An engine that goes silent (SIGSTOP) and then dies, behind a real `serve` (issue 21).
+"""An engine that goes silent (SIGSTOP) and then dies, behind a real `serve`.
 
 While it is stopped: /health and /ready answer 503 with the reason; a client waiting for a
 whole answer gets 503 (not 500) once --engine-timeout passes, and a stream gets an error event
 then [DONE]; their requests are aborted in the engine, so after SIGCONT they do not run on
 (no KV blocks held, far fewer tokens generated than asked). Then the engine is killed and
-serve (--on-engine-death restart) starts a new one with the same settings, and says so. Its
-own server process, since it stops and kills the engine."""
+serve (--on-engine-death restart) starts a new one with the same settings, and says so; across
+a death and a restart every counter of /metrics only grows, and the request the death ended
+counts as failed with reason engine_dead. Messages speak HTTP, not the Python API. Its own
+server process, since it stops and kills the engine."""
 
 from __future__ import annotations
 
@@ -77,6 +79,7 @@ def test_silent_engine_fails_its_clients_cleanly_and_aborts_their_requests(hung)
                         health = _wait_status(hung.url, "/health", 503).json()["error"]
                         assert health["code"] == "engine_not_responding"
                         assert "not responding" in health["message"]
+                        assert "restart()" not in health["message"]  # HTTP speaks HTTP
                         assert _wait_status(hung.url, "/ready", 503).status_code == 503
                         # A new request is refused at once, not queued behind the hang.
                         t0 = time.monotonic()
@@ -88,9 +91,11 @@ def test_silent_engine_fails_its_clients_cleanly_and_aborts_their_requests(hung)
         assert events[-1] == "[DONE]"
         error = json.loads(events[-2])["error"]
         assert error["code"] == "engine_timeout" and "aborted" in error["message"]
+        assert "restart()" not in error["message"]
         # The whole answer: 503, not 500, once the engine timeout passed.
         assert whole["status"] == 503, whole
         assert whole["body"]["error"]["code"] == "engine_timeout"
+        assert "restart()" not in whole["body"]["error"]["message"]
         assert whole["t"] - stopped_at[0] >= ENGINE_TIMEOUT_S - 0.5
     finally:  # never leave it stopped for the next test, whatever failed above
         if stopped_at:
@@ -152,3 +157,51 @@ def test_dead_engine_makes_serve_exit_when_asked(tmp_path):
         assert "SIGKILL" in log
     finally:
         srv.stop()
+
+
+def _counters(samples: dict) -> dict:
+    """Every counter and histogram series: monotonic for the life of the serve process."""
+    return {k: v for k, v in samples.items()
+            if k[0].endswith(("_total", "_count", "_sum", "_bucket"))}
+
+
+def test_counters_stay_monotonic_across_an_engine_death_and_restart(hung):
+    r = httpx.post(f"{hung.url}/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "import os", "max_tokens": 20, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    before = wait_idle(hung.url)
+    old = hung.engine_pid()
+    events = []
+    with httpx.Client(timeout=120) as http:  # a stream the death ends
+        with http.stream("POST", f"{hung.url}/v1/completions", json=_body(True)) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                if len(events) == 3:
+                    os.kill(old, signal.SIGKILL)
+    assert events[-1] == "data: [DONE]" and "engine_dead" in events[-2]
+    deadline = time.monotonic() + 120
+    while True:  # restarted by serve
+        try:
+            pid = hung.engine_pid()
+        except (AssertionError, OSError):
+            pid = old
+        if pid != old and httpx.get(f"{hung.url}/health", timeout=30).status_code == 200:
+            break
+        assert time.monotonic() < deadline, hung.output()[-2000:]
+        time.sleep(0.2)
+    after = wait_scrape(hung.url, lambda s: metric(s, "gapless:engine_up") == 1 and any(
+        n == "vllm:generation_tokens_total" for n, _ in s), "the new engine's counters")
+    # The request the death ended is counted, with its reason.
+    assert (metric(after, "gapless:requests_failed_total", 0.0, reason="engine_dead")
+            - metric(before, "gapless:requests_failed_total", 0.0, reason="engine_dead")) >= 1
+    went_down = {k: (v, after.get(k)) for k, v in _counters(before).items()
+                 if after.get(k, -1.0) < v}
+    assert not went_down, went_down
+    # The new engine's tokens count on top of the old one's.
+    tokens = metric(after, "vllm:generation_tokens_total")
+    r = httpx.post(f"{hung.url}/v1/completions", timeout=60, json={
+        "model": MODEL, "prompt": "x = ", "max_tokens": 5, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    wait_scrape(hung.url, lambda s: metric(s, "vllm:generation_tokens_total") >= tokens + 5,
+                "5 more generated tokens")

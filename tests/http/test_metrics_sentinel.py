@@ -1,6 +1,6 @@
-"""/metrics exports the async-correctness sentinel's counters while it is on (issue 21: its
-mismatch rate on /metrics is rate(gapless:sentinel_mismatches_total) /
-rate(gapless:sentinel_checked_total)), and nothing of it while it is off."""
+"""/metrics exports the async-correctness sentinel's counters while it is on (its mismatch rate
+on /metrics is rate(gapless:sentinel_mismatches_total) / rate(gapless:sentinel_checked_total)),
+and nothing of it while it is off."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""An engine stopped with SIGSTOP whose owner (serve) is then killed does not stay stopped
-(issue 21): it runs in its own process group, which the kernel sends SIGHUP and SIGCONT when
-the group is orphaned, so it exits although its own watchdog thread could not run.
+"""An engine stopped with SIGSTOP whose owner (serve) is then killed does not stay stopped: it
+runs in its own process group, which the kernel sends SIGHUP and SIGCONT when the group is
+orphaned, so it exits although its own watchdog thread could not run.
 
-Negative control, run once (2-core VM, load average 4.2, 2026-12-04 06:50 UTC, tree of commit
-6e91cad copied to /tmp with ``process_group=0`` removed from engine/process/spawn.py's Popen,
-never committed): ``python -m pytest -q -p no:randomly tests/http/test_orphan.py`` -> 1 failed
-in 49.6 s, ``AssertionError: engine 17629 state T`` (still stopped 30 s after its owner was
-killed). The same copy with the line put back: 1 passed in 20.4 s."""
+Negative control: with ``process_group=0`` removed from engine/process/spawn.py's Popen, this
+test fails with the engine still stopped (state T) 30 s after its owner was killed."""
 
 from __future__ import annotations
 

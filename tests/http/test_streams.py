@@ -23,7 +23,7 @@ def prompts(n: int) -> list[str]:
             for i in range(n)]
 
 
-@pytest.mark.slow  # ~10 s for the 200 streams, ~35 s for the same prompts one by one
+@pytest.mark.slow  # the 200 streams, then the same prompts one by one
 def test_concurrent_streams_lose_and_duplicate_no_token(server):
     from openai import AsyncOpenAI, OpenAI
 

@@ -1,4 +1,4 @@
-"""Slow and malformed clients (issue 21): a request head that trickles in, a body that never
+"""Slow and malformed clients: a request head that trickles in, a body that never
 arrives (a declared Content-Length never sent), fifty trickling connections at once, and
 conflicting framing are each answered (408, 400) and closed within the server's deadlines
 (the session server runs with --header-timeout and --body-timeout of a few seconds), and the
