@@ -244,7 +244,7 @@ class Engine:
         progress on that thread); its result, or its exception raised here. For tools that
         must not act while the loop launches: a profiler session stopped from another thread
         while the loop thread was launching left that thread's kernel launches unrecorded
-        in later sessions (bench/suites/truth_kick.py)."""
+        in later sessions (bench/harness/truth_kick.py)."""
         return self._run_command("call", fn, timeout_s)
 
     def _run_command(self, kind: str, arg: Any, timeout_s: float | None = None) -> Any:

@@ -117,8 +117,8 @@ def save_curve(curve: BandwidthCurve, path: Path) -> Path:
 def size_aware_seconds(bytes_list: Iterable[float], curve: BandwidthCurve | None = None,
                        ) -> float | None:
     """Seconds to read each of ``bytes_list`` (one read per kernel or per tensor) at its
-    size's achievable bandwidth, summed. ``curve`` defaults to the shipped H200 curve;
-    None when there is no curve."""
+    size's achievable bandwidth, summed. ``curve`` defaults to the shipped curve of
+    DEFAULT_GPU; None when there is no curve."""
     curve = curve or load_curve()
     if curve is None:
         return None
@@ -126,9 +126,8 @@ def size_aware_seconds(bytes_list: Iterable[float], curve: BandwidthCurve | None
 
 
 def one_read_seconds(nbytes: float, curve: BandwidthCurve | None = None) -> float | None:
-    """One read of ``nbytes`` at the curve's bandwidth for that size; None without a curve.
-    (Not named floor_seconds: bench.harness.floor would call that and expect a float, and
-    no curve is shipped until an H200 run measures one.)"""
+    """One read of ``nbytes`` at the curve's bandwidth for that size; None without a curve
+    (so not named floor_seconds, which bench.harness.floor's callers expect a float of)."""
     return size_aware_seconds([nbytes], curve)
 
 

@@ -2,11 +2,11 @@
 
 Triton reads TRITON_INTERPRET when a kernel is defined (at import), so the kernel tests run
 their ``test_interp_*`` cases in a child process with the variable set, and one parent test a
-file asserts on the outcome. Each file used to start a child of its own: a Python that
-imports torch, Triton, pytest and the test helpers (~3-4 CPU-seconds each before the first
-case, 8 children). Now the first parent to ask runs one child over every file in FILES and
-each parent reads its own file's part: its cases' outcomes (from the child's junit XML), in
-the form the parents assert on (``returncode``, and a pytest summary line in ``stdout``).
+file asserts on the outcome. A child per file would each pay a Python that imports torch,
+Triton, pytest and the test helpers before its first case; instead the first parent to ask
+runs one child over every file in FILES and each parent reads its own file's part: its
+cases' outcomes (from the child's junit XML), in the form the parents assert on
+(``returncode``, and a pytest summary line in ``stdout``).
 
 tests/conftest.py makes all the parents one xdist unit (PARENTS), so the child runs once a
 session, on one worker. A parent run on its own (``pytest file::parent``) still runs the

@@ -1,6 +1,6 @@
 """One owner per concept: a second definition of a shared rule anywhere in the product fails.
 
-Owns the check for three concepts whose copies used to disagree on screen:
+Owns the check for three concepts whose copies would disagree on screen:
 - a kernel's family and its colour (owner telemetry/kernel_family.py): a regex that tells
   kernel names apart, a function named for classifying kernels, a literal list of families
   or a dict from family to colour;

@@ -239,7 +239,7 @@ def reference_busy(window_s: float, cuda: bool, until: Any = None, max_s: float 
     copies out, over first kernel to last) and the device work's intervals on our clock
     (for kernel time per step). With ``on_loop`` (Engine.run_on_loop) the session starts and
     stops on the engine's loop thread between its steps, never while that thread launches
-    (bench/suites/truth_kick.py: what a stop from this thread did to later sessions)."""
+    (bench/harness/truth_kick.py: what a stop from this thread did to later sessions)."""
     if not cuda:
         run_until(window_s, until, max_s)
         return {"busy": None}, []

@@ -17,7 +17,7 @@ decodes:
    against the window's wall time;
 4. kernel time per step from (1) and (2) on the same steps, and busy against (0)'s period
    from each, the figures neither tracer perturbs; the dashboard's kernel busy of (0)
-   against the reference's kernel time of (0)'s steps (bench/suites/truth_busy.py says why).
+   against the reference's kernel time of (0)'s steps (bench/harness/truth_busy.py says why).
    (1) and (2) run as many steps as (0) did (each window is a fresh batch of the same
    prompts, so the same steps have the same contexts), at most 4 x ``--window-s``.
 

@@ -10,12 +10,11 @@ at each size is the point (short rows win below ~64 MB, long ones above). A
 device-to-device copy of 1 GB gives the peak-copy figure (bytes moved, read + write, over
 time: the usual "copy bandwidth").
 
-Why in a graph: one read timed alone by events (the first probe, a sum to a scalar queued
-behind a spin) counted ~6 us of launch and event overhead into every read, so a 33 MB read
-came out slower than the 8B model's own o projection of the same size read inside the step's
-graph: a "floor" the step beat (docs/benchmarks.md).
-Kernels that overlap (programmatic dependent launch, one persistent kernel) can still go
-below this floor, which assumes one read after another.
+Why in a graph: one read timed alone by events counts the launch and event overhead into
+every read, so a mid-sized read comes out slower than a model's own projection of the same
+size read inside the step's graph: a "floor" the step would beat. Kernels that overlap
+(programmatic dependent launch, one persistent kernel) can still go below this floor, which
+assumes one read after another.
 
 The curve is a property of the GPU, its driver and torch: `engine_curve` (engine start, and
 the bench suites through `curve_for_device`) reads the one cached on disk for this GPU
@@ -44,8 +43,8 @@ log = logging.getLogger("gapless.floor")
 SIZES_MB: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 POOL_BYTES = 2 << 30  # the buffers the reads of one size cycle through (>> L2)
 READ_ROWS = (1024, 4096)  # bf16 elements a row of the row-sum read
-# Its tag in a curve's method: a cached curve without it was measured the old way (a read
-# timed alone), whose small-read figures were too slow to be a floor; measured again.
+# Its tag in a curve's method: a cached curve without it was measured another way (a read
+# timed alone), whose small-read figures are too slow to be a floor; it is measured again.
 READ_METHOD = "row sums back to back in a CUDA graph, cold buffers"
 # A spin of ~20 us before the timed copy: its launch is then queued behind it when the start
 # event fires, so an idle stream's launch latency is not counted as copying time.
@@ -162,7 +161,7 @@ def engine_curve(device: torch.device, *, cache_dir: Path | None = None,
             cached = load_curve_file(path)
             if READ_METHOD in cached.method:
                 return cached
-            log.info("floor curve cache %s was measured the old way: measuring again", path)
+            log.info("floor curve cache %s was measured another way: measuring again", path)
         except (OSError, ValueError, KeyError) as e:
             log.warning("floor curve cache %s unreadable (%s): measuring again", path, e)
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ and each read at its size's achievable bandwidth from the curve the engine measu
 step reads every weight tensor once (the input embedding table only where it is also the LM
 head: otherwise a step reads a few of its rows) and, per layer, K and V over the batch's
 contexts (one paged-attention read each; the contexts come from ``StepRecord.chunks``), as
-bench/suites/truth_anatomy.py counts them. The step anatomy's summary reads it
+bench/harness/truth_anatomy.py counts them. The step anatomy's summary reads it
 (engine/instruments/anatomy.py). It never measures, and returns nothing without a curve.
 """
 

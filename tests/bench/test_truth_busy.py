@@ -1,4 +1,4 @@
-"""The truth suite's fair busy (bench/suites/truth_busy.py) on a CPU: torch.profiler's kernels
+"""The truth suite's fair busy (bench/harness/truth_busy.py) on a CPU: torch.profiler's kernels
 put on our clock and joined to our steps' compute spans, the bare step period, and busy of
 unperturbed steps from each tracer's kernel time per step."""
 

@@ -1,4 +1,4 @@
-"""Config mistakes found by the issue-21 probes, each a clear error at once: a config without
+"""Config mistakes a user makes, each a clear error at once: a config without
 `model:` run from another folder, a config path that is a directory, an absurd block_size."""
 
 from __future__ import annotations

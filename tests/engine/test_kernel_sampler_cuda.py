@@ -68,7 +68,7 @@ def test_kernels_of_a_sampled_step_lie_inside_its_compute_span(tiny_model_dir, g
 def test_sampled_kernel_busy_matches_the_profiler(tmp_path, mode):
     """Kernel time per step from the sampler against torch.profiler's on the same steps (the
     contexts both traced: kernel time grows with context), as busy over the step period without
-    any profiler: within 1 pp in every mode (the issue's target, on the figure neither tracer
+    any profiler: within 1 pp in every mode (the target, on the figure neither tracer
     perturbs); and the dashboard's kernel busy of a window with no profiler against the
     reference's kernel time at its steps' contexts, within 1 pp. Busy as each tracer reads it
     (kernel time / the period of the steps it traced) is also held within 2 pp in eager mode. In
@@ -101,7 +101,7 @@ def test_sampled_kernel_busy_matches_the_profiler(tmp_path, mode):
     assert abs(fair["diff_vs_bare_pp"]) <= 1.0, fair
     # The dashboard's figure (the waterfall's kernel part: sampled kernel time per step given
     # to the unsampled steps of a window with no profiler) against the reference's kernel time
-    # at the same steps' contexts over the same window: the issue's 1 pp.
+    # at the same steps' contexts over the same window: within 1 pp.
     assert fair.get("dashboard_vs_truth_pp") is not None, fair
     assert abs(fair["dashboard_vs_truth_pp"]) <= 1.0, fair
     if mode.endswith("eager"):

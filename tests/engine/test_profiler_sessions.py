@@ -1,7 +1,7 @@
 """Traces whose CUDA events lost their times: Kineto
 converts CUDA times at export with the latest session's converter, so a trace written after
 another session started has its kernels, copies and runtime calls at ts 0 while its CPU ops
-and ranges keep real times. On a CPU, from synthetic traces shaped like the H200's: the check
+and ranges keep real times. On a CPU, from synthetic traces shaped like a GPU's: the check
 finds them, the sampler drops them, no session of ours starts while a trace waits to be
 written, and the anatomy records once more, saying why."""
 
@@ -19,13 +19,13 @@ from engine.instruments.anatomy import AnatomyRecorder, record_anatomy
 from engine.instruments.kernel_sampler import KernelSampler, to_sample
 from telemetry.anatomy import STEP_MARKER
 
-T0 = 5_520_571_979_001.855  # us, as in the H200 trace (relative to Kineto's base time)
+T0 = 5_520_571_979_001.855  # us, as in a GPU trace (relative to Kineto's base time)
 
 
-def h200_like(zeroed: bool, steps=(2, 3), real_head: int = 4) -> list[dict]:
+def gpu_like(zeroed: bool, steps=(2, 3), real_head: int = 4) -> list[dict]:
     """A CPU + CUDA anatomy trace: the session span, one range per step holding a graph
     launch, and the graph's kernels. ``zeroed``: every CUDA event at ts 0, dur 0 except the
-    first ``real_head`` (the H200 trace kept 4 of 845 with real times)."""
+    first ``real_head`` (a zeroed trace keeps a handful with real times)."""
     ev = [{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "ts": T0, "dur": 9484.9}]
     cuda = []
     for i, n in enumerate(steps):
@@ -44,13 +44,13 @@ def h200_like(zeroed: bool, steps=(2, 3), real_head: int = 4) -> list[dict]:
 
 
 def test_a_trace_with_its_cuda_events_at_ts_0_is_found_and_a_good_one_passes():
-    assert sessions.clock_lost(h200_like(zeroed=False)) is None
-    why = sessions.clock_lost(h200_like(zeroed=True))
+    assert sessions.clock_lost(gpu_like(zeroed=False)) is None
+    why = sessions.clock_lost(gpu_like(zeroed=True))
     assert why is not None and "14 of 18 CUDA events at ts 0" in why
     # a few at 0 among real times are not judged; times far outside the session's span are
-    few = h200_like(zeroed=True, real_head=15)
+    few = gpu_like(zeroed=True, real_head=15)
     assert sessions.clock_lost(few) is None
-    shifted = h200_like(zeroed=False)
+    shifted = gpu_like(zeroed=False)
     for e in shifted:
         if e["cat"] in sessions.CUDA_CATS:
             e["ts"] += 5e6  # 5 s after the session ended
@@ -149,7 +149,7 @@ def _drive(recorder: AnatomyRecorder, stop: threading.Event) -> None:
 @pytest.mark.parametrize("bad", [1, 2])
 def test_the_anatomy_records_once_more_when_its_trace_lost_the_cuda_times(
         monkeypatch, tmp_path, bad):
-    traces = [h200_like(zeroed=True)] * bad + [h200_like(zeroed=False, steps=(4, 5))]
+    traces = [gpu_like(zeroed=True)] * bad + [gpu_like(zeroed=False, steps=(4, 5))]
     prof = _Prof(list(traces))
 
     def start(r: AnatomyRecorder) -> None:
@@ -182,6 +182,6 @@ def test_a_normal_recording_says_it_was_not_retried():
 
 
 def test_to_sample_refuses_a_trace_whose_cuda_times_are_lost():
-    events = h200_like(zeroed=True)
+    events = gpu_like(zeroed=True)
     with pytest.raises(sessions.ClockLost, match="kernel sampler"):
         to_sample(events, first=2, steps=1, marks={2: (0, 1, 2, 3), 3: (4, 5, 6, 7)})

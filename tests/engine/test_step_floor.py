@@ -82,7 +82,8 @@ def test_the_anatomy_summary_puts_each_step_against_both_floors():
 def test_the_live_floor_is_the_weights_and_the_context_s_kv_at_peak_copy():
     """StepRecord.floor_ns, the waterfall's byte floor on the Live page and /metrics: the
     weights once plus the KV of the step's total context, at the curve's peak copy rate
-    (not the size-aware one, which is above a measured 8B step on the H200)."""
+    (not the size-aware one, which can lie above a measured step: a graph's kernels
+    overlap)."""
     from engine.instruments.step_floor import live_floor
 
     f = live_floor(_Tiny(False), 4096, CURVE)

@@ -144,9 +144,9 @@ def test_a_run_longer_than_the_bus_ring_keeps_every_step(tiny_model_dir):
     progress items (as a dashboard does): the result still covers every step.
 
     The ring must still hold what arrives between two drains of the benchmark's collector
-    (every 50 ms): the tiny model's steps take 1.2-1.8 ms on this VM's CPU, so a 32-step ring
-    (which this test had) filled in 40-55 ms and lost steps whenever a drain came late (it
-    failed with one torch thread a process, as the suite now runs). 96 steps are ~150 ms."""
+    (every 50 ms): the tiny model's steps take a millisecond or two on a CPU, so a 32-step
+    ring fills within one drain period and loses steps whenever a drain comes late (with one
+    torch thread a process, as the suite runs); 96 steps hold a few drain periods."""
     from telemetry.bus import TelemetryBus
 
     ring, new_tokens = 96, 400

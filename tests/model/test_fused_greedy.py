@@ -109,7 +109,7 @@ def test_model_impl_is_validated():
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "mistral-window"])
 def test_transformers_impl_still_matches_generate(variant_dir, name):
-    """'auto' now serves these families with the fused path; the generic path (transformers'
+    """'auto' serves these families with the fused path; the generic path (transformers'
     modeling code with our attention), which every other architecture takes, stays tested."""
     model_dir = variant_dir(name)
     prompts = mixed_prompts(9, seed=2)

@@ -83,8 +83,8 @@ def test_an_engine_start_caches_under_the_folder_gapless_cache_names(tmp_path, m
 
 
 def test_a_cached_curve_of_the_old_method_is_measured_again(tmp_path):
-    """A cache written by the first probe (one read timed alone: small reads came out slower
-    than the model's own kernels read) is replaced by a measurement of the current method."""
+    """A cache written by another method (one read timed alone: small reads come out slower
+    than the model's own kernels read them) is replaced by a measurement of the current one."""
     save_curve(_curve("sum(bf16->fp32) after a 256 MB L2 flush, CUDA events, median of 5"),
                cache_path(GPU, tmp_path))
     fake = Fake(_curve())

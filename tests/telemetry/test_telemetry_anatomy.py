@@ -49,8 +49,8 @@ def kineto_two_graph_steps() -> list[dict]:
 
 def test_a_steps_host_copies_do_not_stretch_its_span() -> None:
     """Async: step 8's H2D copy (its own stream) runs while step 7's graph computes, and
-    step 7's D2H after it; seen on the H200 as a step 'span' twice its kernels. A step's
-    span is its compute work only."""
+    step 7's D2H after it; counted in, they would make a step's span twice its kernels. A
+    step's span is its compute work only."""
     events = kineto_two_graph_steps() + [
         ev("cuda_runtime", "cudaMemcpyAsync", 101, 2, corr=21),
         ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 70, 3, corr=21, tid=8),

@@ -1,5 +1,5 @@
 """StepCollector keeps every step of a run longer than the bus ring; reading the ring once
-at the end (what a benchmark used to do) keeps only its last ring's worth."""
+at the end (the negative control) keeps only its last ring's worth."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_a_run_longer_than_the_ring_keeps_every_step() -> None:
     assert [r.step for r in c.records] == list(range(1000))
     assert c.dropped_steps == 0
     late = once.steps()
-    assert len(late) == 256 and once.dropped_steps == 1000 - 256  # the old way loses steps
+    assert len(late) == 256 and once.dropped_steps == 1000 - 256  # one late read loses steps
 
 
 def test_missed_steps_are_counted_and_bad_period_refused() -> None:

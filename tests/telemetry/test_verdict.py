@@ -58,7 +58,7 @@ def test_decode_steps_leave_prefill_out_and_measure_busy() -> None:
 
 def test_a_large_gain_hidden_by_prefill_steps_is_named_with_its_interval() -> None:
     # B's decode steps are 1.4x faster; long prefill steps in both would widen any
-    # sub-window spread (the old verdict's "no measurable difference").
+    # sub-window spread (a spread-overlap rule would call it "no measurable difference").
     pre = (0, 40, 80)
     a = run(noisy(120, 2.8, 0.05, 1), prefill_at=pre, prefill_ms=60.0, busy=0.75)
     b = run(noisy(120, 2.0, 0.05, 2), prefill_at=pre, prefill_ms=60.0, busy=0.99)
