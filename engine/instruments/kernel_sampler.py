@@ -1,16 +1,13 @@
 """The kernel sampler: the measured kernels of a few consecutive steps, every period, always on.
 
-Owns `KernelSampler` (its loop-thread half and its worker thread) and the reading of its
-traces into a `telemetry.kernels.KernelSample`. Every ``period_s`` the next warm-up + ``steps``
-+ 1 steps run under a CUDA-only Kineto session; each sampled launch is bracketed by two
-zero-cycle spin kernels on a side stream whose correlation ids say which launch calls, and
-so which kernels, belong to which step, and whose own timestamps put the trace on the host
-clock. The worker groups the trace by step; the sample rides on the record of the step that
-closed its window (engine/instruments/observer.py's `SamplePublisher`). It takes turns with
-the step anatomy (the observer arbitrates) and keeps profiler_sessions' rules.
+Owns `KernelSampler` (a loop-thread half and a worker thread) and the reading of its traces
+into a `telemetry.kernels.KernelSample`: steps told apart by bracket kernels around each
+sampled launch (`KernelSampler.marked`), put on the host clock by the brackets' own times. A
+sample rides on the record of the step that closed its window (observer.SamplePublisher).
 
-It never starts while another profiler runs, never starts or stops a session off the loop
-thread, never blocks the loop on a conversion, and never leaves the profiler on after an error.
+It never starts while another profiler runs (the observer gives the step anatomy its turn;
+profiler_sessions' rules hold), never starts or stops a session off the loop thread, never
+blocks the loop on a conversion, and never leaves the profiler on after an error.
 """
 
 from __future__ import annotations
@@ -295,7 +292,9 @@ def _same(a: KernelSample | None, b: KernelSample | None) -> bool:
 
 # --------------------------------------------------------------------------- sampler
 class KernelSampler:
-    """The loop-thread half (``begin_step`` / ``step_done``) and its worker thread."""
+    """The loop-thread half (``begin_step`` / ``step_done``) and its worker thread: every
+    ``period_s`` the next warm-up + ``steps`` + 1 steps run under a CUDA-only Kineto session;
+    the worker converts the finished trace while the loop goes on."""
 
     def __init__(self, *, enabled: bool, period_s: float = DEFAULT_PERIOD_S,
                  steps: int = DEFAULT_STEPS) -> None:
@@ -374,7 +373,9 @@ class KernelSampler:
 
     @contextmanager
     def marked(self, step: int) -> Iterator[None]:
-        """Bracket a sampled step's launch (see the module docstring)."""
+        """Bracket a sampled step's launch between two zero-cycle spin kernels on a side
+        stream: their correlation ids say which launch calls (and so which kernels) belong to
+        this step, and their timestamps put the trace on the host clock."""
         side, clock = self._side, time.perf_counter_ns
         ctx = (torch.profiler.record_function(f"{STEP_MARKER}{step}") if self.with_cpu
                else nullcontext())
