@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers import cuda_engine_outputs, hf_greedy, mixed_prompts  # noqa: E402
+from engine_checks import cuda_engine_outputs, hf_greedy, mixed_prompts  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 

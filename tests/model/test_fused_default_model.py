@@ -12,7 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "engine"))
 
-from helpers import hf_greedy  # noqa: E402
+from engine_checks import hf_greedy  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from engine.model.loader import load_model_and_tokenizer  # noqa: E402

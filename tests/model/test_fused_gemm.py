@@ -167,7 +167,7 @@ def test_fused_layer_torch_path_greedy_equals_generate(family, fused_kinds, tmp_
     prologue, which `fused_add_norm_linear` must then run)."""
     sys.path.insert(0, str(REPO_ROOT / "tests"))
     sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
-    from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
+    from engine_checks import cpu_engine_outputs, hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
     from engine.model import fused_gemm, gemm_table, llama
@@ -205,7 +205,7 @@ def test_cuda_greedy_fused_separate_rotary_equals_generate(graphs, layer, pdl, t
     """bf16 on the GPU with the separate rotary kernel (fused_rotary false): exactly generate's
     tokens."""
     sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))
-    from helpers import cuda_engine_outputs, hf_greedy, mixed_prompts
+    from engine_checks import cuda_engine_outputs, hf_greedy, mixed_prompts
 
     model_dir = tiny_model_dir("llama")
     prompts = mixed_prompts(9, seed=5)

@@ -3,7 +3,7 @@ kernels on CUDA), and a whole fused-model forward with Triton ops and Triton att
 against the torch path.
 
 ``test_interp_*`` run only in the TRITON_INTERPRET=1 child that the (slow) parent test
-starts, as in tests/kernel/test_paged_attention.py (Triton reads the variable at import);
+starts, as in tests/attention/test_paged_attention.py (Triton reads the variable at import);
 fp32 and fp16 only: the interpreter mishandles bf16. ``test_cuda_*`` run on a GPU in bf16.
 Outputs are poisoned with NaN first, so an element a kernel forgets to write fails.
 """

@@ -92,7 +92,7 @@ def test_rope_epilogue_torch_path_greedy_equals_generate(family, kinds, tmp_path
     epilogue everywhere it fits; Qwen3's q/k norm keeps the two kernels). Else decode_layer
     auto with a stand-in table: with a cuBLAS down before it, the residual add is pending and
     the op does it."""
-    from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
+    from engine_checks import cpu_engine_outputs, hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
     from engine.model import fused_rope, gemm_table
@@ -132,7 +132,7 @@ def test_interp_engine_rope_kernel_greedy_equals_generate(layer, tmp_path, monke
     generate's. fused: the heuristic tiles (block_n 16, the interleaved accumulator); auto: the
     stand-in table's (two accumulators), the pending residual add in the prologue from the
     second layer on. Every other op runs its torch twin, so the kernel is what is tested."""
-    from helpers import cpu_engine_outputs, hf_greedy, mixed_prompts
+    from engine_checks import cpu_engine_outputs, hf_greedy, mixed_prompts
     from tiny_models import save_tiny_model
 
     from engine.model import fused_gemm, fused_ops, fused_rope, gemm_table, llama
@@ -206,7 +206,7 @@ def test_cuda_greedy_with_rope_epilogue_within_ties(layer, pdl, graphs, tiny_mod
     greedy token is transformers' fp32 argmax given the tokens before it, up to a bf16 tie (see
     the module docstring). auto: a stand-in table picks it alone (cuBLAS o, gate_up, down), so
     its prologue also does the residual add cuBLAS's down left pending."""
-    from helpers import cuda_engine_outputs, mixed_prompts
+    from engine_checks import cuda_engine_outputs, mixed_prompts
 
     from engine.model import gemm_table
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_all_blocks_free
+from engine_checks import assert_all_blocks_free
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.core.block_allocator import BlockAllocator

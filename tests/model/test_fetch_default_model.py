@@ -1,6 +1,6 @@
 """scripts/fetch_default_model.py, the set-up step that makes the default model: it leaves a
 finished folder alone, and a failure says what failed and what to do, leaving nothing
-half-written behind. (The conversion itself is checked on its product, tests/test_smollm2.py.)
+half-written behind. (The conversion itself is checked on its product, tests/model/test_smollm2.py.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from engine import EngineConfig
 from engine.model.loader import load_model_and_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "fetch_default_model.py"
 
 

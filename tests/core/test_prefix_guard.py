@@ -10,7 +10,7 @@ forces preemption, eviction of cached blocks and reuse of freed ones while a ste
 from __future__ import annotations
 
 import pytest
-from helpers import assert_all_blocks_free
+from engine_checks import assert_all_blocks_free
 from test_prefix_cache import GREEDY, TIGHT, shared_prefix_prompts
 
 from engine import Engine, EngineConfig

@@ -11,7 +11,7 @@ How the groups run:
   (marked slow) therefore re-runs this file in a child ``python -m pytest -k test_interp_``
   with the variable set; outside such a child the ``test_interp_*`` tests skip. To run
   only the child directly: ``TRITON_INTERPRET=1 .venv/bin/python -m pytest
-  tests/kernel/test_paged_attention.py -k test_interp_``. fp32 and fp16 only: the
+  tests/attention/test_paged_attention.py -k test_interp_``. fp32 and fp16 only: the
   interpreter mishandles bf16.
 - ``test_kernel_compiles_for_sm90_without_a_gpu`` (slow, CPU-only machines with a ptxas):
   builds the real kernel for an sm_90 target, so compile errors show up without a GPU.

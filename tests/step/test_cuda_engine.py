@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import (
+from engine_checks import (
     TIGHT_CUDA,
     assert_all_blocks_free,
     cuda_engine_outputs,

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from test_telemetry_nvml import FakeNvml, ticking_clock
+from test_nvml import FakeNvml, ticking_clock
 
 from telemetry.gpm import GpmSampler
 from telemetry.nvml import NvmlSampler

@@ -21,7 +21,7 @@ from engine.model.loader import load_model_and_tokenizer
 from engine.model.scoring import sequence_logits
 from ui.chat import load_chat_template
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"
 GGUF = MODEL_DIR / "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts
+from engine_checks import assert_all_blocks_free, hf_greedy, mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.step.pipeline import Pipeline

@@ -1,7 +1,7 @@
 """The shipped tiny model (models/gapless-tiny-python/) loads and still knows Python.
 
 It is the model tests use where any model will do (config.yaml's default is SmolLM2, made by
-scripts/setup.sh and tested in tests/test_smollm2.py).
+scripts/setup.sh and tested in tests/model/test_smollm2.py).
 
 A broken weight file, a mismatched tokenizer or a lossy decode would each show up here as a
 user would see it: a loss far above what training measured, or source text that comes back
@@ -23,11 +23,11 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.model.loader import load_model_and_tokenizer
 from engine.model.scoring import sequence_logits
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "models" / "gapless-tiny-python"
 # The first 2,991 bytes of asyncio/taskgroups.py of Python 3.12.3, a held-out file of the split
 # in training/corpus.py (the model never trained on it), behind a one-line provenance comment.
-SNIPPET = Path(__file__).parent / "data" / "heldout_snippet.py.txt"
+SNIPPET = Path(__file__).parents[1] / "data" / "heldout_snippet.py.txt"
 # The snippet scores about 2.37 nats/token (CPU, fp32; the same through engine.model.scoring
 # and our paged attention as through transformers sdpa); training reports about 2.13 over
 # all held-out files. The margin covers kernel and version drift (about 1e-4), not damage: one

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts
+from engine_checks import assert_all_blocks_free, hf_greedy, mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.core.batch import BufferLayout, HostView, assemble

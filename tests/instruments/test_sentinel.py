@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import mixed_prompts
+from engine_checks import mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_telemetry_gaps import step, sync_steps
+from test_gaps import step, sync_steps
 
 from telemetry.predict import predict_async
 

@@ -5,7 +5,7 @@ token is corrupted in async mode with graphs off (an eager step whose compute we
 from __future__ import annotations
 
 import pytest
-from helpers import mixed_prompts
+from engine_checks import mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
 
