@@ -55,8 +55,8 @@ FIRST = (
     "tests/browser",
     INTERPRETER_UNIT,  # the interpreter children of the kernel tests
     "tests/http",  # one `engine serve` for all of it (OWN_SERVER_MODULES apart)
-    "tests/engine/test_client.py",
-    "tests/test_smollm2.py",
+    "tests/process/test_client.py",
+    "tests/model/test_smollm2.py",
     "tests/http/test_engine_silence.py",
     "tests/model/test_compiled_generic.py",
     "tests/process/test_process_hung.py",
@@ -68,13 +68,13 @@ FIRST = (
     "tests/engine/test_cli.py",
     "tests/ui/test_playground_chat.py",
     "tests/parallel/test_tp_engine.py",
-    "tests/engine/test_client_anatomy.py",
+    "tests/process/test_client_anatomy.py",
     "tests/http/test_engine_death.py",
     "tests/ui/test_pages_monitoring.py",
     "tests/ui/test_pages_fake.py",
-    "tests/engine/test_async_pipeline.py",
+    "tests/step/test_async_pipeline.py",
     "tests/parallel/test_tp_lifecycle.py",
-    "tests/engine/test_prefix_cache.py",
+    "tests/core/test_prefix_cache.py",
     "tests/ui/test_playground_engine.py",
     "tests/http/test_model_names.py",
     "tests/ui/test_requests_ledger.py",
@@ -87,8 +87,8 @@ FIRST = (
 # `serve` process (its `server` fixture) are marked slow the same way.
 STARTS_ENGINE_PROCESSES = (
     "tests/engine/test_cli.py",
-    "tests/engine/test_client.py",
-    "tests/engine/test_client_anatomy.py",
+    "tests/process/test_client.py",
+    "tests/process/test_client_anatomy.py",
     "tests/http/test_client_death.py",
     "tests/http/test_engine_death.py",
     "tests/http/test_engine_silence.py",
@@ -110,7 +110,7 @@ BACKGROUND_UNITS = (
     INTERPRETER_UNIT,  # the Triton-interpreter child: one thread, compute only
     "tests/model/test_compiled_generic.py",  # torch.compile on CPU
     "tests/model/test_fused_greedy.py",
-    "tests/test_smollm2.py",  # the default model against the GGUF it came from
+    "tests/model/test_smollm2.py",  # the default model against the GGUF it came from
 )
 
 

@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # file -> its parent test; the seconds its own child was allowed (the one child gets the sum).
 FILES = {
-    "tests/kernel/test_paged_attention.py":
+    "tests/attention/test_paged_attention.py":
         ("test_triton_kernel_matches_reference_in_interpreter_subprocess", 540),
     "tests/model/test_fused_gemm.py": ("test_fused_linear_in_interpreter_subprocess", 600),
     "tests/model/test_fused_ops.py":

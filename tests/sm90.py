@@ -2,7 +2,7 @@
 
 Real compilation catches what the Triton interpreter lets through (constexpr misuse, pointer
 arithmetic types, casts, shared memory, spills), and its PTX shows where instructions land
-(PDL's wait and trigger, L2 prefetches, barriers). The kernel tests of tests/kernel and
+(PDL's wait and trigger, L2 prefetches, barriers). The kernel tests of tests/attention and
 tests/model build the argument signature the JIT would (constexprs, pointer and scalar
 types, 16-divisible arguments) and compile through `compile_sm90`.
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from helpers import assert_all_blocks_free
+from engine_checks import assert_all_blocks_free
 
 from engine import Engine, EngineConfig, SamplingParams
 

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from helpers import PoisonedTokenizer, assert_all_blocks_free
+from engine_checks import PoisonedTokenizer, assert_all_blocks_free
 
 from engine import Engine, EngineConfig, SamplingParams
 

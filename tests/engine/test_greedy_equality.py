@@ -4,7 +4,7 @@ and preemption forced, for several model families and every pipeline mode."""
 from __future__ import annotations
 
 import pytest
-from helpers import assert_all_blocks_free, hf_greedy, mixed_prompts
+from engine_checks import assert_all_blocks_free, hf_greedy, mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
 

@@ -4,7 +4,7 @@ request rode, with its cached prompt tokens, finish reason and device-time share
 from __future__ import annotations
 
 import pytest
-from helpers import TIGHT_CUDA
+from engine_checks import TIGHT_CUDA
 
 from engine import Engine, EngineConfig, SamplingParams
 from telemetry.ledger import build_ledger, slowest_first, window_device_ns

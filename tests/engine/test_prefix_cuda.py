@@ -4,7 +4,7 @@ CUDA graphs, chunked prefill and preemption forced by TIGHT_CUDA), and every blo
 from __future__ import annotations
 
 import pytest
-from helpers import cuda_engine_outputs
+from engine_checks import cuda_engine_outputs
 from test_prefix_cache import shared_prefix_prompts
 
 pytestmark = pytest.mark.cuda

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
-from helpers import assert_all_blocks_free, mixed_prompts  # noqa: E402
+from engine_checks import assert_all_blocks_free, mixed_prompts  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from telemetry.records import rank_lane  # noqa: E402

@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
-from helpers import assert_all_blocks_free  # noqa: E402
+from engine_checks import assert_all_blocks_free  # noqa: E402
 
 from engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 
