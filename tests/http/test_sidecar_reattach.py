@@ -88,19 +88,32 @@ def test_the_api_comes_back_after_a_long_engine_death_and_a_restart(tmp_path):
 def test_the_api_ends_with_the_process_that_started_it(tmp_path):
     path = _config(tmp_path)
     script = tmp_path / "dashboard.py"
+    port = headless.free_port()
     script.write_text(textwrap.dedent(f"""
         import time
+        import httpx
         from engine.process.client import EngineClient
         from ui.http_sidecar import start_http_api
         owner = EngineClient({path!r}, listen={str(tmp_path / "e" / "engine.sock")!r})
-        api = start_http_api({str(tmp_path / "e" / "engine.sock")!r}, {path!r}, {{port}})
-        print(api.pid, flush=True)
+        api = start_http_api({str(tmp_path / "e" / "engine.sock")!r}, {path!r}, {port})
+        while True:  # until the API answers
+            try:
+                if httpx.get("http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        print("api", api.pid, flush=True)
         time.sleep(300)
-    """).replace("{port}", str(headless.free_port())))
+    """))
     dashboard = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                                  text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        api_pid = int(dashboard.stdout.readline())
+        line = ""
+        while not line.startswith("api "):  # once the API answers (its own output comes too)
+            line = dashboard.stdout.readline()
+            assert line, "the dashboard stand-in ended"
+        api_pid = int(line.split()[1])
         dashboard.kill()  # the dashboard dies without a word
         dashboard.wait(10)
         # At once: not after giving up on the engine (its owner took it along) in its time.
