@@ -41,14 +41,12 @@ background() {
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} nice -n 19 $PY -m pytest -q -rsR \
         -m "background and not browser" --junitxml=artifacts/junit/background.xml "$@"
 }
-# -rR --rerun-show-tracebacks: a browser test that passed only when re-run says which, and
-# why its earlier attempts failed.
+# No re-run of a failed browser test: one that passes only when re-run hides a race.
 # With no arguments it collects tests/browser alone: collecting the whole suite to select
 # the browser tests would import torch, transformers and every test module.
 browser() {
     (( $# )) || set -- tests/browser
-    $PY -m pytest -q -rsR --rerun-show-tracebacks -m browser \
-        --junitxml=artifacts/junit/phase2.xml "$@"
+    $PY -m pytest -q -rs -m browser --junitxml=artifacts/junit/phase2.xml "$@"
 }
 
 echo "== phase 1 of 2: all tests but the browser and background ones (3 workers)"

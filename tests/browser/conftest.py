@@ -38,10 +38,10 @@ _WARMING: list[sync_api.Page] = []
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The browser tests run after every other test. While playwright's sync API is open
-    the main thread has a running asyncio loop, so a later test's asyncio.run() would fail
-    (seen in tests/http on 2026-12-02). Under pytest-xdist (--dist loadgroup) the browser
-    tests are one unit that tests/conftest.py starts first, on a worker of its own; there
-    pytest_runtest_teardown below closes playwright before that worker's next test."""
+    the main thread has a running asyncio loop, so a later test's asyncio.run() would fail.
+    Under pytest-xdist (--dist loadgroup) the browser tests are one unit that
+    tests/conftest.py starts first, on a worker of its own; there pytest_runtest_teardown
+    below closes playwright before that worker's next test."""
     if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         return
     items.sort(key=lambda item: item.path.is_relative_to(HERE))  # stable: order kept within
@@ -53,8 +53,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     asyncio loop), then stop the server, rather than at the session's end."""
     if not item.path.is_relative_to(HERE):
         return
-    if getattr(item, "_finalizers_suspended", False):
-        return  # pytest-rerunfailures runs this test again (flaky): the browser stays
     if nextitem is None or not nextitem.path.is_relative_to(HERE):
         while _AT_LAST_BROWSER_TEST:
             _AT_LAST_BROWSER_TEST.pop()()
@@ -138,8 +136,8 @@ def browser(server: tuple[str, int]) -> Iterator[tuple[sync_api.Browser, list[st
 @pytest.fixture(scope="module")
 def page(server: tuple[str, int], browser) -> Iterator[sync_api.Page]:
     """A tab on the Live page, its timeline drawn (the engine is up), for a module's tests.
-    An engine an earlier module's failed test left dead is restarted from this tab: until
-    2026-12-04 every later module then waited 240 s for charts that never came."""
+    An engine an earlier module's failed test left dead is restarted from this tab, or every
+    later module would wait for charts that never come."""
     from dashboard_driver import ENGINE_START_S, TIMELINE, new_tab
 
     pg = new_tab(browser, server[0])

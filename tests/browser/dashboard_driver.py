@@ -29,10 +29,9 @@ WIDE = {"width": 1600, "height": 1000}
 SMALL = {"width": 1280, "height": 800}
 TIMELINE = 'iframe[title*="live_plot"] >> nth=1'  # the history strip is nth=0
 
-# A real browser against a live engine on a 2-core machine: a check that misses its timing
-# once under load is run again (at most twice more) before it counts as failed.
-BROWSER_MARKS = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200),
-                 pytest.mark.flaky(reruns=2, reruns_delay=2)]
+# No re-run on failure: a browser test that fails once has found a race (a test that
+# passes only when re-run hides one, as the two-tab tests once hid three).
+BROWSER_MARKS = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 if not headless.CHROMIUM.exists():
     pytest.skip(
@@ -65,7 +64,7 @@ def shoot(page: sync_api.Page, name: str) -> None:
 
 def scroll_top(page: sync_api.Page) -> None:
     """Back to the top: Streamlit scrolls inside its own main box, not the window. Instant,
-    then two frames drawn (was a fixed 300 ms)."""
+    then two frames drawn."""
     page.evaluate(
         """() => new Promise(done => {
              for (const el of [document.querySelector('[data-testid="stMain"]'),
@@ -111,10 +110,9 @@ SETTLED_JS = """quiet => {
 
 
 def wait_settled(page: sync_api.Page, quiet_ms: int = 500, limit_ms: int = 15_000) -> None:
-    """Until the page is drawn and its layout still (SETTLED_JS), before a screenshot: in
-    place of the fixed waits (2.5 s after opening a page, 1.5 s after a resize) that the
-    screenshot test slept until 2026-12-04. A page still moving after ``limit_ms`` is shot
-    as it is (a shot, not a check)."""
+    """Until the page is drawn and its layout still (SETTLED_JS), before a screenshot, in
+    place of a fixed wait. A page still moving after ``limit_ms`` is shot as it is (a shot,
+    not a check)."""
     page.evaluate("() => { window.__gaplessSettled = null; }")
     try:
         page.wait_for_function(SETTLED_JS, arg=quiet_ms, polling=100, timeout=limit_ms)
@@ -182,8 +180,7 @@ def steps_on_the_timeline(page: sync_api.Page, limit_s: float = 60) -> None:
     deadline = time.monotonic() + limit_s
     while True:
         # The timeline's frame read afresh each time: right after the click's rerun the
-        # iframes can be missing or replaced (a fresh tab's screenshot run failed at once,
-        # twice, on CI 2026-12-04, and was re-run).
+        # iframes can be missing or replaced.
         try:
             if plot_state(timeline_frame(page))["bars"] > 0:
                 return

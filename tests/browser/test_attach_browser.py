@@ -1,4 +1,4 @@
-"""The dashboard attached to a running `python -m engine serve` (issue 15): HTTP clients'
+"""The dashboard attached to a running `python -m engine serve`: HTTP clients'
 requests show on the Live timeline and the Requests page of a dashboard that did not start
 the engine (GAPLESS_ENGINE_SOCKET names the serve process's engine socket)."""
 
@@ -18,10 +18,8 @@ import yaml
 from ui import headless
 
 REPO = Path(__file__).resolve().parents[2]
-# A real browser against a live engine on a 2-core machine: a check that misses its timing
-# once under load is run again (at most twice more) before it counts as failed.
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900),
-              pytest.mark.flaky(reruns=2, reruns_delay=2)]
+# No re-run on failure (tests/browser/dashboard_driver.py's BROWSER_MARKS says why).
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
 if not headless.CHROMIUM.exists():
     pytest.skip(f"{headless.CHROMIUM} is missing: install Debian's chromium package",
@@ -74,8 +72,8 @@ def serve_and_dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tu
 
 
 def test_http_requests_show_on_the_attached_dashboard(serve_and_dashboard, browser) -> None:
-    """In a tab of the session's Chromium (until 2026-12-04 a Chromium of its own), so that a
-    request beyond this dashboard fails the session as for the others."""
+    """In a tab of the session's Chromium, so that a request beyond this dashboard fails
+    the session as for the others."""
     from dashboard_driver import new_tab
 
     api, url = serve_and_dashboard
