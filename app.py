@@ -22,6 +22,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# Imported whole before anything is drawn: Plotly looks pandas up in sys.modules without
+# importing it, and while another tab's first run is still importing it, a figure built
+# here would find it half made ("partially initialized module 'pandas'"). An import waits
+# for the one under way to finish.
+import pandas  # noqa: F401
 import streamlit as st
 
 from telemetry.export import chrome_trace_json
@@ -30,7 +35,15 @@ from ui.banner import status_banner
 from ui.client import engine_client, engine_errors
 from ui.controls import engine_controls, load_generator, load_switch
 from ui.fragments import live_fragment, run_page
-from ui.gauges import gauge_values, gauges_figure, keep_samples, live_window, steps_in_flight
+from ui.gauges import (
+    LiveWindow,
+    gauge_values,
+    gauges_figure,
+    keep_samples,
+    live_window,
+    steps_in_flight,
+    window_busy,
+)
 from ui.history import LiveHistory, history_figure, memory_bandwidth_reason
 from ui.kernel_lane import kernel_lane_figure, samples_of
 from ui.lanes import ASYNC_NOTE
@@ -87,15 +100,26 @@ def device_notice(settings: dict, client: EngineClient) -> None:
     )
 
 
-def draw_history(client: EngineClient, settings: dict) -> dict:
+def gauge_window(records: list[StepRecord], stats: dict, now_ns: int) -> LiveWindow:
+    """The gauges' window: the last GAUGE_WINDOW_MS, a step still in flight (or on the wire)
+    busy in it. The history strip's step busy figure reads the same window."""
+    tail = records[-16:]
+    return live_window(tail, now_ns, GAUGE_WINDOW_MS, in_flight=steps_in_flight(tail, stats))
+
+
+def draw_history(client: EngineClient, settings: dict, records: list[StepRecord]) -> dict:
     """The history strip; returns the engine's stats it read (the kernel lane reads them too)."""
     history = live_history()
     nvml = client.nvml()
     now = time.perf_counter_ns()
     history.update(client.telemetry(), nvml, now)
     stats = client.stats()
-    series = history.series(now, stats=stats)
-    series.mem_bw_reason = memory_bandwidth_reason(nvml, client.nvml_reason())
+    window = gauge_window(records, stats, now)
+    series = history.series(now, stats=stats, in_flight=window.in_flight_from_ns is not None)
+    recent = recent_window(records, GAUGE_WINDOW_MS, end_ns=window.end_ns) if records else []
+    series.busy_now_pct = 100 * window_busy(recent, window)
+    series.mem_bw_reason = memory_bandwidth_reason(nvml, client.nvml_reason(),
+                                                   settings.get("device", "cuda"))
     series.max_num_seqs = int(settings.get("max_num_seqs", 0))
     live_plot(history_figure(series, HISTORY_HEIGHT_PX), key="live.history",
               height_px=HISTORY_HEIGHT_PX)
@@ -128,27 +152,30 @@ def draw_timeline(records: list[StepRecord], window_ms: float, paused: bool) -> 
 
 def draw_kernels(shown: list[StepRecord], source: list[StepRecord], window_ms: float,
                  device: str, stats: dict | None = None) -> None:
-    """Under the timeline: the kernel lane (measured kernels of sampled steps) and the
-    waterfall of the steps shown (issue 20)."""
+    """Under the timeline: the kernel lane (measured kernels of sampled steps; on a GPU
+    only: a CPU runs no kernels, and the waterfall's title says so) and the waterfall of the
+    timeline's window."""
     end = window_end_ns(shown) or 0
     samples = samples_of(source)
     kept = kept_samples(source)
-    lane = kernel_lane_figure(shown, kept[0] or samples, end_ns=end, window_ms=window_ms,
-                              device=device, width_px=TIMELINE_WIDTH_PX,
-                              height_px=KERNEL_LANE_HEIGHT_PX, sampled_records=kept[1],
-                              stats=stats)
-    lane.update_layout(uirevision="live.timeline")
-    live_plot(lane, key="live.kernels", height_px=KERNEL_LANE_HEIGHT_PX)
+    if device == "cuda":
+        lane = kernel_lane_figure(shown, kept[0] or samples, end_ns=end, window_ms=window_ms,
+                                  device=device, width_px=TIMELINE_WIDTH_PX,
+                                  height_px=KERNEL_LANE_HEIGHT_PX, sampled_records=kept[1],
+                                  stats=stats)
+        lane.update_layout(uirevision="live.timeline")
+        live_plot(lane, key="live.kernels", height_px=KERNEL_LANE_HEIGHT_PX)
     live_plot(waterfall_figure(shown, kept[0] or samples, device=device,
-                               height_px=WATERFALL_HEIGHT_PX, sampled_records=kept[1]),
+                               height_px=WATERFALL_HEIGHT_PX, sampled_records=kept[1],
+                               window=(end - int(window_ms * 1e6), end) if end else None),
               key="live.waterfall", height_px=WATERFALL_HEIGHT_PX)
 
 
 def kept_samples(records: list[StepRecord]) -> tuple[list, list[StepRecord]]:
     """The latest kernel samples and their sampled steps' records, kept between refreshes
-    (one comes every kernel_sample_period_s, 10 s by default, while a snapshot of recent
-    steps of a small model reaches back a few seconds): the waterfall and the kernel busy
-    gauge give unsampled steps the sampled steps' kernel time per step (issue 20)."""
+    (one comes every kernel_sample_period_s, while a snapshot of recent steps of a small
+    model reaches back a few seconds): the waterfall and the kernel busy gauge give
+    unsampled steps the sampled steps' kernel time per step."""
     kept = keep_samples(records, st.session_state.get("live.kernel_samples"))
     st.session_state["live.kernel_samples"] = kept
     return kept
@@ -177,7 +204,8 @@ def live_view(client: EngineClient, settings: dict) -> None:
 
 def draw_live(client: EngineClient, settings: dict) -> None:
     """The live view's charts: the history strip, the timeline and the kernel lane."""
-    stats = draw_history(client, settings)
+    records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
+    stats = draw_history(client, settings, records)
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
     if st.session_state.get(PAUSE_KEY):
         # Exactly the steps the trace download holds (SHOWN_KEY, set by the full run).
@@ -187,7 +215,6 @@ def draw_live(client: EngineClient, settings: dict) -> None:
         draw_timeline(shown, window, paused=True)
         draw_kernels(shown, frozen_records(client), window, settings.get("device", "cpu"))
         return
-    records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     st.session_state[LAST_KEY] = records  # what a pause would freeze
     recent = draw_timeline(records, window, paused=False)
     draw_kernels(recent, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"),
@@ -227,12 +254,11 @@ def controls(client: EngineClient) -> None:
         with engine_errors(client, "Reading the engine's gauges"):
             records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
             stats = client.stats()
-            # A step still in flight (or still on the wire) is not idle time.
-            window = live_window(records[-16:], time.perf_counter_ns(), GAUGE_WINDOW_MS,
-                                 in_flight=steps_in_flight(records[-16:], stats))
+            # A step still in flight (or still on the wire) is busy, not idle time.
+            window = gauge_window(records, stats, time.perf_counter_ns())
             kept = kept_samples(records)
             values = gauge_values(
-                recent_window(records, GAUGE_WINDOW_MS, end_ns=window[1]),
+                recent_window(records, GAUGE_WINDOW_MS, end_ns=window.end_ns),
                 window,
                 stats=stats,
                 nvml=client.nvml(),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import plotly.graph_objects as go
 
@@ -28,7 +28,7 @@ from telemetry.anatomy import GapCalibration, kernel_busy_of_window
 from telemetry.gaps import CAUSE_LABELS, idle_by_cause
 from telemetry.kernels import KernelSample
 from telemetry.metrics import busy_fraction, spans_of, step_gauges, tokens_per_second
-from telemetry.records import StepRecord
+from telemetry.records import Span, StepRecord
 from telemetry.waterfall import waterfall
 
 # Records whose latest span is further than this from the dashboard's clock are taken to be
@@ -66,26 +66,45 @@ class GaugeValues:
     prefill_tokens_saved: int = 0
 
 
-def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float,
-                in_flight: bool = False) -> tuple[int, int]:
-    """The ``(start_ns, end_ns)`` of the gauge window ending now.
+class LiveWindow(NamedTuple):
+    """The gauges' window ``[start_ns, end_ns]``; with ``in_flight_from_ns`` a step has run
+    from there to ``end_ns`` that is not published yet: busy, not idle, its tokens not
+    counted until it ends."""
 
-    Ends at ``now_ns`` (so an idle engine reads idle, not its last busy moment), except:
-    with ``in_flight`` (the engine has launched steps not yet published) it ends at the
-    latest compute span published, because the time after it belongs to a step still
-    running (or on its way over the wire) and must not read as idle; and when the records
-    are in a different clock domain, it ends at their latest span.
-    """
+    start_ns: int
+    end_ns: int
+    in_flight_from_ns: int | None = None
+
+
+def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float,
+                in_flight: bool = False) -> LiveWindow:
+    """The window of ``window_ms`` ending now (so an idle engine reads idle, not its last
+    busy moment). With ``in_flight`` (the engine has launched a step not yet published) the
+    time since the latest compute span published belongs to that step. When the records are
+    in a different clock domain (an engine on another host) it ends at their latest span.
+    The history strip's busy figure reads the same window (ui/history.py)."""
     if window_ms <= 0:
         raise ValueError(f"window_ms must be > 0, got {window_ms}")
     last = max((s.end_ns for r in records for s in r.spans), default=None)
     end = now_ns
+    since = None
     if last is not None and abs(now_ns - last) > _CLOCK_SKEW_LIMIT_NS:
         end = last
     elif in_flight and last is not None:
         compute = [s.end_ns for r in records for s in r.spans if s.lane == "compute"]
-        end = min(now_ns, max(compute, default=last))
-    return end - int(window_ms * 1e6), end
+        since = min(now_ns, max(compute, default=last))
+    return LiveWindow(end - int(window_ms * 1e6), end, since)
+
+
+def window_busy(records: Sequence[StepRecord], window: Sequence[int | None]) -> float:
+    """Step busy over ``window`` (a LiveWindow, or ``(start_ns, end_ns)``): the union of the
+    compute spans, and of the step in flight from ``in_flight_from_ns`` to the end."""
+    start, end = int(window[0]), int(window[1])  # type: ignore[arg-type]
+    spans = spans_of(records)
+    since = window[2] if len(window) > 2 else None
+    if since is not None:
+        spans = [*spans, Span("compute", int(since), end)]
+    return busy_fraction(spans, start, end)
 
 
 def steps_in_flight(records: Sequence[StepRecord], stats: Mapping[str, Any] | None) -> bool:
@@ -120,7 +139,7 @@ def keep_samples(records: Sequence[StepRecord],
 
 def gauge_values(
     records: Sequence[StepRecord],
-    window: tuple[int, int],
+    window: Sequence[int | None],
     *,
     stats: Mapping[str, Any] | None = None,
     nvml: Mapping[str, Any] | None = None,
@@ -140,7 +159,8 @@ def gauge_values(
     their key and context): the waterfall's kernel part over the window. Without samples,
     ``calibration`` (from a step-anatomy recording) gives an estimate; else None.
     """
-    start_ns, end_ns = window
+    start_ns, end_ns = int(window[0]), int(window[1])
+    since = window[2] if len(window) > 2 else None
     kernel_busy, source = None, None
     samples = list(samples) or [k for r in records for k in r.kernel_samples]
     if samples and end_ns > start_ns:
@@ -150,8 +170,9 @@ def gauge_values(
     if kernel_busy is None and calibration is not None:
         kernel_busy = kernel_busy_of_window(records, start_ns, end_ns, calibration)
         source = "estimated"
-    spans = spans_of(records)
-    idle = idle_by_cause(records, start_ns, end_ns)
+    # The step in flight is busy: idle is looked for only before it began.
+    idle_end = end_ns if since is None else max(start_ns, min(end_ns, int(since)))
+    idle = idle_by_cause(records, start_ns, idle_end)
     largest = idle.largest()
     latest = step_gauges(records)
     if stats is not None:
@@ -176,7 +197,7 @@ def gauge_values(
         gpm_reason = nvml.get("gpm_reason") or (None if dram is not None else "no GPM reading")
     return GaugeValues(
         window_ms=(end_ns - start_ns) / 1e6,
-        gpu_busy=busy_fraction(spans, start_ns, end_ns),
+        gpu_busy=window_busy(records, window),
         nvml_util_pct=None if util is None else float(util),
         nvml_reason=nvml_reason if util is None else None,
         tokens_per_s=tokens_per_second(records, start_ns, end_ns),
@@ -225,12 +246,6 @@ def nice_ceiling(x: float) -> float:
     return 10.0 * scale  # pragma: no cover - the loop always returns
 
 
-def _title(title: str, subtitle: str | None) -> str:
-    if not subtitle:
-        return title
-    return f"{title}<br><span style='font-size:0.75em;color:gray'>{subtitle}</span>"
-
-
 def _gauge(
     title: str,
     value: float | None,
@@ -243,17 +258,18 @@ def _gauge(
     subtitle: str | None = None,
     fmt: str = ".1f",
 ) -> go.Indicator:
-    text = _title(title, subtitle)
     return go.Indicator(
         mode="gauge+number" if value is not None else "gauge",
         value=value if value is not None else 0.0,
-        number={"suffix": suffix, "valueformat": fmt},
-        title={"text": text, "font": {"size": 13}},
+        name=title,
+        number={"suffix": suffix, "valueformat": fmt, "font": {"size": NUMBER_FONT_PX}},
+        title={"text": title, "font": {"size": 13}},
         gauge={
             "axis": {"range": [0, axis_max]},
             "bar": {"color": colour if value is not None else "rgba(0,0,0,0)"},
         },
         domain={"row": row, "column": col},
+        meta={"subtitle": subtitle},
     )
 
 
@@ -267,14 +283,67 @@ def _number(
     fmt: str = ",.0f",
     subtitle: str | None = None,
 ) -> go.Indicator:
-    text = _title(title, subtitle)
+    # The title is an annotation above the cell (see _place): Plotly sets a number's own
+    # title by the number's glyphs, and over a narrow one ("0") it sat on the number.
     return go.Indicator(
         mode="number",
         value=value,
-        number={"suffix": suffix, "valueformat": fmt},
-        title={"text": text, "font": {"size": 13}},
+        name=title,
+        number={"suffix": suffix, "valueformat": fmt, "font": {"size": NUMBER_FONT_PX}},
         domain={"row": row, "column": col},
+        meta={"subtitle": subtitle, "title": title},
     )
+
+
+# The numbers have one size, which fits every cell at 1280 px: left to Plotly, a number
+# filled its cell and was written over its label ("waiting requests" over its "0").
+NUMBER_FONT_PX = 40
+CELL_GAP_X = 0.06  # between columns, of the figure's width: the axes' end labels
+# Each row: the title above the cell (Plotly puts it there), the cell, then the subtitle
+# under it, outside the cell: as the title's second line it ran into the gauge's tick
+# labels ("of max 16" over the "8").
+ROW_CELLS = ((0.62, 0.92), (0.12, 0.42))
+SUBTITLE_GAP = 0.03
+SUBTITLE_CHARS = 44  # a subtitle's line at 1280 px (4 or 5 cells in a row)
+
+
+def _place(indicators: list[go.Indicator], columns: int) -> list[dict]:
+    """Give each indicator its cell's x/y domain, and return the annotations of the
+    subtitles, each centred under its indicator, and of the numbers' titles, above theirs
+    (each annotation's ``name`` is its indicator's)."""
+    notes = []
+    width = (1 - CELL_GAP_X * (columns - 1)) / columns
+    for ind in indicators:
+        row, col = int(ind.domain.row), int(ind.domain.column)
+        x0 = col * (width + CELL_GAP_X)
+        y0, y1 = ROW_CELLS[row]
+        ind.domain = {"x": [x0, x0 + width], "y": [y0, y1], "row": row, "column": col}
+        meta = ind.meta or {}
+        if meta.get("title"):  # a number's title, above its cell
+            notes.append({"text": meta["title"], "name": ind.name, "x": x0 + width / 2,
+                          "y": y1 + SUBTITLE_GAP, "xref": "paper", "yref": "paper",
+                          "xanchor": "center", "yanchor": "bottom", "showarrow": False,
+                          "font": {"size": 13}})
+        if meta.get("subtitle"):
+            notes.append({"text": _lines(meta["subtitle"], SUBTITLE_CHARS), "name": ind.name,
+                          "x": x0 + width / 2, "y": y0 - SUBTITLE_GAP, "xref": "paper",
+                          "yref": "paper", "xanchor": "center", "yanchor": "top",
+                          "showarrow": False, "font": {"size": 11, "color": "gray"}})
+        ind.meta = None
+    return notes
+
+
+def _lines(text: str, width: int) -> str:
+    """``text`` in lines of about ``width`` characters, two at most (Plotly's <br>)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    if len(lines) > 2:
+        lines = [lines[0], " ".join(lines[1:])[: width - 1] + "…"]
+    return "<br>".join(lines)
 
 
 def gauges_figure(v: GaugeValues, height_px: int = 440, device: str = "cuda") -> go.Figure:
@@ -282,8 +351,10 @@ def gauges_figure(v: GaugeValues, height_px: int = 440, device: str = "cuda") ->
     bandwidth used (GPM) side by side on the first row.
 
     ``device`` is the engine's (settings["device"]): off a GPU nothing says "GPU", "kernel"
-    or "graphs" (issue 25, 13): the compute lane is a worker thread there, and kernel busy,
-    NVML and GPM, having nothing to measure, are left out (seven indicators on 2 x 4).
+    or "graphs": the compute lane is a worker thread there, and kernel busy, NVML and GPM,
+    having nothing to measure, are left out (seven indicators on 2 x 4). Each indicator's
+    title is one line above it and its subtitle an annotation under it (named by the
+    title).
     """
     gpu = device == "cuda"
     window = f"last {v.window_ms / 1000:.1f} s"
@@ -332,12 +403,8 @@ def gauges_figure(v: GaugeValues, height_px: int = 440, device: str = "cuda") ->
         columns = 4
         for i, ind in enumerate(indicators):
             ind.domain = {"row": i // columns, "column": i % columns}
+    notes = _place(indicators, columns)
     fig = go.Figure(indicators)
-    fig.update_layout(
-        # Room above each row for its two-line title.
-        grid={"rows": 2, "columns": columns, "pattern": "independent", "ygap": 0.45,
-              "xgap": 0.2},
-        height=height_px,
-        margin={"l": 30, "r": 30, "t": 70, "b": 10},
-    )
+    fig.update_layout(height=height_px, margin={"l": 30, "r": 30, "t": 40, "b": 10},
+                      annotations=notes)
     return fig

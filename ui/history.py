@@ -40,12 +40,14 @@ class Bucket:
     running: int = 0  # of the bucket's newest step
     waiting: int = 0
     mem_bw_pct: float | None = None  # NVML GPM memory bandwidth used
+    covered: bool = False  # no step ended here, one's compute ran through: its counts
 
 
 def bin_steps(records: Sequence[StepRecord], bucket_ns: int = BUCKET_NS) -> dict[int, Bucket]:
     """Steps grouped by ``end // bucket_ns`` (a step's tokens, running and waiting belong
     where its last span ended); its compute time is split over the buckets the compute span
-    covers, so a 5 s step reads busy for 5 s, not 500% of its last second."""
+    covers, so a 5 s step reads busy for 5 s, not 500% of its last second, and its running
+    and waiting counts hold in the buckets it ran through (no gap in their line)."""
     out: dict[int, Bucket] = {}
     for rec in records:
         if not rec.spans:
@@ -57,15 +59,19 @@ def bin_steps(records: Sequence[StepRecord], bucket_ns: int = BUCKET_NS) -> dict
         b.running, b.waiting = rec.running, rec.waiting
         for s in rec.spans:
             if s.lane == "compute":
-                _add_busy(out, s.start_ns, s.end_ns, bucket_ns)
+                _add_busy(out, s.start_ns, s.end_ns, bucket_ns, rec)
     return out
 
 
-def _add_busy(out: dict[int, Bucket], start: int, end: int, bucket_ns: int) -> None:
+def _add_busy(out: dict[int, Bucket], start: int, end: int, bucket_ns: int,
+              rec: StepRecord) -> None:
     for i in range(start // bucket_ns, (max(end, start + 1) - 1) // bucket_ns + 1):
         lo, hi = max(start, i * bucket_ns), min(end, (i + 1) * bucket_ns)
         if hi > lo:
-            out.setdefault(i, Bucket()).busy_ns += hi - lo
+            b = out.setdefault(i, Bucket())
+            b.busy_ns += hi - lo
+            if not b.steps:
+                b.running, b.waiting, b.covered = rec.running, rec.waiting, True
 
 
 def smooth(values: np.ndarray, width: int = 3) -> np.ndarray:
@@ -94,6 +100,9 @@ class HistorySeries:
     mem_bw_reason: str | None = None  # why there is no memory bandwidth figure
     max_num_seqs: int = 0
     step_running_s: float | None = None  # a step in flight this long, not published yet
+    # Step busy over the gauges' window (ui.gauges.live_window and window_busy), given by
+    # the page: the strip's title then says what the step busy gauge says.
+    busy_now_pct: float | None = None
 
 
 def series_from_buckets(
@@ -106,11 +115,13 @@ def series_from_buckets(
     running: int | None = None,
     waiting: int | None = None,
 ) -> HistorySeries:
-    """The last ``seconds`` finished buckets before ``now_ns`` (empty buckets read 0).
+    """The last ``seconds`` finished buckets before ``now_ns`` (empty buckets read 0: the
+    engine ran nothing then).
 
-    ``in_flight_since_ns`` (the newest published step's end, given while the engine has a
-    step running) marks the buckets after it as not known yet (NaN, not 0: a step in flight
-    is not idle; its figures land when it is published). ``running``/``waiting`` (the
+    ``in_flight_since_ns`` (the end of the newest published compute span, given while the
+    engine has a step running) makes the time after it busy, as the gauges count it: a step
+    in flight is neither idle nor measured yet, so those buckets' tokens are not known (NaN)
+    and their running/waiting are the engine's counts now. ``running``/``waiting`` (the
     engine's stats now) replace the newest bucket's, so the strip agrees with the gauges.
     """
     last = now_ns // bucket_ns - 1  # the current bucket is still filling: leave it out
@@ -119,16 +130,23 @@ def series_from_buckets(
     scale = 1e9 / bucket_ns
     tok = np.array([b.tokens * scale if b else 0.0 for b in got])
     busy = np.array([100.0 * b.busy_ns / bucket_ns if b else 0.0 for b in got])
-    run = np.array([float(b.running) if b and b.steps else np.nan for b in got])
-    wait = np.array([float(b.waiting) if b and b.steps else np.nan for b in got])
+    run = np.array([float(b.running) if b and (b.steps or b.covered) else 0.0 for b in got])
+    wait = np.array([float(b.waiting) if b and (b.steps or b.covered) else 0.0 for b in got])
     mem = np.array([b.mem_bw_pct if b and b.mem_bw_pct is not None else np.nan for b in got])
     t = (idx + 1) * bucket_ns / 1e9 - now_ns / 1e9
     step_running_s = None
     if in_flight_since_ns is not None:
-        pending = idx > in_flight_since_ns // bucket_ns
+        since = in_flight_since_ns
+        lo = np.maximum(idx * bucket_ns, since)
+        hi = np.minimum((idx + 1) * bucket_ns, now_ns)
+        busy += 100.0 * np.clip(hi - lo, 0, None) / bucket_ns
+        pending = idx > since // bucket_ns
         tok[pending] = np.nan
-        busy[pending] = np.nan
-        step_running_s = max(0.0, (now_ns - in_flight_since_ns) / 1e9)
+        if running is not None:
+            run[pending] = float(running)
+        if waiting is not None:
+            wait[pending] = float(waiting)
+        step_running_s = max(0.0, (now_ns - since) / 1e9)
     if running is not None and run.size:
         run[-1] = float(running)
     if waiting is not None and wait.size:
@@ -150,7 +168,7 @@ class LiveHistory:
         self._reader = None
         self._keep = keep
         self.buckets: dict[int, Bucket] = {}
-        self.last_end_ns: int | None = None  # the newest published step's end
+        self.last_end_ns: int | None = None  # the newest published compute span's end
 
     def update(self, bus: object, nvml: dict | None, now_ns: int) -> None:
         with self._lock:
@@ -159,7 +177,7 @@ class LiveHistory:
                 self._reader = bus.reader(from_now=False)  # type: ignore[attr-defined]
             assert self._reader is not None
             steps = self._reader.steps()
-            ends = [max(s.end_ns for s in r.spans) for r in steps if r.spans]
+            ends = [s.end_ns for r in steps for s in r.spans if s.lane == "compute"]
             if ends:
                 self.last_end_ns = max(self.last_end_ns or 0, *ends)
             fresh = bin_steps(steps)
@@ -167,12 +185,14 @@ class LiveHistory:
                 old = self.buckets.get(i)
                 if old is None:
                     self.buckets[i] = b
-                else:
-                    old.steps += b.steps
-                    old.tokens += b.tokens
-                    old.busy_ns += b.busy_ns
-                    if b.steps:  # a bucket only crossed by a compute span has no counts
-                        old.running, old.waiting = b.running, b.waiting
+                    continue
+                old.steps += b.steps
+                old.tokens += b.tokens
+                old.busy_ns += b.busy_ns
+                if b.steps:
+                    old.running, old.waiting, old.covered = b.running, b.waiting, False
+                elif b.covered and not old.steps:  # only crossed by a compute span
+                    old.running, old.waiting, old.covered = b.running, b.waiting, True
             bw = None if nvml is None else nvml.get("dram_bw_util_pct")
             if bw is not None:
                 self.buckets.setdefault(now_ns // BUCKET_NS, Bucket()).mem_bw_pct = float(bw)
@@ -181,29 +201,50 @@ class LiveHistory:
                 del self.buckets[i]
 
     def series(
-        self, now_ns: int, seconds: int = SHOWN_S, stats: Mapping[str, Any] | None = None
+        self, now_ns: int, seconds: int = SHOWN_S, stats: Mapping[str, Any] | None = None,
+        in_flight: bool | None = None,
     ) -> HistorySeries:
         """The strip's series; with ``stats`` (EngineClient.stats()) the running/waiting
-        counts are the engine's now, and while it has work the time since the newest
-        published step reads as a step in flight, not as idle (issue 25, 5)."""
+        counts are the engine's now, and while a step is in flight (``in_flight``, as the
+        gauges decide it: ui.gauges.steps_in_flight; by default, while the engine has
+        requests) the time since the newest published compute span is busy."""
         with self._lock:
             buckets, last_end = dict(self.buckets), self.last_end_ns
         if stats is None:
             return series_from_buckets(buckets, now_ns, seconds)
-        busy = int(stats.get("running", 0)) > 0 or int(stats.get("unfinished", 0)) > 0
+        if in_flight is None:
+            in_flight = int(stats.get("running", 0)) > 0 or int(stats.get("unfinished", 0)) > 0
         return series_from_buckets(
             buckets, now_ns, seconds,
-            in_flight_since_ns=last_end if busy and last_end is not None else None,
+            in_flight_since_ns=last_end if in_flight and last_end is not None else None,
             running=int(stats.get("running", 0)), waiting=int(stats.get("waiting", 0)))
 
 
-def memory_bandwidth_reason(nvml: dict | None, nvml_reason: str | None) -> str | None:
-    """Why there is no memory-bandwidth figure (None when there is one)."""
+def memory_bandwidth_reason(nvml: dict | None, nvml_reason: str | None,
+                            device: str = "cuda") -> str | None:
+    """Why there is no memory-bandwidth figure (None when there is one), as "what: why":
+    the strip's tile says the first part in its title and the rest on its plot."""
+    if device != "cuda":
+        return ("no GPU here: it reads a GPU's memory counters (NVML GPM); this engine "
+                "runs on the CPU")
     if nvml is None:
-        return nvml_reason or "no GPU: NVML is not available"
+        why = (nvml_reason or "NVML is not available").removeprefix("no GPU: ")
+        return f"no NVML reading: {why}"
     if nvml.get("dram_bw_util_pct") is not None:
         return None
-    return nvml.get("gpm_reason") or "needs NVML GPM counters (Hopper or newer)"
+    why = nvml.get("gpm_reason") or "it needs NVML GPM counters (Hopper or newer)"
+    return f"not measured: {why}"
+
+
+def _wrapped(text: str, width: int = 38) -> str:
+    """``text`` broken into lines of about ``width`` characters (Plotly's <br>)."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
 
 
 @dataclass(slots=True, frozen=True)
@@ -216,6 +257,8 @@ class Tile:
     fixed_max: float | None = None  # e.g. 100 for a percentage
     reason: Callable[[HistorySeries], str | None] = field(default=lambda s: None)
     in_flight_note: bool = False  # say "step running N s" while a step is in flight
+    # The title's figure, where it is not the line's latest smoothed value.
+    now: Callable[[HistorySeries], float | None] = field(default=lambda s: None)
 
 
 TILES: tuple[Tile, ...] = (
@@ -226,6 +269,7 @@ TILES: tuple[Tile, ...] = (
         unit=" %",
         fixed_max=100.0,
         in_flight_note=True,
+        now=lambda s: s.busy_now_pct,
     ),
     Tile(
         "memory bandwidth used",
@@ -257,10 +301,12 @@ def history_figure(s: HistorySeries, height_px: int = 150) -> go.Figure:
     titles = []
     for tile in TILES:
         lines = tile.lines(s)
-        now = " / ".join(_fmt(_latest(smooth(v)), tile.unit) for _, v, _ in lines)
+        figure = tile.now(s)
+        now = (_fmt(figure, tile.unit) if figure is not None else
+               " / ".join(_fmt(_latest(smooth(v)), tile.unit) for _, v, _ in lines))
         reason = tile.reason(s)
         if reason:
-            titles.append(f"{tile.title}: n/a")
+            titles.append(f"{tile.title}: {reason.partition(': ')[0]}")
         elif s.step_running_s is not None and tile.in_flight_note and s.step_running_s >= 1:
             # The newest seconds are a step still running: not idle, not yet measured.
             titles.append(f"{tile.title}: <b>{now}</b> · step running {s.step_running_s:.0f} s")
@@ -295,7 +341,8 @@ def history_figure(s: HistorySeries, height_px: int = 150) -> go.Figure:
         reason = tile.reason(s)
         if reason:
             axis = col if col > 1 else ""
-            fig.add_annotation(text=reason[:60], showarrow=False,
+            why = reason.partition(": ")[2] or reason
+            fig.add_annotation(text=_wrapped(why), showarrow=False,
                                font={"size": 11, "color": "#888"},
                                xref=f"x{axis} domain", yref=f"y{axis} domain", x=0.5, y=0.5)
     fig.update_annotations(font_size=12, selector={"showarrow": False, "yref": "paper"})

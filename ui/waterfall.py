@@ -46,13 +46,18 @@ def window_bounds(records: Sequence[StepRecord]) -> tuple[int, int] | None:
 
 def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSample],
                      *, device: str = "cuda", height_px: int = 120,
-                     sampled_records: Sequence[StepRecord] = ()) -> go.Figure:
-    """One stacked bar: the window's wall time (first compute start to last compute end)
-    by waterfall part, or by host phase without samples. Hover gives ms and share.
-    ``sampled_records``: records of the sampled steps (kept across refreshes), whose kernel
-    time per step the unsampled steps of the window are given."""
+                     sampled_records: Sequence[StepRecord] = (),
+                     window: tuple[int, int] | None = None) -> go.Figure:
+    """One stacked bar: the wall time of ``window`` (``(start_ns, end_ns)``: the timeline's
+    window; default, first compute start to last compute end) by waterfall part, or by host
+    phase without samples, each part clipped to the window, so the bar adds up to it and no
+    more (steps that only overlap the window count for their part inside it). Hover gives
+    ms and share. ``sampled_records``: records of the sampled steps (kept across
+    refreshes), whose kernel time per step the unsampled steps of the window are given."""
     fig = go.Figure()
-    bounds = window_bounds(records)
+    bounds = window_bounds(records) if window is None else window
+    if bounds is not None and not records:
+        bounds = None
     note = None
     if bounds is None:
         note = "no steps yet"
@@ -78,13 +83,14 @@ def waterfall_figure(records: Sequence[StepRecord], samples: Sequence[KernelSamp
             hovertext=[f"<b>{labels.get(key, key)}</b> {ns / 1e6:.3f} ms "
                        f"({100 * ns / total:.1f}% of {total / 1e6:.2f} ms)"],
             hoverinfo="text"))
+    span = "" if bounds is None else f" ({(bounds[1] - bounds[0]) / 1e6:,.0f} ms)"
     fig.update_layout(
         barmode="stack", height=height_px, margin={"l": 10, "r": 10, "t": 28, "b": 24},
-        title={"text": "Where the window's time went" + (f" · {note}" if note else ""),
+        title={"text": f"Where the window's time went{span}" + (f" · {note}" if note else ""),
                "font": {"size": 13}, "x": 0.01},
         xaxis={"ticksuffix": " ms"}, yaxis={"visible": False},
-        # One row under the axis, in the bar's order: a column beside the bar needed its
-        # own scroll bar at 170 px (issue 25, 10).
+        # One row under the axis, in the bar's order: a column beside the bar would need
+        # its own scroll bar at this height.
         legend={"font": {"size": 10}, "orientation": "h", "yanchor": "top", "y": -0.35,
                 "x": 0, "traceorder": "normal"})
     return fig

@@ -8,7 +8,15 @@ import plotly.graph_objects as go
 import pytest
 
 from telemetry.records import Span, StepRecord
-from ui.gauges import gauge_values, gauges_figure, live_window, nice_ceiling, steps_in_flight
+from ui.gauges import (
+    NUMBER_FONT_PX,
+    gauge_values,
+    gauges_figure,
+    live_window,
+    nice_ceiling,
+    steps_in_flight,
+    window_busy,
+)
 
 MS = 1_000_000
 
@@ -27,7 +35,12 @@ def rec(n: int, compute: tuple[int, int], **kw: int) -> StepRecord:
 
 
 def titles(fig: go.Figure) -> list[str]:
-    return [t.title.text for t in fig.data]
+    """Each indicator's title and its subtitle (the annotation under it), as shown."""
+    subs: dict[str, list[str]] = {}
+    for a in fig.layout.annotations:
+        if a.text != a.name:
+            subs.setdefault(a.name, []).append(a.text.replace("<br>", " "))
+    return [" · ".join([t.name, *subs.get(t.name, [])]) for t in fig.data]
 
 
 def test_busy_idle_and_tokens_over_the_window() -> None:
@@ -63,25 +76,29 @@ def test_engine_stats_and_nvml_take_precedence_over_records() -> None:
 
 def test_live_window_ends_now_unless_the_clocks_differ() -> None:
     recs = [rec(0, (0, 10))]
-    assert live_window(recs, now_ns=20 * MS, window_ms=5) == (15 * MS, 20 * MS)
+    assert live_window(recs, now_ns=20 * MS, window_ms=5) == (15 * MS, 20 * MS, None)
     far = 10 * 60 * 1000 * MS  # ten minutes later: another clock domain
-    assert live_window(recs, now_ns=far, window_ms=5) == (5 * MS, 10 * MS)
+    assert live_window(recs, now_ns=far, window_ms=5) == (5 * MS, 10 * MS, None)
     with pytest.raises(ValueError):
         live_window(recs, now_ns=0, window_ms=0)
 
 
-def test_a_step_in_flight_is_never_counted_idle() -> None:
+def test_a_step_in_flight_is_busy_never_idle() -> None:
     """Steps 0-2 published (compute back to back until 30 ms); the engine has launched
-    step 3, still running at now = 55 ms. Ending the window at now would make 25 ms of a
-    running step read as an idle gap."""
+    step 3, still running at now = 55 ms: the 25 ms since the last published compute are
+    that step's, busy, not an idle gap; the window still ends now, as the history strip's."""
     recs = [rec(0, (0, 10)), rec(1, (10, 20)), rec(2, (20, 30))]
     recs[2].spans.append(Span("cpu.post", 30 * MS, 34 * MS))
     stats = {"running": 2, "waiting": 0, "steps": 4, "unfinished": 2}
     assert steps_in_flight(recs, stats)
     window = live_window(recs, now_ns=55 * MS, window_ms=30, in_flight=True)
-    assert window == (0, 30 * MS)  # ends at the last published compute, not at cpu.post
+    assert window == (25 * MS, 55 * MS, 30 * MS)  # in flight since the last compute's end
     v = gauge_values(recs, window, stats=stats)
     assert v.idle_ms == 0 and v.largest_gap_ms == 0 and v.gpu_busy == pytest.approx(1.0)
+    assert window_busy(recs, window) == pytest.approx(1.0)
+    # A step in flight for longer than the window: all of it busy.
+    window = live_window(recs, now_ns=500 * MS, window_ms=30, in_flight=True)
+    assert gauge_values([], window, stats=stats).gpu_busy == pytest.approx(1.0)
     # Nothing in flight: the time after the last step is real idle and is shown.
     idle_stats = {"running": 0, "waiting": 0, "steps": 3, "unfinished": 0}
     assert not steps_in_flight(recs, idle_stats)
@@ -221,3 +238,29 @@ def test_samples_are_kept_between_refreshes_with_their_steps_records() -> None:
 
 def test_nice_ceiling() -> None:
     assert [nice_ceiling(x) for x in (1, 3, 7, 100, 101, 2500)] == [1, 5, 10, 100, 200, 5000]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", id="gpu-engine"),
+                                    pytest.param("cpu", id="cpu-engine")])
+def test_no_label_is_written_over_a_number_or_a_tick_label(device: str) -> None:
+    """Each title is one line above its cell and each subtitle sits under its cell, outside
+    it (a title's second line ran into the gauge's tick labels: "of max 16" over the "8");
+    numbers have one size (left to Plotly, "0" filled its cell under "waiting requests");
+    no two cells touch (the end labels "100" and "0" of neighbours ran together)."""
+    v = gauge_values([rec(0, (0, 10))], (0, 20 * MS), stats={"running": 3, "waiting": 1},
+                     max_num_seqs=16, nvml_reason="no GPU: NVML library not found")
+    fig = gauges_figure(v, device=device)
+    cells = {t.name: (tuple(t.domain.x), tuple(t.domain.y)) for t in fig.data}
+    for t in fig.data:
+        assert "<br>" not in (t.title.text or ""), t.title.text
+        assert t.number.font.size == NUMBER_FONT_PX
+    for a in fig.layout.annotations:
+        (x0, x1), (y0, y1) = cells[a.name]
+        assert x0 < a.x < x1
+        if a.text == a.name:  # a number's title: above its cell
+            assert a.y > y1 and a.yanchor == "bottom"
+        else:  # a subtitle: under its cell, two lines at most
+            assert a.y < y0 and a.yanchor == "top" and a.text.count("<br>") <= 1
+    spans = sorted({x for x, _ in cells.values()})
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert any("of max 16" in a.text for a in fig.layout.annotations)

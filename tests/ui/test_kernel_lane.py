@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from telemetry.records import StepRecord
 from tests.ui.fake_engine import FakeEngineClient
 from ui.anatomy import step_timeline_figure
@@ -101,3 +103,30 @@ def test_the_lane_and_the_step_anatomy_draw_a_family_in_one_colour():
     shared = set(lane_colours) & set(anatomy_colours)
     assert {"gemm", "attention", "norm"} <= shared
     assert {f: lane_colours[f] for f in shared} == {f: anatomy_colours[f] for f in shared}
+
+
+def test_the_live_waterfall_adds_up_to_its_window_and_no_more(fake) -> None:
+    """Steps of 300 ms, the newest ending now: the Live page's default 1,000 ms window cuts
+    one of them. The waterfall counts only what lies inside the window (it once counted
+    whole steps that overlap it: 1,086-1,290 ms for a 1,000 ms window)."""
+    import time
+
+    from test_pages_fake import app, live_figures
+
+    from telemetry.bus import TelemetryBus
+    from telemetry.records import Span
+
+    ms = 1_000_000
+    now = time.perf_counter_ns()
+    fake.bus = TelemetryBus()
+    for k in range(6):
+        t = now - (6 - k) * 300 * ms
+        fake.bus.publish_step(StepRecord(
+            step=k, mode="sync", slot=0, num_requests=1, prefill_tokens=0, decode_tokens=1,
+            spans=[Span("cpu.prepare", t, t + 20 * ms), Span("compute", t + 20 * ms,
+                                                            t + 290 * ms)]))
+    at = app().run()
+    wf = live_figures(at)["live.waterfall"]
+    total = sum(sum(t["x"]) if isinstance(t["x"], list) else 0 for t in wf["data"])
+    assert total == pytest.approx(1000.0, abs=1.0), total
+    assert "(1,000 ms)" in wf["layout"]["title"]["text"]
