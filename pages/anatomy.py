@@ -5,11 +5,11 @@ steps with torch.profiler, then it shows each step's first-to-last-kernel time a
 time inside kernels, the kernel-family table, one step as a kernel timeline, and a Chrome
 trace download. Figures come from ui.anatomy.
 
-Where there are no kernels (an engine on the CPU) it records nothing: a CPU profile would
-count every CPU operator as a "kernel" (10,066 a step, families summing past the step's own
-time); it says so and shows the shipped H200 anatomy instead. On an idle engine it does not
-ask for a recording (which would wait out its timeout for steps that never come): it says
-to start the load first.
+Where there are no kernels (an engine on the CPU) it records nothing and offers nothing to
+start: a CPU profile would count every CPU operator as a "kernel" (thousands a step,
+families summing past the step's own time); it says so and shows the shipped H200 anatomy
+instead. On an idle GPU engine it does not ask for a recording (which would wait out its
+timeout for steps that never come): it says to start the load first.
 
 It must never record while the user has not asked (a recording slows the engine), and keeps
 only the latest recording in the session.
@@ -50,10 +50,10 @@ def show_shipped() -> None:
         return
     st.subheader("A recorded H200 decode step (Llama-3.1-8B shape, bf16)")
     st.caption(shipped_caption(doc))
-    st.dataframe(shipped_rows(doc), hide_index=True, key="anatomy.shipped")
+    st.dataframe(shipped_rows(doc), hide_index=True, key="anatomy.shipped", placeholder="–")
     st.markdown("**gapless, batch 32: kernel families per step**")
     st.dataframe(shipped_family_rows(doc, "gapless", 32), hide_index=True,
-                 key="anatomy.shipped_families")
+                 key="anatomy.shipped_families", placeholder="–")
     if SCREENSHOT.is_file():
         st.image(str(SCREENSHOT), caption="This page on the H200 (8B shape).")
 
@@ -69,14 +69,16 @@ def engine_idle(client: EngineClient) -> bool:
 def main() -> None:
     client = engine_client()
     st.title("Step anatomy")
+    with engine_errors(client, "Reading the engine's settings"):
+        device = client.settings().get("device", "cuda")
     st.caption(
         "Records the kernels of the engine's next steps with torch.profiler (Kineto), groups "
         "them by the step that launched them, then by family. *Kernel busy* (time inside "
         "kernels) is measured here; the Live page's *step busy* runs from a step's first "
-        "kernel to its last. The engine must be serving requests (start the load generator)."
+        "kernel to its last." + (
+            " The engine must be serving requests (start the load generator)."
+            if device == "cuda" else " It needs an engine on a GPU.")
     )
-    with engine_errors(client, "Reading the engine's settings"):
-        device = client.settings().get("device", "cuda")
     if device != "cuda":
         st.info(
             f"This engine runs on the {str(device).upper()}: its steps run no GPU kernels, so "
@@ -102,9 +104,10 @@ def main() -> None:
     if not summary or not summary.get("steps"):
         return
     st.subheader(f"{len(summary['steps'])} steps ({summary['device']})")
-    st.dataframe(step_rows(summary), hide_index=True, key="anatomy.steps")
+    st.dataframe(step_rows(summary), hide_index=True, key="anatomy.steps", placeholder="–")
     st.subheader("Kernel families (per step)")
-    st.dataframe(family_rows(summary), hide_index=True, key="anatomy.families")
+    st.dataframe(family_rows(summary), hide_index=True, key="anatomy.families",
+                 placeholder="–")
     steps = [s["step"] for s in summary["steps"]]
     step = st.selectbox("Step", steps, index=len(steps) // 2, key="anatomy.step")
     st.plotly_chart(step_timeline_figure(summary, step), key="anatomy.timeline")

@@ -150,8 +150,9 @@ def show_results(results: list[Any]) -> None:
         (st.success if measurable else st.info)(text)
     # The table has the page's width: in three fifths of it the last column was cut to
     # "predicte..." even at 1600 px.
+    # "–" where a figure does not apply (the async prediction of an async run).
     st.dataframe(results_table(results), hide_index=True, key="bench.table",
-                 column_config=TABLE_COLUMNS)
+                 column_config=TABLE_COLUMNS, placeholder="–")
     left, _ = st.columns([1, 1])
     with left:
         st.plotly_chart(runs_figure(results), key="bench.runs", config={"displaylogo": False})

@@ -33,7 +33,14 @@ from ui.engine_trouble import show_not_responding
 from ui.fragments import run_page
 from ui.playground_replies import Reply, finish, follow, interrupt, settings_line, settle
 from ui.playground_tokens import PromptTokenizer, load_prompt_tokenizer
-from ui.playground_view import HISTORY_KEY, draw_notes, draw_reply, draw_turn, show_conversation
+from ui.playground_view import (
+    HISTORY_KEY,
+    draw_notes,
+    draw_prompt,
+    draw_reply,
+    draw_turn,
+    show_conversation,
+)
 from ui.status import current_settings, engine_status
 from ui.validation import parse_seed, sampling_error
 
@@ -241,13 +248,9 @@ def main() -> None:
     chat, system = chat_controls(template)
     params = sampling_params()
     history: list[Reply] = st.session_state.setdefault(HISTORY_KEY, [])
+    note = st.empty()  # rewritten once a reply of this run has joined the conversation
     if chat:
-        turns = sum(reply.chat for reply in history)
-        st.caption(
-            "Chat: your message goes to the model through its chat template, after the "
-            f"system prompt (if any) and the {turns} earlier turn{'s' if turns != 1 else ''} "
-            "of this conversation. Open more tabs to run several conversations at once."
-        )
+        note.caption(chat_note(history))
     else:
         st.caption(
             "Each prompt is a separate request (no chat template): the model continues the "
@@ -272,7 +275,7 @@ def main() -> None:
         st.warning(EMPTY_PROMPT)
         return
     with st.chat_message("user"):
-        st.text(prompt)
+        draw_prompt(prompt)
     try:
         sent = prompt_for_engine(prompt, history, system, template if chat else None, tok)
     except (ValueError, jinja2.TemplateError) as exc:
@@ -285,7 +288,20 @@ def main() -> None:
         return
     reply = Reply(prompt=prompt, settings=settings_line(params), chat=chat, request_id=rid,
                   t_submit=t_submit)
-    stream_reply(client, reply, history)
+    try:
+        stream_reply(client, reply, history)
+    finally:
+        if chat:  # the turn just made counts for the next message
+            note.caption(chat_note(history))
+
+
+def chat_note(history: list[Reply]) -> str:
+    """What the next message goes to the model with: the system prompt and the earlier
+    chat turns of this conversation, counted now."""
+    turns = sum(reply.chat for reply in history)
+    return ("Chat: your message goes to the model through its chat template, after the "
+            f"system prompt (if any) and the {turns} earlier turn{'s' if turns != 1 else ''} "
+            "of this conversation. Open more tabs to run several conversations at once.")
 
 
 run_page(main)

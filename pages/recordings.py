@@ -100,7 +100,8 @@ def main() -> None:
         return
     meta = rec.meta
     st.markdown(f"**{rec.title()}**" + (f" · {meta['model']}" if meta.get("model") else ""))
-    st.dataframe(mode_rows(rec), hide_index=True, key="rec.modes", column_config=MODE_COLUMNS)
+    st.dataframe(mode_rows(rec), hide_index=True, key="rec.modes", column_config=MODE_COLUMNS,
+                 placeholder="–")
     windows = rec.by_mode()
     labels = list(windows)
     if len(labels) < 2:

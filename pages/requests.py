@@ -71,6 +71,7 @@ def requests_view(client: EngineClient, kv_bytes_per_token: int) -> None:
         rows[:MAX_ROWS],
         key="req.table",
         hide_index=True,
+        placeholder="–",  # not known yet (a request still running has no e2e)
         column_config={
             name: st.column_config.NumberColumn(name, format="%.1f")
             for name in ("TTFT ms", "ITL mean ms", "ITL p90 ms", "e2e ms")
@@ -106,6 +107,7 @@ def ledger_view(records: list, events: list, kv_bytes_per_token: int, ids: set[s
         ledger_rows(shown),
         key="req.ledger",
         hide_index=True,
+        placeholder="–",
         column_config={
             name: st.column_config.NumberColumn(name, format="%.2f")
             for name in ("e2e ms", "queue ms", "TTFT ms", "device ms", "KV read MiB")

@@ -68,7 +68,8 @@ def ab_figure(a: WindowStats, b: WindowStats, decode_tps: tuple[float, float],
     """The four panels side by side; ``tput`` (the verdict's throughput interval) puts its
     95% interval on B's decode-rate bar."""
     titles = ("decode tokens/s" + (" · 95% interval" if tput else ""), "step period (ms)",
-              "CPU work per step (% of a step)", "compute idle by cause (ms per s)")
+              "CPU work per step (% of a step)",
+              "compute idle by cause (ms per s, all steps drawn)")
     fig = make_subplots(rows=1, cols=4, subplot_titles=titles, horizontal_spacing=0.07)
     whisker = interval_whisker(decode_tps[1], tput)
     for side, (s, colour, tps) in enumerate(zip((a, b), COLOURS, decode_tps, strict=True)):
@@ -99,6 +100,25 @@ def ab_figure(a: WindowStats, b: WindowStats, decode_tps: tuple[float, float],
     fig.update_yaxes(ticksuffix=" ms", row=1, col=2)
     fig.update_yaxes(ticksuffix="%", row=1, col=3)
     return fig
+
+
+DRAWN = "the window drawn"
+
+
+def judged_scope(captures: int) -> str:
+    """Which steps the verdict and the decode figures read: every alternated capture."""
+    return DRAWN if captures <= 1 else f"all {captures} captures"
+
+
+def side_header(s: WindowStats, decode_steps_n: int, captures: int) -> str:
+    """A side's header: the window drawn, and the decode-only steps judged, each counted
+    over what it covers (the drawn window's steps are one capture's, the decode-only steps
+    every capture's)."""
+    head = f"**{s.label}** · {s.steps:,} steps in {s.duration_s:.2f} s"
+    if captures <= 1:
+        return f"{head}, {decode_steps_n:,} of them decode-only"
+    return (f"{head} (the last capture, drawn) · {decode_steps_n:,} decode-only steps in "
+            f"all {captures} captures, judged")
 
 
 def short_ms(ms: float) -> str:
@@ -145,20 +165,23 @@ def show_ab(a: Window, b: Window, *, key: str, judge: bool = True) -> None:
         n = sum(r.n for r in runs)
         rate, busy = pooled(runs)
         tps.append(rate)
+        judged = judged_scope(len(runs))
         with col:
-            st.markdown(f"**{s.label}** · {s.steps:,} steps in {s.duration_s:.2f} s, "
-                        f"{n:,} of them decode-only")
+            st.markdown(side_header(s, n, len(runs)))
             # Two by two: four tiles in half a 1280 px page cut "23.43 ms" to "23.43...".
             m = [c for _ in range(2) for c in st.columns(2)]
             m[0].metric("decode tokens/s", f"{rate:,.1f}",
-                        help="Decode-only steps: their tokens over their periods.")
+                        help=f"Decode-only steps of {judged}: their tokens over their "
+                        "periods.")
             m[1].metric("step period", short_ms(s.step_ms),
-                        help=f"Median step period: {s.step_ms:,.3f} ms.")
+                        help=f"Median step period of {DRAWN}: {s.step_ms:,.3f} ms.")
             m[2].metric("compute busy (decode)", f"{100 * busy:.1f}%",
-                        help="Share of the decode-only steps' time with a compute span "
-                        "(step busy); prefill steps are left out.")
+                        help=f"Share of the decode-only steps' time with a compute span "
+                        f"(step busy), over {judged}; prefill steps are left out. The idle "
+                        f"by cause chart below covers every step of {DRAWN}.")
             m[3].metric("CPU work / step", short_ms(s.cpu_ms),
-                        help="cpu.schedule + prepare + launch + post, median per step.")
+                        help=f"cpu.schedule + prepare + launch + post, median per step of "
+                        f"{DRAWN}.")
     st.plotly_chart(ab_figure(sa, sb, (tps[0], tps[1]), tput=tput), key=f"{key}.figure",
                     config={"displaylogo": False})
     longest = max(sa.duration_s, sb.duration_s) * 1000

@@ -85,7 +85,9 @@ def figures_line(
     if finish:
         parts.append(f"finished: {finish}")
     if prompt_tokens:
-        parts.append(f"prompt {prompt_tokens} tokens, {cached_tokens or 0} cached")
+        # The prefix cache's share only when the engine said it (None: not known here).
+        parts.append(f"prompt {prompt_tokens} tokens" + (
+            f", {cached_tokens} cached" if cached_tokens is not None else ""))
     return " · ".join(parts)
 
 
@@ -118,9 +120,11 @@ def finish(reply: Reply, out: Any, t_end: float) -> None:
     reply.state = "done"
     if len(out.text) >= len(reply.text):
         reply.text = out.text
+    # A request the engine's death ended was ended by the client: the engine never said
+    # how much of its prompt was cached (the output's 0 is a default, not a figure).
+    cached = None if out.finish_reason == "error" else getattr(out, "num_cached_tokens", None)
     reply.figures = figures_line(reply.t_submit, reply.t_first, t_end, len(out.token_ids),
-                                 out.finish_reason, len(out.prompt_token_ids) or None,
-                                 getattr(out, "num_cached_tokens", None))
+                                 out.finish_reason, len(out.prompt_token_ids) or None, cached)
     if out.finish_reason == "error":
         reply.cut = f"cut short: {getattr(out, 'error', None) or 'the engine stopped'}"
     elif out.finish_reason == "abort" and reply.cut is None:

@@ -19,6 +19,24 @@ import streamlit as st
 from ui.playground_replies import Reply
 
 HISTORY_KEY = "play.history"
+# A prompt longer than this (characters or lines) is drawn in a box of PROMPT_BOX_PX that
+# scrolls: a pasted document drawn whole pushed the reply thousands of pixels down.
+LONG_PROMPT_CHARS = 1500
+LONG_PROMPT_LINES = 20
+PROMPT_BOX_PX = 240
+
+
+def draw_prompt(prompt: str) -> None:
+    """What the person typed, verbatim; a long one in a box of its own height that scrolls,
+    with its length said under it."""
+    lines = prompt.count("\n") + 1
+    if len(prompt) <= LONG_PROMPT_CHARS and lines <= LONG_PROMPT_LINES:
+        st.text(prompt)
+        return
+    with st.container(height=PROMPT_BOX_PX):
+        st.text(prompt)
+    st.caption(f"{len(prompt):,} characters, {lines:,} line{'s' if lines != 1 else ''}: "
+               "scroll the box to read it all.")
 
 
 def draw_reply(box: Any, text: str, chat: bool) -> None:
@@ -38,7 +56,7 @@ def draw_notes(reply: Reply) -> None:
 
 def draw_turn(reply: Reply) -> None:
     with st.chat_message("user"):
-        st.text(reply.prompt)
+        draw_prompt(reply.prompt)
     with st.chat_message("assistant"):
         draw_reply(st, reply.text, reply.chat)
         draw_notes(reply)

@@ -67,12 +67,20 @@ def lane_row(lane: str, lanes: Sequence[str] = LANES) -> int:
     return list(lanes).index(lane)
 
 
+# Lanes only a GPU engine fills (the stretch from a graph's launch to its first kernel):
+# drawn when the records carry them, never as an empty row without a legend entry.
+GPU_ONLY_LANES: tuple[str, ...] = ("compute.launch",)
+
+
 def lanes_of(records: Sequence[StepRecord]) -> tuple[str, ...]:
-    """LANES, then the per-rank lanes of a tensor-parallel engine that the records carry
-    ("rank0.comm", "rank1.compute", "rank1.comm", ...), by rank."""
+    """LANES (GPU_ONLY_LANES only where the records carry them), then the per-rank lanes of
+    a tensor-parallel engine that the records carry ("rank0.comm", "rank1.compute",
+    "rank1.comm", ...), by rank."""
     extra: set[str] = set()
+    present: set[str] = set()
     for rec in records:
         for span in rec.spans:
+            present.add(span.lane)
             if span.lane.startswith("rank"):
                 extra.add(span.lane)
 
@@ -81,7 +89,8 @@ def lanes_of(records: Sequence[StepRecord]) -> tuple[str, ...]:
         order = RANK_LANE_KINDS.index(kind) if kind in RANK_LANE_KINDS else len(RANK_LANE_KINDS)
         return (int(rank) if rank.isdigit() else 1 << 30, order)
 
-    return LANES + tuple(sorted(extra, key=key))
+    base = tuple(lane for lane in LANES if lane not in GPU_ONLY_LANES or lane in present)
+    return base + tuple(sorted(extra, key=key))
 
 
 def window_end_ns(records: Sequence[StepRecord]) -> int | None:

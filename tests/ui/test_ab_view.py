@@ -10,7 +10,7 @@ import pytest
 
 from telemetry.verdict import decode_steps as decode_of
 from telemetry.verdict import decode_verdict, pooled
-from ui.ab_view import ab_figure, short_ms
+from ui.ab_view import ab_figure, short_ms, side_header
 from ui.recordings import RECORDINGS_DIR, load_recording
 from ui.window_stats import window_stats
 
@@ -88,3 +88,34 @@ def test_the_shipped_h200_1b_recording_names_the_async_gain_with_its_interval() 
 def test_a_tile_duration_keeps_four_figures(ms: float, text: str) -> None:
     """"126.056 ms" and "23.432 ms" were cut in their tiles ("126.056 ...", "23.43...")."""
     assert short_ms(ms) == text
+
+
+def test_each_sides_header_counts_each_figure_over_what_it_covers(fake) -> None:
+    """The one-click comparison draws each side's last capture and judges every capture:
+    the header says which count covers which (it once read "5 steps in 1.00 s, 11 of them
+    decode-only"), and the tiles and the idle chart say their scope."""
+    from test_pages_fake import app
+
+    at = app().run()
+    at.switch_page("pages/ab.py").run()
+    at.select_slider(key="ab.seconds").set_value(1)
+    at.button(key="ab.one_click").click().run()
+    headers = [m.value for m in at.markdown
+               if m.value.startswith("**") and " steps in " in m.value]
+    assert len(headers) == 2, headers
+    for h in headers:
+        assert "(the last capture, drawn)" in h and "in all 3 captures, judged" in h, h
+    helps = {m.label: m.help for m in at.metric}
+    assert "all 3 captures" in helps["compute busy (decode)"]
+    assert "every step of the window drawn" in helps["compute busy (decode)"]
+    figure = next(c for c in at.get("plotly_chart") if c.key == "ab.view.figure")
+    assert "all steps drawn" in figure.proto.spec
+
+
+def test_one_window_counts_its_decode_only_steps_among_its_steps() -> None:
+    rec = load_recording(RECORDINGS_DIR / "cpu-tiny.jsonl")
+    w = rec.by_mode()["sync"]
+    s = window_stats(w, "sync")
+    n = decode_of(w).n
+    header = side_header(s, n, 1)
+    assert header.endswith(f"{n:,} of them decode-only") and n <= s.steps

@@ -15,6 +15,7 @@ import streamlit as st
 from fake_engine import FakeEngineClient, control
 from streamlit.testing.v1 import AppTest
 
+import ui.bench_runner
 import ui.client
 from ui.controls import LOAD_CONC_KEY
 
@@ -77,8 +78,9 @@ def test_history_strip_has_the_four_figures_with_units(fake: FakeEngineClient) -
     assert any(t.startswith("step busy") and "%" in t for t in titles)
     assert any(t.startswith("requests running / waiting") for t in titles)
     # No GPU: the memory bandwidth figure says why it is missing instead of a number.
-    assert "memory bandwidth used: n/a" in titles
-    assert any("NVML library not found" in t for t in titles)
+    assert "memory bandwidth used: no GPU here" in titles
+    assert ("it reads a GPU's memory counters (NVML GPM); this engine runs on the CPU"
+            in [t.replace("<br>", " ") for t in titles]), titles
 
 
 def test_async_toggle_and_slots_change_the_engines_mode(fake: FakeEngineClient) -> None:
@@ -276,3 +278,25 @@ def test_the_sentinel_is_one_toggle_away_and_shows_its_mismatch_count(
     assert "checked 12 · mismatches 0 (0.0%)" in texts(at)
     control(at, "ctl.sentinel").set_value(False).run()
     assert fake.settings()["sentinel_sample_every"] == 0
+
+
+def test_tables_show_a_figure_that_does_not_apply_as_a_dash_not_none(
+        fake: FakeEngineClient) -> None:
+    """The Benchmark table's async prediction of an async run and the Requests table's
+    end-to-end time of a request still running have no value: a dash, not "None"."""
+    at = app().run()
+    at.switch_page("pages/benchmark.py").run()
+    at.number_input(key="bench.repetitions").set_value(1)
+    at.button(key="bench.run").click().run()
+    run = ui.bench_runner.RUNS.current
+    assert run is not None and run._thread is not None
+    run._thread.join(30)
+    at.run()
+    table = at.dataframe[0]  # the results, one row per mode
+    assert table.value["predicted async s (median)"].isna().any()
+    assert table.proto.placeholder == "–"
+    fake.submit("a request still running")
+    at.switch_page("pages/requests.py").run()
+    requests = at.dataframe[0]
+    assert requests.value["e2e ms"].isna().any()
+    assert all(d.proto.placeholder == "–" for d in at.dataframe)

@@ -1,4 +1,4 @@
-"""The Playground page as a chat tool (issue 25), under AppTest against the stand-in engine:
+"""The Playground page as a chat tool, under AppTest against the stand-in engine:
 greedy by default; each reply shows the settings it was made with; Clear is there after the
 first reply; a spaces-only prompt is refused; the page does not draw a second mode line;
 validation messages follow the value typed; a reply cut by an engine that died keeps its
@@ -22,6 +22,7 @@ from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
 from ui.chat import load_chat_template
+from ui.playground_view import PROMPT_BOX_PX
 
 
 def playground() -> AppTest:
@@ -166,3 +167,49 @@ def test_the_page_sends_typed_control_tokens_as_plain_text(fake: FakeEngineClien
     special = tok.special_ids()
     plain = tok.chat(load_chat_template(SMOL), [{"role": "user", "content": "hi"}]).ids
     assert [i for i in ids if i in special] == [i for i in plain if i in special]
+
+
+def test_a_long_prompt_is_drawn_in_a_box_of_its_own_height(fake: FakeEngineClient) -> None:
+    """A long prompt (a pasted document; a 20,000-character one was drawn 3,257 px tall) is
+    drawn in a box that scrolls, its length said under it. The stand-in engine takes 2,000
+    characters at most: 90 lines of a document here."""
+    at = ask(playground(), "a line of a document\n" * 90)
+    assert fixed_heights(at) == [PROMPT_BOX_PX]
+    assert any("1,890 characters, 91 lines: scroll the box" in c.value for c in at.caption)
+    ask(at, "a short prompt")
+    assert fixed_heights(at) == [PROMPT_BOX_PX]  # the long one only
+
+
+def fixed_heights(at: AppTest) -> list[int]:
+    """The pixel heights of the page's boxes of a fixed height, in page order."""
+    out: list[int] = []
+
+    def walk(node: object) -> None:
+        proto = getattr(node, "proto", None)
+        height = getattr(getattr(proto, "height_config", None), "pixel_height", 0)
+        if height:
+            out.append(int(height))
+        for child in getattr(node, "children", {}).values():
+            walk(child)
+
+    walk(at._tree)
+    return out
+
+
+@pytest.mark.skipif(not (SMOL / "tokenizer.json").is_file(),
+                    reason="models/SmolLM2-135M-Instruct is missing: run scripts/setup.sh")
+def test_the_turn_count_counts_the_reply_just_made(fake: FakeEngineClient) -> None:
+    """The caption says how many earlier turns the next message goes with: right after a
+    reply, that reply counts (it lagged one reply behind)."""
+    fake._settings["model"] = str(SMOL)  # a folder with a chat template
+    at = playground()
+    assert at.toggle(key="play.chat").value is True
+
+    def said() -> list[str]:
+        return [c.value for c in at.caption if "earlier turn" in c.value]
+
+    assert any("the 0 earlier turns" in c for c in said()), said()
+    ask(at, "hello")
+    assert any("the 1 earlier turn " in c for c in said()), said()
+    ask(at, "and again")
+    assert any("the 2 earlier turns" in c for c in said()), said()

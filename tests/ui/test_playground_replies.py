@@ -51,6 +51,18 @@ def test_figures_carry_the_prompt_and_its_cached_tokens() -> None:
     assert reply.figures.endswith("finished: stop · prompt 40 tokens, 32 cached")
 
 
+def test_a_cached_count_nobody_measured_is_not_shown_as_zero() -> None:
+    """A request the engine's death ended was ended by the client: its output's cached
+    count is a default, not the engine's figure, and the line says nothing of it."""
+    reply = Reply("p", "greedy", t_submit=1.0, t_first=1.1)
+    finish(reply, Out("Par", [5], "error", list(range(40)), error="engine died"), 1.5)
+    assert reply.figures.endswith("prompt 40 tokens"), reply.figures
+    assert "cached" not in reply.figures
+    measured = Reply("p", "greedy", t_submit=1.0, t_first=1.1)
+    finish(measured, Out("Paris.", [5, 6], "stop", list(range(40))), 1.5)
+    assert measured.figures.endswith("prompt 40 tokens, 0 cached")  # the engine said 0
+
+
 class Engine:
     """A client stand-in: scripted stream pieces (None: a silent poll), aborts recorded."""
 

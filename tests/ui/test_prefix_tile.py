@@ -1,9 +1,10 @@
 """The prefix cache beside KV in use on the Live gauges: hit rate over the window's admissions
-(else since start) and prefill tokens saved (issue 24)."""
+(else since start) and prefill tokens saved."""
 
 from __future__ import annotations
 
 import pytest
+from test_gauges import titles
 
 from telemetry.records import Span, StepRecord
 from ui.gauges import gauge_values, gauges_figure, prefix_line
@@ -34,12 +35,13 @@ def test_no_admission_in_the_window_falls_back_to_the_engines_counters() -> None
     assert cold.prefix_hit_rate is None and prefix_line(cold) == "prefix cache: no lookups yet"
 
 
-@pytest.mark.parametrize("device", ["cuda", "cpu"])
+@pytest.mark.parametrize("device", [pytest.param("cuda", id="gpu-engine"),
+                                    pytest.param("cpu", id="cpu-engine")])
 def test_the_kv_gauge_carries_the_prefix_line(device: str) -> None:
     v = gauge_values([rec(0, 100, 80)], (0, MS), stats=STATS)
     fig = gauges_figure(v, device=device)
-    (kv,) = [t for t in fig.data if t.title.text.startswith("KV cache used")]
-    assert "prefix hits 80%" in kv.title.text and "250 prefill tok saved" in kv.title.text
+    (kv,) = [t for t in titles(fig) if t.startswith("KV cache used")]
+    assert "prefix hits 80%" in kv and "250 prefill tok saved" in kv
 
 
 def test_the_timeline_hover_says_a_steps_cached_tokens() -> None:

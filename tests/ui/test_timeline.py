@@ -8,7 +8,14 @@ import pytest
 
 from telemetry.records import LANES, Span, StepRecord
 from ui.lanes import CPU_GROUP, DEVICE_GROUP
-from ui.timeline import lane_bars, lane_row, merge_thin, recent_window, timeline_figure
+from ui.timeline import (
+    GPU_ONLY_LANES,
+    lane_bars,
+    lane_row,
+    merge_thin,
+    recent_window,
+    timeline_figure,
+)
 
 MS = 1_000_000
 
@@ -30,11 +37,17 @@ def trace_for(fig: go.Figure, lane: str) -> go.Bar:
     return trace
 
 
+# Every lane but those only a GPU engine fills, which are drawn where records carry them.
+DRAWN_LANES = [lane for lane in LANES if lane not in GPU_ONLY_LANES]
+
+
 def test_one_trace_per_lane_in_lanes_order_top_to_bottom() -> None:
     fig = timeline_figure([step(0, [Span("compute", 0, MS)])])
-    assert [t.name.split(":")[0] for t in fig.data] == list(LANES)
-    assert list(fig.layout.yaxis.ticktext) == list(LANES)
-    assert list(fig.layout.yaxis.tickvals) == [float(i) for i in range(len(LANES))]
+    assert [t.name.split(":")[0] for t in fig.data] == DRAWN_LANES
+    assert list(fig.layout.yaxis.ticktext) == DRAWN_LANES
+    assert list(fig.layout.yaxis.tickvals) == [float(i) for i in range(len(DRAWN_LANES))]
+    gpu = timeline_figure([step(0, [Span("compute.launch", 0, 10), Span("compute", 10, MS)])])
+    assert list(gpu.layout.yaxis.ticktext) == list(LANES)
     lo, hi = fig.layout.yaxis.range
     assert lo > hi, "y axis must be reversed so that LANES[0] is drawn on top"
 
@@ -46,7 +59,8 @@ def test_span_lands_on_its_lane_row_with_base_and_duration_in_ms_before_the_end(
     ]
     fig = timeline_figure(recs, width_px=10_000)
     compute = trace_for(fig, "compute")
-    assert list(compute.y) == [float(lane_row("compute"))] == [float(LANES.index("compute"))]
+    assert list(compute.y) == [float(lane_row("compute", tuple(DRAWN_LANES)))] == [
+        float(DRAWN_LANES.index("compute"))]
     assert compute.base[0] == pytest.approx(-7.0)  # 3 ms, window ends at 10 ms
     assert compute.x[0] == pytest.approx(5.0)
     prep = trace_for(fig, "cpu.prepare")
@@ -144,10 +158,10 @@ def test_recent_window_keeps_overlapping_steps_in_order() -> None:
 
 def test_unknown_lanes_are_ignored_and_empty_input_draws_every_lane() -> None:
     fig = timeline_figure([step(0, [Span("gpu.mystery", 0, MS)])])
-    assert [t.name.split(":")[0] for t in fig.data] == list(LANES)
+    assert [t.name.split(":")[0] for t in fig.data] == DRAWN_LANES
     assert all(len(t.x) == 0 for t in fig.data)
     assert "no steps yet" in fig.layout.annotations[0].text
-    assert [t.name.split(":")[0] for t in timeline_figure([]).data] == list(LANES)
+    assert [t.name.split(":")[0] for t in timeline_figure([]).data] == DRAWN_LANES
 
 
 def test_legend_groups_lanes_cpu_and_device_with_a_meaning_for_each() -> None:

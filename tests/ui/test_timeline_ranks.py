@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from telemetry.records import LANES, Span, StepRecord
 from ui.lanes import RANKS_GROUP, lane_group
-from ui.timeline import lane_bars, lanes_of, timeline_figure
+from ui.timeline import GPU_ONLY_LANES, lane_bars, lanes_of, timeline_figure
 
 
 def record(step: int, t0: int, slow_rank1_ns: int) -> StepRecord:
@@ -21,8 +21,9 @@ def record(step: int, t0: int, slow_rank1_ns: int) -> StepRecord:
 
 def test_rank_lanes_follow_the_device_lanes_by_rank():
     recs = [record(0, 0, 0)]
-    assert lanes_of(recs) == LANES + ("rank0.comm", "rank1.compute", "rank1.comm")
-    assert lanes_of([StepRecord(0, "sync", 0, 0, 0, 0)]) == LANES  # one rank: no new rows
+    cpu = tuple(lane for lane in LANES if lane not in GPU_ONLY_LANES)
+    assert lanes_of(recs) == cpu + ("rank0.comm", "rank1.compute", "rank1.comm")
+    assert lanes_of([StepRecord(0, "sync", 0, 0, 0, 0)]) == cpu  # one rank: no new rows
     assert lane_group("rank1.compute") == RANKS_GROUP
 
 
