@@ -280,7 +280,7 @@ def stop_load(client: EngineClient, who: str) -> None:
 
 def load_state(stats: dict[str, Any], this_tab: str, stopped_by: str | None) -> str:
     """The load generator's state in words: "running", "not started", "stopped by this
-    tab", "stopped by tab 1a2b3c4d", "stopped by a client outside this dashboard" (the HTTP
+    tab", "stopped by tab <id>", "stopped by a client outside this dashboard" (the HTTP
     API, say) or "stopped: <why>" when it ended on its own (the engine shut down)."""
     if stats.get("running"):
         return "running"

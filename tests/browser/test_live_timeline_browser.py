@@ -1,10 +1,10 @@
-"""The Live page's timeline in a real browser (issue 14): within the first viewport at
+"""The Live page's timeline in a real browser: within the first viewport at
 1600x1000 and 1280x800; under 30 s of load, sampled every 0.5 s, never blank; a zoom survives
 5 live refreshes; a hover label stays while the pointer is on the chart; a paused timeline
 downloads as a Chrome trace of exactly the steps on screen.
 
 The never-blank check's 30 s run while the two first-viewport checks run in tabs of their
-own (until 2026-12-04 the 30 s were waited out alone): its sampler, in the timeline's frame
+own: its sampler, in the timeline's frame
 of the module's tab, starts with the module (the `never_blank` fixture starts the load for
 it) and the check reads what it saw. The load generator is stopped when the module ends.
 """
@@ -37,8 +37,8 @@ NEVER_BLANK_S = 30  # the check's length
 SAMPLE_EVERY_S = 0.5
 
 # Run in the timeline's frame: a sample of the chart every SAMPLE_EVERY_S s (the bars drawn,
-# the frame's latest error) for NEVER_BLANK_S s, the first at once, as the test's Python loop
-# took them from outside until 2026-12-04; then the redraws since the first sample.
+# the frame's latest error) for NEVER_BLANK_S s, the first at once; then the redraws since
+# the first sample.
 SAMPLER_JS = """([seconds, every]) => {
   const s = window.gaplessLivePlot, gd = document.getElementById('plot');
   const run = window.__neverBlank = {first: s.draws, samples: 0, blank: [], redraws: null};
@@ -206,7 +206,7 @@ def test_trace_download_is_a_chrome_trace_of_the_steps_on_screen(page: sync_api.
     assert {"compute", "cpu.prepare"} <= {e["cat"] for e in spans}
     shown = int(title.split()[1])  # "Paused: N steps in the last ..."
     assert len({e["args"]["step"] for e in spans}) == shown
-    # One track per request (issue 24): its steps, and its time in queue from the events.
+    # One track per request: its steps, and its time in queue from the events.
     tracks = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "request"]
     assert tracks and {e["args"]["step"] for e in tracks if "step" in e["args"]} <= {
         e["args"]["step"] for e in spans}

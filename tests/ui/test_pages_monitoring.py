@@ -1,4 +1,4 @@
-"""The dashboard as a monitor (issue 14) under AppTest on the stand-in engine: one truth
+"""The dashboard as a monitor under AppTest on the stand-in engine: one truth
 across tabs, a hung engine on every page, restart keeping the settings, widgets that
 validate as the engine does, the A/B view and the recordings.
 

@@ -131,8 +131,8 @@ def test_a_reply_cut_by_a_dead_engine_is_kept_and_marked(dying: DyingEngine) -> 
 def test_a_reply_cut_by_a_dead_engine_shows_beside_the_restart_message(
     dying: DyingEngine,
 ) -> None:
-    """Issue 25 (8): while the engine stays dead, the next run of the page stopped at the
-    restart message, and the partial reply came back only after a restart."""
+    """While the engine stays dead, the page stops at the restart message with the partial
+    reply still in view (it once came back only after a restart)."""
     at = ask(playground(), "def add")
     cut = [w.value for w in at.warning if "Partial reply" in w.value]
     at.run()  # the banner's rerun once it sees the engine dead; nobody restarted it

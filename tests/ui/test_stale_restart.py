@@ -25,10 +25,10 @@ def test_a_plain_restart_is_refused_whenever_the_engine_runs(
     restart of an engine that runs does nothing, and the refusal is logged naming the tab."""
     caplog.set_level(logging.WARNING, logger="gapless.ui")
     with pytest.raises(StaleRestart, match="the engine is running"):
-        restart_keeping_settings(fake, "tab 0b5e55ed", seen_generation=fake.generation)
+        restart_keeping_settings(fake, "tab of-test", seen_generation=fake.generation)
     assert getattr(fake, "restarts", 0) == 0
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refused) == 1 and "tab 0b5e55ed" in refused[0], refused
+    assert len(refused) == 1 and "tab of-test" in refused[0], refused
 
 
 def test_a_dead_page_drawn_during_another_tabs_restart_cannot_restart_it_again(

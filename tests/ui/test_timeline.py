@@ -185,7 +185,7 @@ def test_a_live_window_keeps_one_x_range_so_a_zoom_survives_refreshes() -> None:
 
 
 def test_highlighted_steps_are_drawn_lit_and_the_others_faded() -> None:
-    """Issue 24: the Requests page's link lights a request's own steps on the timeline."""
+    """The Requests page's link lights a request's own steps on the timeline."""
     from ui.timeline import FADED_OPACITY
 
     records = [StepRecord(step=k, mode="async", slot=0, num_requests=1, prefill_tokens=0,
@@ -204,7 +204,7 @@ def test_highlighted_steps_are_drawn_lit_and_the_others_faded() -> None:
 
 
 def test_a_figure_is_made_tall_enough_for_its_legend() -> None:
-    """Issue 25 (10): a legend taller than its plot got a scroll bar of its own (the A/B
+    """A legend taller than its plot would get a scroll bar of its own (the A/B
     page's 300 px timelines). Every lane drawn, and four ranks' lanes more, need more."""
     from ui.timeline import legend_height_px
 
