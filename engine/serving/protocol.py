@@ -44,6 +44,7 @@ LINGER_MAX_BYTES = 64 * 2**20  # ... and this much at most
 RETRY_AFTER_S = 1
 SSE_SCOPE_KEY = "gapless.event_stream"  # set in the ASGI scope by a server-sent-event answer
 PROBE_S = 0.5  # how often a half-closed connection's socket is looked at
+PROBE_FIRST_S = 0.02  # the first look: a closed client's reset comes back within a round trip
 TCP_CLOSE = 7  # tcpi_state of a socket the peer has reset
 
 
@@ -212,7 +213,7 @@ class ConnectionRules(H11Protocol):
                 self.raw_transport.write(self.conn.send(h11.Data(data=b":\n\n")))
         except h11.LocalProtocolError:
             pass
-        self._probe_timer = self.loop.call_later(PROBE_S, self._check_reset, sock)
+        self._probe_timer = self.loop.call_later(PROBE_FIRST_S, self._check_reset, sock)
 
     def _check_reset(self, sock: Any) -> None:
         self._probe_timer = None

@@ -107,20 +107,23 @@ BYPASSES = [
     # (path, body, param, words the message must hold): each was tokenized whole before.
     ("/v1/completions", {"prompt": ["word " * 838_000], "max_tokens": 1}, "prompt",
      ["4190000 characters", "at most 32768 characters"]),
-    ("/v1/completions", {"prompt": [[5] * 500_000], "max_tokens": 1}, "prompt",
-     ["token ids: 500000", "at most 1023"]),
-    ("/v1/completions", {"prompt": [5] * 500_000, "max_tokens": 1}, "prompt",
-     ["token ids: 500000", "at most 1023"]),
-    ("/v1/chat/completions", {"messages": [{"role": "user"}] * 100_000, "max_tokens": 1},
-     "messages", ["messages: 100000", "at most 1024"]),
+    ("/v1/completions", {"prompt": [[5] * 100_000], "max_tokens": 1}, "prompt",
+     ["token ids: 100000", "at most 1023"]),
+    ("/v1/completions", {"prompt": [5] * 100_000, "max_tokens": 1}, "prompt",
+     ["token ids: 100000", "at most 1023"]),
+    # More items than any acceptable request holds: refused before the body is decoded.
+    ("/v1/completions", {"prompt": [[5] * 1_000_000], "max_tokens": 1}, None,
+     ["1000000 commas", "at most"]),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}] * 50_000, "max_tokens": 1},
+     "messages", ["messages: 50000", "at most 1024"]),
     # What the template writes around each message counts too, beside its content.
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 31}] * 1024,
                               "max_tokens": 1}, "prompt", ["at most 32768 characters"]),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": ""}] * 120_000}], "max_tokens": 1}, "messages",
-     ["content parts in all messages: 120000", "at most 1024"]),
-    ("/v1/completions", {"prompt": "x", "stop": [f"s{i}" for i in range(100_000)]}, "stop",
-     ["stop strings: 100000", "at most 16"]),
+        {"type": "text", "text": ""}] * 40_000}], "max_tokens": 1}, "messages",
+     ["content parts in all messages: 40000", "at most 1024"]),
+    ("/v1/completions", {"prompt": "x", "stop": [f"s{i}" for i in range(50_000)]}, "stop",
+     ["stop strings: 50000", "at most 16"]),
     ("/v1/completions", {"prompt": "x", "stop": ["s" * 300_000]}, "stop",
      ["300000", "at most 256"]),
 ]

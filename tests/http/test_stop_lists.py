@@ -1,6 +1,7 @@
 """Stop lists cannot slow other requests down: with fifteen neighbours each carrying the
 most stop strings a request may have (of the longest length, never matching), a bystander
-finishes within 1.2x of its time beside neighbours with none."""
+finishes within 1.2x of its time beside the same neighbours with none. Rounds alternate, and
+each side counts its best round: the machine's own load only ever adds time."""
 
 from __future__ import annotations
 
@@ -56,12 +57,13 @@ async def _bystander_time(url: str, stop: list[str] | None) -> float:
 @pytest.mark.slow  # ~1 min
 def test_a_bystander_is_not_slowed_by_its_neighbours_stop_lists(server):
     plain, stopped = [], []
-    for _ in range(3):
+    for _ in range(5):
         for stop, times in ((None, plain), (STOPS, stopped)):
             wait_idle(server.url)
             times.append(asyncio.run(_bystander_time(server.url, stop)))
-    ratio = statistics.median(stopped) / statistics.median(plain)
-    print(f"\nbystander: {statistics.median(plain):.2f} s beside plain neighbours, "
-          f"{statistics.median(stopped):.2f} s beside {NEIGHBOURS} x {MAX_STOP_STRINGS} stop "
-          f"strings of {MAX_STOP_CHARS} characters ({ratio:.2f}x)")
+    ratio = min(stopped) / min(plain)
+    print(f"\nbystander: {min(plain):.2f} s beside plain neighbours, {min(stopped):.2f} s "
+          f"beside {NEIGHBOURS} x {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS} "
+          f"characters ({ratio:.2f}x; medians {statistics.median(plain):.2f} s and "
+          f"{statistics.median(stopped):.2f} s)")
     assert ratio < 1.2
