@@ -186,7 +186,6 @@ def create_app(client: Any, *, tokenizer: Any,
     app.state.metrics = metrics
     app.state.served_model_names = names
     app.state.engine_note = None
-    app.state.inflight = inflight
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError) -> JSONResponse:
