@@ -59,6 +59,10 @@ RUNNING_JS = """() => { const t = document.body.innerText;
   return /settings v\\d+/.test(t) && !t.includes('not running') && !t.includes('not responding')
     && !t.includes('Starting a new engine'); }"""
 DEAD_JS = "() => document.body.innerText.includes('The engine is not running')"
+STARTING_JS = "() => document.body.innerText.includes('Starting a new engine')"
+ENABLED_RESTARTS_JS = """() => [...document.querySelectorAll('button')]
+  .filter(b => b.innerText.trim() === 'Restart the engine' && !b.disabled).length"""
+OWN_SETTLED_JS = f"() => !({STARTING_JS})() || ({ENABLED_RESTARTS_JS})() === 0"
 VERSION_RE = re.compile(r"settings v(\d+)")
 # The async toggle keyed by settings version v (ui/controls.py's widget_key; Streamlit gives
 # a keyed widget's element the class st-key-<key>, its dots as "-").
@@ -267,7 +271,8 @@ def probe_kills(browser: object, url: str, tabs_n: int, kills: int, server_pid: 
         for t in tabs:
             for m in sorted(set(t.console)):
                 print(f"console error in {t.name}: {m[:300]}", flush=True)
-        return {"tabs": tabs_n, "kills": kills, "blank_after_kill": blank,
+        return {"tabs": tabs_n, "kills": kills, "tab_kills": kills * tabs_n,
+                "blank_after_kill": blank,
                 "not_back_after_restart": stuck, "bad_delta_console_errors": bad_delta,
                 "websockets_closed": sum(t.closed_sockets for t in tabs),
                 "restart_failed": failed_restart}
@@ -280,12 +285,13 @@ def probe_stale(browser: object, url: str, tabs_n: int, attempts: int, server_pi
                 log_path: Path) -> dict:
     tabs = [open_tab(browser, url, f"tab{i}") for i in range(tabs_n)]
     try:
-        for tab, title in zip(tabs, KILL_PAGES[::-1], strict=False):  # Live, Requests, ...
+        # A on Live, B on Benchmark (the stale one), a third on Requests.
+        for tab, title in zip(tabs, ("Live", "Benchmark", "Requests"), strict=False):
             tab.name = title
-        goto(tabs[1], "Benchmark")
-        tabs[1].name = "Benchmark"
+            if title != "Live":
+                goto(tab, title)
         log0 = log_path.stat().st_size
-        restarted_healthy = clicked = disabled = gone = 0
+        restarted_healthy = clicked = disabled = gone = own_seen = own_enabled = 0
         a, b = tabs[0], tabs[1]
         for k in range(attempts):
             pid = engine_pid(server_pid, 60)
@@ -293,6 +299,13 @@ def probe_stale(browser: object, url: str, tabs_n: int, attempts: int, server_pi
             for t in tabs:
                 t.page.get_by_role("button", name="Restart the engine").wait_for(timeout=20_000)
             a.page.get_by_role("button", name="Restart the engine").click()
+            # While its restart runs, the tab that asked shows no Restart it could click again
+            # (given a moment for the run's next element after its progress line).
+            if wait(a, STARTING_JS, 5):
+                own_seen += 1
+                wait(a, OWN_SETTLED_JS, 1)
+                if a.page.evaluate(STARTING_JS) and a.page.evaluate(ENABLED_RESTARTS_JS):
+                    own_enabled += 1
             wait(a, RUNNING_JS, 120)
             new = engine_pid(server_pid, 10)
             stale = b.page.get_by_role("button", name="Restart the engine")
@@ -317,7 +330,8 @@ def probe_stale(browser: object, url: str, tabs_n: int, attempts: int, server_pi
         refused_logged = log_count(log_path, r"restart asked by tab \w+ refused", log0)
         return {"tabs": tabs_n, "attempts": attempts, "stale_clicks": clicked,
                 "button_disabled": disabled, "button_gone": gone,
-                "healthy_restarted": restarted_healthy, "refusals_logged": refused_logged}
+                "healthy_restarted": restarted_healthy, "refusals_logged": refused_logged,
+                "restarts_watched": own_seen, "own_restart_enabled_meanwhile": own_enabled}
     finally:
         for t in tabs:
             t.page.close()
@@ -399,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     must_be_zero = [("async", "reverted"), ("async", "version_not_plus_one"),
                     ("async", "untouched_messages"), ("kills", "blank_after_kill"),
                     ("kills", "not_back_after_restart"), ("kills", "bad_delta_console_errors"),
-                    ("stale", "healthy_restarted")]
+                    ("stale", "healthy_restarted"), ("stale", "own_restart_enabled_meanwhile"),
+                    ("async", "not_applied_messages")]
     bad = [f"{p}.{k}={results[p][k]}" for p, k in must_be_zero
            if p in results and results[p].get(k)]
     print("FAILED: " + ", ".join(bad) if bad else "all counts that must be 0 are 0")

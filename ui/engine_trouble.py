@@ -5,11 +5,15 @@ Shared by ui/client.py (a page's first call, or a call inside engine_errors, fai
 ui/banner.py (the banner notices a hang); it sits below both so neither imports the other.
 Owns the two messages, their buttons, the restart's progress, the note for a call answered
 late by a busy engine whose heartbeat still comes (busy, not hung), and the watch that
-brings a stopped page back once the engine runs again. A button remembers which engine process its
-view showed (the client's ``generation``): clicked on a stale view (another tab restarted
-the engine meanwhile, or the hang ended) it does nothing and says so. Every restart and kill
-is logged with the tab that asked. It must never show a traceback (details go to the server
-log), and never call st.* off the script thread.
+brings a stopped page back once the engine runs again. A button remembers which engine
+process its view showed (the client's ``generation``); a click on a stale view does nothing
+and says so (ui.status refuses a plain restart whenever the engine runs, and a kill once
+the hang has ended or the engine was restarted). While a restart runs, the clicked button
+is replaced by a disabled one, and a dead page drawn in another tab shows its button
+disabled, naming the tab that restarts. Every restart and kill, and every refusal, is logged
+with the tab that asked. The page stops with ui.fragments.stop_page, never st.stop. It must
+never show a traceback (details go to the server log), and never call st.* off the script
+thread.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gapless.ui")
 
-RESTART_ASK_KEY = "ui.restart_asked"  # (kind, generation seen) of a click not yet carried out
+# (kind, generation seen, the clicked button's key) of a click not yet carried out
+RESTART_ASK_KEY = "ui.restart_asked"
 RESTART_ERROR_KEY = "ui.kill_restart_error"
 RECOVERY_PERIOD_S = 1.0
 REDRAW_DEAD_S = 4.0  # a dead page runs again this often (see _await_recovery_dead)
@@ -45,8 +50,8 @@ RESTART_LABEL = "Restart the engine"
 KILL_LABEL = "Kill and restart the engine"
 
 
-def _ask(kind: str, generation: Any) -> None:
-    st.session_state[RESTART_ASK_KEY] = (kind, generation)
+def _ask(kind: str, generation: Any, key: str) -> None:
+    st.session_state[RESTART_ASK_KEY] = (kind, generation, key)
 
 
 def carry_out_restart(client: EngineClient) -> None:
@@ -57,13 +62,16 @@ def carry_out_restart(client: EngineClient) -> None:
     asked = st.session_state.pop(RESTART_ASK_KEY, None)
     if asked is None:
         return
-    kind, seen = asked
+    kind, seen, key = (*asked, None)[:3]
     who = tab_id()
     label = "Killing the engine and starting a new one" if kind == "kill" else \
         "Starting a new engine"
     box = st.status(f"{label} (loading the model)...", expanded=True)
-    st.button(KILL_LABEL if kind == "kill" else RESTART_LABEL, key="ui.restart_under_way",
-              type="primary", disabled=True, help="A restart is under way.")
+    # The clicked button again, by its key (the browser matches keyed elements by key, and
+    # kept the old one, enabled, beside a new one of another key), disabled.
+    st.button(KILL_LABEL if kind == "kill" else RESTART_LABEL,
+              key=key or f"ui.{kind}_under_way", type="primary", disabled=True,
+              help="A restart is under way.")
     t0 = time.monotonic()
     try:
         if kind == "kill":
@@ -135,7 +143,7 @@ def show_dead_engine(client: EngineClient, not_responding: str | None = None, *,
     seen = getattr(client, "generation", None)
     restarting = RESTARTING.by()
     st.button(RESTART_LABEL, key="ui.restart", type="primary", on_click=_ask,
-              args=("restart", seen), disabled=restarting is not None,
+              args=("restart", seen, "ui.restart"), disabled=restarting is not None,
               help=f"{restarting} is restarting the engine." if restarting else None)
     if restarting:
         st.caption(f":material/restart_alt: {restarting} is restarting the engine; this "
@@ -163,7 +171,7 @@ def show_not_responding(client: EngineClient, reason: str | None, key: str) -> N
         type="primary",
         icon=":material/restart_alt:",
         on_click=_ask,
-        args=("kill", getattr(client, "generation", None)),
+        args=("kill", getattr(client, "generation", None), key),
         help="SIGKILL the engine process and start a new one with the same live settings.",
     )
     show_restart_outcome()

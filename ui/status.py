@@ -2,9 +2,11 @@
 
 Owns the adapter over the engine client's health (``engine_status``: the client's
 ``status()`` heartbeat where it has one, otherwise ``alive()`` / ``death_reason()`` and the
-outcome of a short call), the settings remembered across a restart, and the banner each page
-draws at its top once a second (``status_banner``): the engine's actual settings, "not
-responding" with a kill-and-restart button, and a running benchmark.
+outcome of a short call), the settings remembered across a restart, and the restart itself:
+one at a time, refused when the view that asked is stale (a plain restart whenever the
+engine runs), every refusal logged with the tab, the settings and load generator put back
+under that tab's name, and which tab's restart is under way (RESTARTING) for the other
+tabs' dead pages.
 
 It must never block a page for longer than one short call (UI_CALL_TIMEOUT_S), and never
 call st.* from a thread other than the script's.

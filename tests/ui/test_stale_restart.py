@@ -56,7 +56,7 @@ def test_a_dead_page_drawn_during_another_tabs_restart_cannot_restart_it_again(
     assert button.disabled, "the stale Restart button could be clicked"
     fake.restart = finish_restart  # type: ignore[method-assign]
     # What a click that still got through does (the old page drew the button enabled):
-    second.session_state["ui.restart_asked"] = ("restart", fake.generation)
+    second.session_state["ui.restart_asked"] = ("restart", fake.generation, "ui.restart")
     second.run()
     assert fake.restarts == 1, "a stale Restart click restarted the healthy engine"
     assert any("the engine is running" in i.value for i in second.info)
