@@ -258,7 +258,11 @@ def test_bad_inputs_through_the_client_never_touch_good_requests(client):
                 failures.append(e)
             time.sleep(0.05)
 
-    orders = [rng.sample(range(len(bad_inputs)), len(bad_inputs)) for _ in range(4)]
+    # Random orders, but the id still in use first: `busy` must not have ended by then (its
+    # 400 tokens can end before four slow threads reach the end of their lists).
+    in_use = 6
+    orders = [[in_use] + rng.sample([k for k in range(len(bad_inputs)) if k != in_use],
+                                    len(bad_inputs) - 1) for _ in range(4)]
     stop = threading.Event()
     switcher = threading.Thread(target=switch, args=(stop,))
     switcher.start()
