@@ -8,7 +8,7 @@ panel reads the same on either server; ours follow. Each query names only series
 /metrics exports: ``exported_series()`` renders the exposition of an EngineMetrics fed a
 stand-in client with every reading present (NVML and GPM as on an H200), and the dashboard's
 optional panels (the step waterfall, prefix cache) are added only when their series are
-there. tests/http/test_grafana_dashboard.py checks both. No Grafana server is needed: none
+there. tests/serving/test_grafana_dashboard.py checks both. No Grafana server is needed: none
 installs from a package registry here (see docs/grafana/README.md).
 """
 

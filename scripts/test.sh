@@ -11,7 +11,7 @@
 # faster: there is not enough idle CPU for it, and its clocked checks (throughput, timeouts)
 # fail under that load. The background tests hold no such check.
 # In phase 1, tests/conftest.py makes each test module one unit of work for the workers (its
-# module-scoped engines and compiled models are built once, not once per worker), tests/http's
+# module-scoped engines and compiled models are built once, not once per worker), tests/serving's
 # tests that share one `engine serve` one unit, longest first. Phase 1 and the background
 # tests run torch with one CPU thread a process (OMP_NUM_THREADS=1, kept if set): workers that
 # each start engine processes with a thread per core slow each other down; with one thread,

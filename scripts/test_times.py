@@ -5,7 +5,7 @@
 
 Each test case's time in the XML is its setup, call and teardown together, so a module- or
 session-scoped fixture is charged to the first test that uses it. Per folder the script sums
-them (tests/engine, tests/http, ...; a test file directly under tests/ counts as "tests/");
+them (tests/engine, tests/serving, ...; a test file directly under tests/ counts as "tests/");
 the suite's wall time is the XML's own figure. Under pytest-xdist the test cases of several
 workers overlap, so the folders add up to more than the wall time: the folder column then
 says where the workers spent their time, the wall line how long one waited.

@@ -30,19 +30,19 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # a kernel test's interpreter chi
 has_cuda = torch.cuda.is_available()
 
 
-# Folders whose tests share one session-long server (tests/http: `engine serve`; tests/browser:
+# Folders whose tests share one session-long server (tests/serving: `engine serve`; tests/browser:
 # `streamlit run`, its engine and Chromium): under `--dist loadgroup` each folder is one unit of
 # work, run whole by one xdist worker; every other test module is a unit of its own (its
 # module-scoped engines and compiled models are then built once, not once per worker).
 # pytest 9 ignores the group xdist 3.8 writes into the node id (xdist sets `item._nodeid`;
 # pytest 9 reads `item._id`), so the scheduler below derives the unit from the node id itself.
-SESSION_FOLDERS = ("http", "browser")
-# tests/http modules that never use the session `serve` (its `server` fixture): each starts
+SESSION_FOLDERS = ("serving", "browser")
+# tests/serving modules that never use the session `serve` (its `server` fixture): each starts
 # servers of its own (an engine to kill, stop or orphan) or none, so each is a unit of its own
 # beside the folder's, and the folder's one unit (the critical path of phase 1) is not made
 # to wait for them. pytest_collection_modifyitems checks
 # that none of their tests asks for `server` (a second worker would start a second serve).
-OWN_SERVER_MODULES = tuple(f"tests/http/{m}.py" for m in (
+OWN_SERVER_MODULES = tuple(f"tests/serving/{m}.py" for m in (
     "test_background_server", "test_client_death", "test_engine_death", "test_engine_silence",
     "test_metrics_sentinel", "test_model_names", "test_orphan", "test_serve_attach",
     "test_serve_cli"))
@@ -54,47 +54,47 @@ OWN_SERVER_MODULES = tuple(f"tests/http/{m}.py" for m in (
 FIRST = (
     "tests/browser",
     INTERPRETER_UNIT,  # the interpreter children of the kernel tests
-    "tests/http",  # one `engine serve` for all of it (OWN_SERVER_MODULES apart)
+    "tests/serving",  # one `engine serve` for all of it (OWN_SERVER_MODULES apart)
     "tests/process/test_client.py",
     "tests/model/test_smollm2.py",
-    "tests/http/test_engine_silence.py",
+    "tests/serving/test_engine_silence.py",
     "tests/model/test_compiled_generic.py",
     "tests/process/test_process_hung.py",
     "tests/ui/test_pages_engine.py",
     "tests/process/test_process_attach.py",
     "tests/model/test_fused_greedy.py",
-    "tests/http/test_serve_attach.py",
-    "tests/http/test_orphan.py",
+    "tests/serving/test_serve_attach.py",
+    "tests/serving/test_orphan.py",
     "tests/engine/test_cli.py",
     "tests/ui/test_playground_chat.py",
     "tests/parallel/test_tp_engine.py",
     "tests/process/test_client_anatomy.py",
-    "tests/http/test_engine_death.py",
+    "tests/serving/test_engine_death.py",
     "tests/ui/test_pages_monitoring.py",
     "tests/ui/test_pages_fake.py",
     "tests/step/test_async_pipeline.py",
     "tests/parallel/test_tp_lifecycle.py",
     "tests/core/test_prefix_cache.py",
     "tests/ui/test_playground_engine.py",
-    "tests/http/test_model_names.py",
+    "tests/serving/test_model_names.py",
     "tests/ui/test_requests_ledger.py",
 )
 
 # Modules (or single tests, "path::name") that start engine processes (EngineClient,
 # `python -m engine [serve]`, TP workers): seconds per start on a small CPU. Marked slow
 # here, so the everyday quick line (`-m "not slow and not browser"`, docs/testing.md) leaves
-# them to the full line, which runs them unchanged. tests/http's tests that use the session
+# them to the full line, which runs them unchanged. tests/serving's tests that use the session
 # `serve` process (its `server` fixture) are marked slow the same way.
 STARTS_ENGINE_PROCESSES = (
     "tests/engine/test_cli.py",
     "tests/process/test_client.py",
     "tests/process/test_client_anatomy.py",
-    "tests/http/test_client_death.py",
-    "tests/http/test_engine_death.py",
-    "tests/http/test_engine_silence.py",
-    "tests/http/test_model_names.py::test_served_model_name_aliases_over_http",
-    "tests/http/test_orphan.py",
-    "tests/http/test_serve_attach.py::test_serve_attach_serves_the_dashboards_engine",
+    "tests/serving/test_client_death.py",
+    "tests/serving/test_engine_death.py",
+    "tests/serving/test_engine_silence.py",
+    "tests/serving/test_model_names.py::test_served_model_name_aliases_over_http",
+    "tests/serving/test_orphan.py",
+    "tests/serving/test_serve_attach.py::test_serve_attach_serves_the_dashboards_engine",
     "tests/parallel/test_tp_engine.py",
     "tests/parallel/test_tp_lifecycle.py",
     "tests/process/test_forkserver.py",
@@ -118,7 +118,7 @@ def starts_engine_processes(item: pytest.Item) -> bool:
     rel = item.path.relative_to(Path(__file__).parent.parent).as_posix()
     name = getattr(item, "originalname", item.name)
     return (rel in STARTS_ENGINE_PROCESSES or f"{rel}::{name}" in STARTS_ENGINE_PROCESSES
-            or (rel.startswith("tests/http/") and "server" in getattr(item, "fixturenames", ())))
+            or (rel.startswith("tests/serving/") and "server" in getattr(item, "fixturenames", ())))
 
 
 def unit_of(nodeid: str) -> str:

@@ -5,7 +5,7 @@ costs nothing but a fresh spawn; where forking is not safe (a GPU machine, a CUD
 switched off, engines are spawned fresh.
 
 The rest of the suite runs its CPU engines through the fork server too (tests/engine,
-tests/process, tests/http, tests/ui, tests/browser), which covers hangs, kills, restarts and an
+tests/process, tests/serving, tests/ui, tests/browser), which covers hangs, kills, restarts and an
 owner's death; this module checks what is particular to forking.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from serving import MODEL, ROOT
+from serve_process import MODEL, ROOT
 
 from engine.config import SamplingParams
 from engine.process.client import EngineClient

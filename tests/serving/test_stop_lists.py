@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from serving import API_KEY, MODEL, wait_idle
+from serve_process import API_KEY, MODEL, wait_idle
 
 from engine.config import MAX_STOP_CHARS, MAX_STOP_STRINGS
 

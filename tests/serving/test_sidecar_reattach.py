@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 import yaml
-from serving import ROOT
+from serve_process import ROOT
 
 from engine.process.client import EngineClient
 from ui import headless

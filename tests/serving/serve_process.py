@@ -1,4 +1,4 @@
-"""Starting a real `python -m engine serve` process and reading its /metrics, for tests/http.
+"""Starting a real `python -m engine serve` process and reading its /metrics, for tests/serving.
 
 Starting one takes seconds on a small CPU (the engine process imports torch and loads the
 model), so conftest.py shares one server across the session; tests that need a clean state

@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from serving import MODEL, metric, scrape, start_server
+from serve_process import MODEL, metric, scrape, start_server
 
 
 @pytest.fixture(scope="module")

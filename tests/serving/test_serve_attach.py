@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 import yaml
-from serving import ROOT
+from serve_process import ROOT
 
 from engine.config import EngineConfig
 from engine.process.client import EngineClient

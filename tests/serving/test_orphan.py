@@ -12,7 +12,7 @@ import signal
 import time
 from pathlib import Path
 
-from serving import start_server
+from serve_process import start_server
 
 
 def _state(pid: int) -> str | None:

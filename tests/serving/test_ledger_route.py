@@ -86,7 +86,7 @@ def test_telemetry_off_says_so_and_the_key_is_checked():
 def test_a_repeated_prompt_is_cached_seen_in_usage_ledger_and_metrics(server, oai):
     """The served engine end to end: the second of two identical prompts reports its cached
     prompt tokens in usage (over the process wire), in its ledger, and in vLLM's counters."""
-    from serving import API_KEY, MODEL, metric, scrape, wait_scrape
+    from serve_process import API_KEY, MODEL, metric, scrape, wait_scrape
 
     prompt = "# the ledger's own prompt, long enough for whole KV blocks\n" * 6
     greedy = dict(max_tokens=5, temperature=0, extra_body={"ignore_eos": True})

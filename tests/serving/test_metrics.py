@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from serving import MODEL, SERVED, metric, scrape, wait_idle, wait_scrape
+from serve_process import MODEL, SERVED, metric, scrape, wait_idle, wait_scrape
 
 from engine.serving.prometheus import EngineMetrics
 from telemetry.bus import TelemetryBus

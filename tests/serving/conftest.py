@@ -1,4 +1,4 @@
-"""Fixtures of tests/http: one `python -m engine serve` on the default CPU model for the
+"""Fixtures of tests/serving: one `python -m engine serve` on the default CPU model for the
 session, the openai client pointed at it, and the model's tokenizer.
 
 The model has no chat template of its own, so the shared server is started with
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from serving import Server
+    from serve_process import Server
 
-# The GPU machine has no network and none of the HTTP packages: leave tests/http out there,
+# The GPU machine has no network and none of the HTTP packages: leave tests/serving out there,
 # and say so in the header, rather than fail on imports.
 NEEDED = ("fastapi", "uvicorn", "prometheus_client", "openai", "httpx")
 MISSING = [m for m in NEEDED if importlib.util.find_spec(m) is None]
@@ -25,14 +25,14 @@ if MISSING:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     if MISSING:
-        return (f"tests/http not collected: {', '.join(MISSING)} not installed "
+        return (f"tests/serving not collected: {', '.join(MISSING)} not installed "
                 "(pip install -r requirements-dev.txt)")
     return None
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    from serving import API_KEY, BODY_TIMEOUT_S, CHAT_TEMPLATE, HEADER_TIMEOUT_S, start_server
+    from serve_process import API_KEY, BODY_TIMEOUT_S, CHAT_TEMPLATE, HEADER_TIMEOUT_S, start_server
 
     from engine import envs
 
@@ -49,7 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from serving import CHAT_TEMPLATE, MODEL, ROOT
+    from serve_process import CHAT_TEMPLATE, MODEL, ROOT
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(ROOT / MODEL, local_files_only=True)
@@ -60,7 +60,7 @@ def tokenizer():
 @pytest.fixture
 def oai(server: Server):
     from openai import OpenAI
-    from serving import API_KEY
+    from serve_process import API_KEY
 
     with OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
                 timeout=60) as client:

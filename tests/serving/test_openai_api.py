@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from serving import API_KEY, MODEL, SERVED
+from serve_process import API_KEY, MODEL, SERVED
 
 PROMPT = "def fibonacci(n):"
 GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True})

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from serving import ROOT
+from serve_process import ROOT
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:

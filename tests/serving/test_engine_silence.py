@@ -19,7 +19,7 @@ import time
 
 import httpx
 import pytest
-from serving import MODEL, metric, start_server, wait_idle, wait_scrape
+from serve_process import MODEL, metric, start_server, wait_idle, wait_scrape
 
 ENGINE_TIMEOUT_S = 3.0
 ASKED = 400  # tokens each request asks for: far more than run before the stop

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from fake_engine import FakeClient, FakeTokenizer  # tests/http is on sys.path
+from fake_serving_client import FakeClient, FakeTokenizer  # tests/serving is on sys.path
 
 from engine.process.client import EngineDead, EngineError
 from engine.serving.serve import BackgroundServer

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import httpx
 import pytest
-from serving import API_KEY, MODEL
+from serve_process import API_KEY, MODEL
 
 from engine.serving import limits
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from serving import MODEL
+from serve_process import MODEL
 
 from engine.process.client import EngineClient
 

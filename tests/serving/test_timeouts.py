@@ -12,7 +12,7 @@ import time
 from urllib.parse import urlparse
 
 import httpx
-from serving import API_KEY, BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MODEL
+from serve_process import API_KEY, BODY_TIMEOUT_S, HEADER_TIMEOUT_S, MODEL
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SLACK_S = 5.0  # scheduling on a loaded 2-core machine

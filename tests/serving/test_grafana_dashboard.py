@@ -7,7 +7,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from serving import SERVED, scrape
+from serve_process import SERVED, scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "docs" / "grafana" / "gapless.json"

@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from serving import API_KEY, MODEL, metric, scrape, wait_idle, wait_scrape
+from serve_process import API_KEY, MODEL, metric, scrape, wait_idle, wait_scrape
 
 CONCURRENT = 200
 MAX_TOKENS = 6

@@ -12,8 +12,8 @@ from collections import Counter
 
 import httpx
 import pytest
-from fake_engine import FakeClient, FakeTokenizer  # tests/http is on sys.path
-from serving import API_KEY, MODEL
+from fake_serving_client import FakeClient, FakeTokenizer  # tests/serving is on sys.path
+from serve_process import API_KEY, MODEL
 
 from engine.core.request import RequestOutput
 from engine.serving.limits import Bounds

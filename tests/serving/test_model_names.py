@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serving import MODEL, ROOT, metric, start_server, wait_scrape
+from serve_process import MODEL, ROOT, metric, start_server, wait_scrape
 
 from engine.serving.model_names import accepted_names, default_name, served_names
 

@@ -15,7 +15,7 @@ import asyncio
 import json
 
 import httpx
-from serving import API_KEY, MODEL, SERVED, metric, scrape, wait_idle, wait_scrape
+from serve_process import API_KEY, MODEL, SERVED, metric, scrape, wait_idle, wait_scrape
 
 from engine.serving import metric_names as mn
 
