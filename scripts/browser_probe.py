@@ -63,6 +63,9 @@ STARTING_JS = "() => document.body.innerText.includes('Starting a new engine')"
 ENABLED_RESTARTS_JS = """() => [...document.querySelectorAll('button')]
   .filter(b => b.innerText.trim() === 'Restart the engine' && !b.disabled).length"""
 OWN_SETTLED_JS = f"() => !({STARTING_JS})() || ({ENABLED_RESTARTS_JS})() === 0"
+RESTART_STATE_JS = """() => { const b = [...document.querySelectorAll('button')]
+  .filter(b => b.innerText.trim() === 'Restart the engine');
+  return !b.length ? 'gone' : b.some(x => !x.disabled) ? 'enabled' : 'disabled'; }"""
 VERSION_RE = re.compile(r"settings v(\d+)")
 # The async toggle keyed by settings version v (ui/controls.py's widget_key; Streamlit gives
 # a keyed widget's element the class st-key-<key>, its dots as "-").
@@ -308,16 +311,18 @@ def probe_stale(browser: object, url: str, tabs_n: int, attempts: int, server_pi
                     own_enabled += 1
             wait(a, RUNNING_JS, 120)
             new = engine_pid(server_pid, 10)
-            stale = b.page.get_by_role("button", name="Restart the engine")
-            if stale.count() == 0:
+            # The button as B draws it now, read in one go (B may redraw at any moment).
+            state = b.page.evaluate(RESTART_STATE_JS)
+            if state == "gone":
                 gone += 1
-            elif not stale.first.is_enabled():
+            elif state == "disabled":
                 disabled += 1
             else:
                 try:
-                    stale.first.click(timeout=2_000)
+                    b.page.get_by_role("button", name="Restart the engine").first.click(
+                        timeout=2_000)
                     clicked += 1
-                except Exception:
+                except Exception:  # B ran again meanwhile: its button went
                     gone += 1
             for t in tabs:
                 wait(t, RUNNING_JS, 60)
