@@ -29,11 +29,20 @@ def process_gone(pid: int) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    tasks = Path(f"/proc/{pid}/task")
+    """The children of every thread of ``pid``. A thread that ends while they are read (a
+    Streamlit server starts and ends a thread per script run) is skipped, not taken for the
+    whole process gone: that read as "no engine" now and then."""
     try:
-        return [int(p) for t in tasks.iterdir() for p in (t / "children").read_text().split()]
-    except OSError:  # gone meanwhile
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:  # the process is gone
         return []
+    out: list[int] = []
+    for t in tasks:
+        try:
+            out += [int(p) for p in (t / "children").read_text().split()]
+        except OSError:  # this thread ended meanwhile
+            continue
+    return out
 
 
 def _cmdline(pid: int) -> bytes:
