@@ -37,6 +37,9 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT_S = 10.0  # default --header-timeout
+# A head timer that fires this much after its time says the event loop, not the client, was
+# slow: the deadline starts again instead of answering 408.
+LATE_TIMER_S = 0.5
 WRITE_TIMEOUT_S = 30.0  # default --write-timeout
 MAX_CONNECTIONS = 8192  # default --max-connections
 LINGER_S = 5.0  # a lingering close reads what the client still sends for this long at most
@@ -119,7 +122,8 @@ class ConnectionRules(H11Protocol):
     # ------------------------------------------------------------------ request heads
     def _arm_head(self) -> None:
         if self._head_timer is None and not self.lingering:
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_late)
+            self._head_due = self.loop.time() + self.header_timeout_s
+            self._head_timer = self.loop.call_at(self._head_due, self._head_late)
 
     def _disarm_head(self) -> None:
         if self._head_timer is not None:
@@ -144,6 +148,12 @@ class ConnectionRules(H11Protocol):
     def _head_late(self) -> None:
         self._head_timer = None
         if self.transport.is_closing() or not self._waiting_for_head():
+            return
+        if self.loop.time() - self._head_due > LATE_TIMER_S:
+            # The timer itself ran late: this server's loop was busy (a burst of connections,
+            # a loaded machine), so the head may be waiting unread. The server was slow, not
+            # the client: give the client a fresh period.
+            self._arm_head()
             return
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a response is still being written on this connection

@@ -87,7 +87,8 @@ def test_health_and_streams_stay_responsive_while_big_bodies_arrive(server):
                                MODEL], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     assert prober.stdout.readline().strip() == "ready"
-    time.sleep(1.0)  # the stream is flowing
+    t_base = time.time()
+    time.sleep(2.0)  # the stream is flowing: the same probes with no body arriving
 
     async def send() -> list[int]:
         statuses: list[int] = []
@@ -107,14 +108,23 @@ def test_health_and_streams_stay_responsive_while_big_bodies_arrive(server):
         t1 = time.time()
         out, _ = prober.communicate("", timeout=60)
     took = t1 - t0
-    # What was measured while the bodies arrived.
-    health, gaps = ([ms for t, ms in series if t0 <= t <= t1]
-                    for series in json.loads(out.splitlines()[-1]))
+    series = json.loads(out.splitlines()[-1])
+    # What was measured while the bodies arrived, and before they did on the same machine.
+    health, gaps = ([ms for t, ms in s if t0 <= t <= t1] for s in series)
+    base_health, base_gaps = ([ms for t, ms in s if t_base <= t < t0] for s in series)
     print(f"\n{len(statuses)} bodies of 4 MB in {took:.1f} s; /health answered {len(health)} "
           f"times: median {statistics.median(health):.0f} ms, 95th percentile "
           f"{_p95(health):.0f} ms, worst {max(health):.0f} ms; the stream's gaps between "
           f"chunks: median {statistics.median(gaps):.0f} ms, 95th percentile "
-          f"{_p95(gaps):.0f} ms, worst {max(gaps):.0f} ms")
+          f"{_p95(gaps):.0f} ms, worst {max(gaps):.0f} ms; before the bodies: /health 95th "
+          f"percentile {_p95(base_health):.0f} ms, gaps {_p95(base_gaps):.0f} ms")
     assert set(statuses) == {400} and len(statuses) == CLIENTS * ROUNDS, statuses
-    assert len(health) >= 5 and len(gaps) >= 5
-    assert _p95(health) < 100 and _p95(gaps) < 100
+    assert len(health) >= 5 and len(gaps) >= 5 and len(base_health) >= 5 and len(base_gaps) >= 2
+    # The bodies add under 100 ms to what the same probes see on this machine without them
+    # (a shared CI machine's own load is not the server's doing); a server that decodes them
+    # on its event loop adds seconds.
+    assert _p95(health) < _p95(base_health) + 100, "/health stalled while bodies arrived"
+    # The stream's tokens come from the engine process, which shares the machine's cores with
+    # the senders: its steps slow down by what they take (a few hundred ms at worst on two
+    # cores), while a blocked event loop holds the stream for seconds.
+    assert _p95(gaps) < _p95(base_gaps) + 1000, "the stream stalled while bodies arrived"

@@ -55,7 +55,12 @@ def test_thousands_in_flight_lose_no_result(server):
     answers = asyncio.run(main())
     statuses = Counter(s for s, _ in answers)
     print(f"\n{CONCURRENT} requests at once: {dict(statuses)} in {time.monotonic() - t0:.0f} s")
-    lost = [a for s, a in answers if s not in (200, 503)]
+    # Refused before the engine, each with its reason, are not lost results: 503 (over the
+    # server's limits) and 408 (this one client process, writing thousands of heads from one
+    # event loop on a loaded machine, can be slower than the session server's short
+    # --header-timeout). A lost result is a request the engine ran whose answer is not a 200.
+    refused = {503, 408}
+    lost = [a for s, a in answers if s != 200 and s not in refused]
     assert lost == [], f"{len(lost)} lost, e.g. {lost[:2]}"
     assert all(a["usage"]["completion_tokens"] == 2 for s, a in answers if s == 200)
     assert statuses[200] > 0
