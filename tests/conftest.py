@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from interpreter_child import BUDGET_S as INTERPRETER_BUDGET_S  # noqa: E402
 from interpreter_child import PARENTS as INTERPRETER_PARENTS  # noqa: E402
 from interpreter_child import UNIT as INTERPRETER_UNIT  # noqa: E402
 from tiny_models import save_tiny_model  # noqa: E402
@@ -161,6 +162,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if xdist_group(item) in BACKGROUND_UNITS:
             item.add_marker(pytest.mark.background)
+        if item.nodeid in INTERPRETER_PARENTS:
+            # Whichever parent runs first runs the one interpreter child for all of them, with
+            # the sum of their budgets: the parent may take that long, not the default limit.
+            item.add_marker(pytest.mark.timeout(INTERPRETER_BUDGET_S + 60))
         if xdist_group(item) in OWN_SERVER_MODULES and "server" in item.fixturenames:
             raise pytest.UsageError(
                 f"{item.nodeid} uses the session `serve` (fixture `server`): remove its module "
