@@ -5,7 +5,7 @@ load running (started here for the comparison when none is), it switches the eng
 lets the old mode's steps drain, records a window from the telemetry bus, does the same in
 async, and puts the engine's settings (and the load generator) back as they were. Manual
 "capture A / capture B" buttons compare any two settings (slots, CUDA graphs). The view
-itself is ui/ab_view.py, shared with the Recordings page.
+itself is ui/widgets/ab_view.py, shared with the Recordings page.
 
 It must never leave the engine in a mode the user did not choose (settings are restored,
 also on error), and never capture while a benchmark runs (the engine refuses the switch).
@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from ui.ab_view import Window, show_ab
-from ui.client import engine_client, engine_errors
-from ui.controls import load_spec_from_state, stop_load
-from ui.fragments import run_page
-from ui.tab import tab_id
+from engine.process.supervision import kept_live_settings
+from ui.engine_link import engine_client, engine_errors
+from ui.figures.ab import Window
+from ui.widgets.ab_view import show_ab
+from ui.widgets.controls import load_spec_from_state, stop_load
+from ui.widgets.fragments import run_page
+from ui.widgets.tab import tab_id
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -31,7 +33,6 @@ CAPTURES_KEY = "ab.captures"
 SECONDS_KEY = "ab.seconds"
 SETTLE_S = 0.5  # steps of the previous mode still finishing after a switch
 ROUNDS = 3  # sync, async, sync, async, sync, async: the verdict's interval needs 3 pairs
-LIVE = ("async_batching", "num_slots", "cuda_graphs")
 
 
 def describe(settings: dict[str, Any]) -> str:
@@ -79,9 +80,7 @@ def one_click(client: EngineClient, seconds: float, rounds: int = ROUNDS,
                               runs=[c.records for c in caps])
         return out
     finally:
-        client.configure(**{k: before[k] for k in LIVE if k in before
-                            and (k != "cuda_graphs" or before.get("cuda_graphs_available"))},
-                         origin=origin)
+        client.configure(**kept_live_settings(before), origin=origin)
         if started_load:
             stop_load(client, f"{who}'s A/B comparison")
 

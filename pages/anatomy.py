@@ -3,7 +3,7 @@
 Owns the page only: a button asks the engine (client.record_anatomy) to profile its next N
 steps with torch.profiler, then it shows each step's first-to-last-kernel time against the
 time inside kernels, the kernel-family table, one step as a kernel timeline, and a Chrome
-trace download. Figures come from ui.anatomy.
+trace download. Figures come from ui.figures.anatomy.
 
 Where there are no kernels (an engine on the CPU) it records nothing and offers nothing to
 start: a CPU profile would count every CPU operator as a "kernel" (thousands a step,
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from ui.anatomy import (
+from ui.engine_link import engine_client, engine_errors
+from ui.figures.anatomy import (
     SHIPPED_ANATOMY,
     family_rows,
     load_shipped_anatomy,
@@ -32,8 +33,7 @@ from ui.anatomy import (
     step_rows,
     step_timeline_figure,
 )
-from ui.client import engine_client, engine_errors
-from ui.fragments import run_page
+from ui.widgets.fragments import run_page
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient

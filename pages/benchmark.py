@@ -5,7 +5,7 @@ Owns the run settings (repetitions), the progress display (runs, requests finish
 generated) and the results: per mode the median total time and tokens/s with their spread,
 a verdict against the first mode, each run's time as a dot, and the A/B view of the median
 runs' timelines. The workload runs inside the engine process (EngineClient.run_benchmark,
-driven from a background thread by ui/bench_runner.py so every tab sees it running); this
+driven from a background thread by ui/widgets/bench_runner.py so every tab sees it running); this
 page only starts it and shows what comes back.
 
 It must never run the benchmark while the load generator is on (the figures would measure
@@ -21,11 +21,12 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from telemetry.verdict import runs_verdict, spread
-from ui.ab_view import Window, show_ab
-from ui.bench_runner import RUNS, BenchmarkRun, alternated, base_label
-from ui.client import engine_client, engine_errors
-from ui.fragments import live_fragment, run_page
-from ui.tab import tab_id
+from ui.engine_link import engine_client, engine_errors
+from ui.figures.ab import Window
+from ui.widgets.ab_view import show_ab
+from ui.widgets.bench_runner import RUNS, BenchmarkRun, alternated, base_label
+from ui.widgets.fragments import live_fragment, run_page
+from ui.widgets.tab import tab_id
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient

@@ -3,18 +3,18 @@
 Owns the chat history of one browser tab (session state), the sampling parameter widgets and
 the per-request figures measured here (time to first token, tokens/s). Two modes: chat,
 when the model folder has a chat template (an optional system prompt and the whole history
-sent as messages, rendered by ui.chat as transformers would), and plain completion (each
-prompt a separate request the model continues), with a switch. What a person types goes to
-the engine as token ids in which it is plain text (ui.playground_tokens): a typed control
-token never acts as one. Several tabs may stream at once: each tab's script thread reads its
-own request while the engine batches them all.
+sent as messages, rendered by ui.widgets.chat_prompt as transformers would), and plain
+completion (each prompt a separate request the model continues), with a switch. What a
+person types goes to the engine as token ids in which it is plain text
+(ui.widgets.chat_prompt): a typed control token never acts as one. Several tabs may stream
+at once: each tab's script thread reads its own request while the engine batches them all.
 
 A reply streams under a Stop button; Stop (or leaving the page, or any click that reruns it)
 aborts the request in the engine and keeps the text so far, marked as cut. While a reply
 waits on an engine that hangs, the page says so within about two seconds (the banner's
 fragment cannot run during a stream); an engine that dies mid-reply leaves the partial reply
-marked as cut, and in view beside the dead engine's restart message (ui.playground_view).
-Each reply shows the settings it was made with (ui.playground_replies).
+marked as cut, and in view beside the dead engine's restart message (ui.widgets.conversation).
+Each reply shows the settings it was made with (ui.widgets.conversation).
 
 It must never call st.* from a thread other than the script's, and never import torch.
 """
@@ -27,22 +27,36 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import streamlit as st
 
-from ui.chat import ChatTemplate, load_chat_template
-from ui.client import engine_client, engine_errors
-from ui.engine_trouble import show_not_responding
-from ui.fragments import run_page
-from ui.playground_replies import Reply, finish, follow, interrupt, settings_line, settle
-from ui.playground_tokens import PromptTokenizer, load_prompt_tokenizer
-from ui.playground_view import (
+from ui.engine_link import (
+    current_settings,
+    engine_client,
+    engine_errors,
+    engine_status,
+    show_not_responding,
+)
+from ui.widgets.chat_prompt import (
+    ChatTemplate,
+    PromptTokenizer,
+    load_chat_template,
+    load_prompt_tokenizer,
+)
+from ui.widgets.conversation import (
     HISTORY_KEY,
+    Reply,
     draw_notes,
     draw_prompt,
     draw_reply,
     draw_turn,
+    finish,
+    follow,
+    interrupt,
+    parse_seed,
+    sampling_error,
+    settings_line,
+    settle,
     show_conversation,
 )
-from ui.status import current_settings, engine_status
-from ui.validation import parse_seed, sampling_error
+from ui.widgets.fragments import run_page
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient

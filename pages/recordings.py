@@ -6,7 +6,7 @@ per mode (decode-only steps, prefill apart) and the A/B view of two of its modes
 verdict's interval is a block bootstrap of the decode-only steps (one run per mode). Needs
 no engine: it opens with the engine stopped, hung or on another machine.
 
-It must never write a recording, and never run anything a file contains (ui/recordings.py
+It must never write a recording, and never run anything a file contains (ui/figures/recordings.py
 reads plain JSON values only).
 """
 
@@ -17,9 +17,10 @@ from pathlib import Path
 import streamlit as st
 
 from telemetry.verdict import decode_steps
-from ui.ab_view import Window, show_ab
-from ui.recordings import Recording, list_recordings, load_recording, parse_recording
-from ui.window_stats import window_stats
+from ui.figures.ab import Window
+from ui.figures.recordings import Recording, list_recordings, load_recording, parse_recording
+from ui.figures.window_stats import window_stats
+from ui.widgets.ab_view import show_ab
 
 PICK_KEY = "rec.pick"
 UPLOAD_KEY = "rec.upload"

@@ -3,8 +3,8 @@ the request ledger.
 
 Owns the presentation of the request events and steps held on the client's telemetry bus:
 counts (finished apart from aborted), a table (newest first), histograms of time to first
-token, inter-token latency and end-to-end latency (telemetry.latency through ui.histograms),
-and the ledger (telemetry.ledger through ui.ledger_table): per finished request, slowest
+token, inter-token latency and end-to-end latency (telemetry.latency through ui.figures.histograms),
+and the ledger (telemetry.ledger through ui.figures.ledger_table): per finished request, slowest
 first, its queue time, steps, token share of their device time, KV read, cached tokens and
 preemptions, with a button that opens the Live timeline paused on a window around its
 steps, its own steps lit and the others faded.
@@ -21,10 +21,10 @@ import streamlit as st
 
 from telemetry.latency import Distribution, request_latencies, summarize_latencies
 from telemetry.ledger import build_ledger, slowest_first
-from ui.client import engine_client, engine_errors
-from ui.fragments import live_fragment, run_page
-from ui.histograms import latency_histograms, request_rows
-from ui.ledger_table import LIVE_URL_PATH, ledger_rows, outcome_counts, timeline_state
+from ui.engine_link import engine_client, engine_errors
+from ui.figures.histograms import latency_histograms, request_rows
+from ui.figures.ledger_table import LIVE_URL_PATH, ledger_rows, outcome_counts, timeline_state
+from ui.widgets.fragments import live_fragment, run_page
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient

@@ -48,7 +48,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from engine_procs import engine_pids  # noqa: E402  (tests/engine_procs.py)
 
-from ui import headless  # noqa: E402
+import engine.envs as envs  # noqa: E402
+from bench.harness import headless_chromium as headless  # noqa: E402
 
 WIDE = {"width": 1600, "height": 1000}
 SMALL = {"width": 1280, "height": 800}
@@ -67,7 +68,7 @@ RESTART_STATE_JS = """() => { const b = [...document.querySelectorAll('button')]
   .filter(b => b.innerText.trim() === 'Restart the engine');
   return !b.length ? 'gone' : b.some(x => !x.disabled) ? 'enabled' : 'disabled'; }"""
 VERSION_RE = re.compile(r"settings v(\d+)")
-# The async toggle keyed by settings version v (ui/controls.py's widget_key; Streamlit gives
+# The async toggle keyed by settings version v (ui/widgets/controls.py's widget_key; Streamlit gives
 # a keyed widget's element the class st-key-<key>, its dots as "-").
 TOGGLE_AT_JS = """v => [...document.querySelectorAll('[class*="st-key-ctl-async-"]')]
   .flatMap(e => [...e.classList])
@@ -98,7 +99,7 @@ def server(model: str, log_path: Path) -> Iterator[tuple[str, subprocess.Popen[b
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1",
-                 "GAPLESS_CONFIG": str(tmp / "config.yaml")})
+                 envs.GAPLESS_CONFIG: str(tmp / "config.yaml")})
         try:
             url = f"http://127.0.0.1:{port}"
             headless.wait_healthy(url, 60, proc)

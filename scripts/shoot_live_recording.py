@@ -27,10 +27,10 @@ import runpy
 import sys
 
 sys.path.insert(0, {repo!r})
-import ui.client
+import ui.engine_link
 from telemetry.bus import TelemetryBus
 from tests.ui.fake_engine import FakeEngineClient
-from ui.recordings import load_recording
+from ui.figures.recordings import load_recording
 
 _rec = load_recording({path!r})
 _steps = [s for s in _rec.steps if _rec.mode_key(s) == {mode!r}][-{last}:]
@@ -50,13 +50,13 @@ def _replay():
     return c
 
 
-ui.client.make_client = _replay
+ui.engine_link.make_client = _replay
 runpy.run_path({app!r}, run_name="__main__")
 '''
 
 
 def main() -> int:
-    from ui import headless
+    from bench.harness import headless_chromium as headless
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recording")

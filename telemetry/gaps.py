@@ -19,7 +19,7 @@ chain (and of the step before it) that was running then, by this priority:
 
 So ``sum(by_cause.values()) == idle_ns == window - busy`` (compute lane, same union as
 telemetry.metrics.busy_fraction). The one attribution of idle time: the Live page's gauges
-and waterfall (telemetry.waterfall), the A/B and Recordings pages (ui.window_stats) and the
+and waterfall (telemetry.waterfall), the A/B and Recordings pages (ui.figures.window_stats) and the
 benchmark workload all call it. Pure functions over StepRecords: no clocks, no bus, no UI,
 nothing of ours beyond telemetry.
 """

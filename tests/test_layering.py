@@ -1,7 +1,9 @@
 """The layers of docs/design.md, enforced: engine/ and telemetry/ never import UI code;
 telemetry/ imports nothing of ours; engine/core/ never imports torch (not even transitively);
-the dashboard (ui/, pages/, app.py) reaches the engine only through the client, the config
-and the drivers' value types, and importing those pulls no torch into its process."""
+the dashboard (ui/, pages/, app.py) reaches the engine only through the client, the shared
+restart policy, the config, the env registry and the drivers' value types, and importing
+those pulls no torch into its process; the engine process itself only through ui/engine_link.py;
+ui/figures/ never imports streamlit; engine/step never imports the instruments."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ UI = ("streamlit", "plotly", "ui", "pages", "app")
 # What the dashboard may import of the engine (the process boundary and value types).
 DASHBOARD_DOORS = {
     "engine.process.client",
+    "engine.process.supervision",
     "engine.config",
+    "engine.envs",
     "engine.drivers.loadgen",
     "engine.drivers.workload",
     "engine.core.request",
@@ -74,6 +78,57 @@ def test_the_dashboard_reaches_the_engine_only_through_its_doors():
             f"{path.relative_to(ROOT)} imports {sorted(bad)}; the dashboard may import only "
             f"{sorted(DASHBOARD_DOORS)}"
         )
+
+
+# The one dashboard module that holds the engine client and its process's health
+# (engine.process.*); the rest of the dashboard asks it.
+ENGINE_LINK = ROOT / "ui" / "engine_link.py"
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The absolute modules a file imports when it runs: imported_modules less the bodies of
+    ``if TYPE_CHECKING:`` blocks (type hints only)."""
+    mods: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.orelse:
+                visit(stmt)
+            return
+        if isinstance(node, ast.Import):
+            mods.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            mods.add(node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return mods
+
+
+def test_the_dashboard_reaches_the_engine_process_only_through_the_engine_link():
+    for path in py_files("ui", "pages", "app.py"):
+        process = {m for m in imported_modules(path) if m.startswith("engine.process.")}
+        beyond = process - {"engine.process.client", "engine.process.supervision"}
+        assert not beyond, f"{path.relative_to(ROOT)} imports {sorted(beyond)}"
+        if path != ENGINE_LINK:
+            assert "engine.process.client" not in runtime_imports(path), (
+                f"{path.relative_to(ROOT)} imports engine.process.client when it runs; pages "
+                "and widgets reach the engine through ui/engine_link.py (a type hint under "
+                "TYPE_CHECKING is fine)")
+
+
+def test_figures_never_import_streamlit():
+    for path in py_files("ui/figures"):
+        assert "streamlit" not in imported_roots(path), (
+            f"{path.relative_to(ROOT)} imports streamlit: a figure builder is pure (plotly "
+            "and numpy); what draws belongs in ui/widgets/")
+
+
+def test_step_never_imports_the_instruments():
+    for path in py_files("engine/step"):
+        bad = {m for m in imported_modules(path) if m.startswith("engine.instruments")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
 def test_core_and_the_dashboard_doors_import_no_torch_transitively():
@@ -139,7 +194,7 @@ def import_cycle(package: str) -> list[str] | None:
     for path in py_files(package):
         if path.name == "__init__.py":
             continue
-        name = f"{package}.{path.stem}"
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         graph[name] = {m for m in imported_modules(path) if m.startswith(package + ".")}
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 

@@ -3,7 +3,7 @@ open: the `dashboard` part of `python -m bench watch-cost`.
 
 Runs the Streamlit server of app.py in this process (exactly what `streamlit run app.py`
 does: streamlit.web.bootstrap) and, on a second thread, drives the very engine the
-dashboard shows, through the same cached client (ui.client). Each phase runs one fixed
+dashboard shows, through the same cached client (ui.engine_link). Each phase runs one fixed
 workload (EngineClient.run_benchmark: the same seeded prompts, greedy, EOS ignored, in the
 engine's current live settings), alternately with no browser attached and with headless
 Chromium on the Live page (timeline at 1 Hz, gauges at 2 Hz, its steps on screen). Phases
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ui.headless import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
+from bench.harness.headless_chromium import CHROMIUM, CHROMIUM_ARGS, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,7 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
     from playwright.sync_api import sync_playwright
 
     from engine.drivers.workload import BenchmarkSpec
-    from ui.client import _shared_client
+    from ui.engine_link import _shared_client
 
     wait_healthy(url, 60.0)
     client = _shared_client()  # the cached client every page of this server uses
@@ -166,7 +166,7 @@ def drive(url: str, args: argparse.Namespace, phases: list[Phase]) -> None:
                                             args=list(CHROMIUM_ARGS))
                 page = browser.new_page(viewport={"width": 1500, "height": 1300})
                 page.goto(url)
-                # The Live page's timeline (a live_plot frame, ui/live_plot.py).
+                # The Live page's timeline (a live_plot frame, ui/widgets/live_plot.py).
                 page.wait_for_selector('iframe[title*="live_plot"]', timeout=120_000)
                 time.sleep(2.0)  # the page's first full run and its fragment timers settle
                 phases.append(measure(client, f"Live page open #{r + 1}", spec))

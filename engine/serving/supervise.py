@@ -14,7 +14,10 @@ Owns the engine-death policy of `python -m engine serve --on-engine-death`:
     stay    : keep serving: /health and every request answer 503 with the reason until
               someone restarts the engine (the dashboard does, with its Restart button)
 
-Every decision is printed on stderr. Meanwhile /health and /ready say what is happening
+When a restart is allowed (never while the engine answers), its backoff and what it keeps
+(the live settings and load generator last seen, read every KEEP_PERIOD_S while the engine
+runs) are engine.process.supervision's policy, which the dashboard's Restart button follows
+too. Every decision is printed on stderr. Meanwhile /health and /ready say what is happening
 through ``app.state.engine_note``. It never touches HTTP requests: the client's own death
 handling ends them (error events, 503s). A hung engine (not responding) is not dead: it is
 the silence handling's business (serve --engine-timeout), not this one's.
@@ -25,13 +28,20 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from engine.process.supervision import (
+    Backoff,
+    Kept,
+    RestartRefused,
+    check_restart_wanted,
+    restart_keeping,
+)
+
 POLICIES = ("restart", "exit", "stay")
 EXIT_ENGINE_DIED = 3
-MAX_BACKOFF_S = 30.0
+KEEP_PERIOD_S = 1.0  # how often a running engine's settings and load are read for a restart
 
 
 def say(message: str) -> None:
@@ -50,18 +60,17 @@ class EngineSupervisor:
         if policy not in POLICIES:
             raise ValueError(f"--on-engine-death must be one of {', '.join(POLICIES)}, "
                              f"got {policy!r}")
-        if max_restarts < 1:
-            raise ValueError(f"--max-engine-restarts must be >= 1, got {max_restarts}")
+        self.backoff = Backoff(max_restarts, backoff_s, window_s)
         self.client = client
         self.policy = policy
         self.stop_serving = stop_serving
         self.note = note
         self.max_restarts = max_restarts
-        self.backoff_s = backoff_s
         self.window_s = window_s
         self.poll_s = poll_s
         self.reattach_period_s = reattach_period_s
-        self.deaths: deque[float] = deque()
+        self.kept = Kept()
+        self._kept_at = -KEEP_PERIOD_S
         self.restarts = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True,
@@ -77,6 +86,7 @@ class EngineSupervisor:
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
             if self.client.alive():
+                self._keep()
                 continue
             reason = self.client.death_reason() or "the engine is not running"
             if self._stop.is_set():  # serve is shutting down the engine itself
@@ -102,6 +112,20 @@ class EngineSupervisor:
             elif not self._restart(reason):
                 return
 
+    def _keep(self) -> None:
+        """Read what a restart puts back, at most every KEEP_PERIOD_S (an attached serve
+        restarts nothing: the engine's owner keeps its own)."""
+        now = time.monotonic()
+        if self.policy != "restart" or getattr(self.client, "attached", False) \
+                or now - self._kept_at < KEEP_PERIOD_S:
+            return
+        self._kept_at = now
+        try:
+            self.kept.remember(self.client.settings())
+            self.kept.remember_load(self.client.load_stats())
+        except Exception:  # died or busy meanwhile: the last reading stands
+            pass
+
     def _reattach(self, reason: str) -> bool:
         """Connect again to the engine's socket once its owner has restarted it; False when
         serve stops first."""
@@ -123,17 +147,12 @@ class EngineSupervisor:
 
     def _restart(self, reason: str) -> bool:
         """Restart with backoff; False (after stop_serving) when it gives up."""
-        now = time.monotonic()
-        self.deaths.append(now)
-        while self.deaths and now - self.deaths[0] > self.window_s:
-            self.deaths.popleft()
-        if len(self.deaths) > self.max_restarts:
-            say(f"the engine died ({reason}), {len(self.deaths)} times within "
+        if not self.backoff.died():
+            say(f"the engine died ({reason}), {len(self.backoff.deaths)} times within "
                 f"{self.window_s:g} s; giving up, exiting with code {EXIT_ENGINE_DIED}")
             self.stop_serving(EXIT_ENGINE_DIED)
             return False
-        delay = self.backoff_s
-        for attempt in range(1, self.max_restarts + 1):
+        for attempt, delay in enumerate(self.backoff.delays(), start=1):
             say(f"the engine died ({reason}); restarting it with the same settings in "
                 f"{delay:g} s, attempt {attempt} of {self.max_restarts} "
                 "(--on-engine-death restart)")
@@ -141,10 +160,16 @@ class EngineSupervisor:
             if self._stop.wait(delay):
                 return False
             try:
-                self.client.restart()
+                check_restart_wanted(self.client)
+            except RestartRefused as e:  # someone else restarted it meanwhile
+                say(f"no restart: {e}")
+                self.note(None)
+                return True
+            try:
+                restart_keeping(self.client, self.kept,
+                                origin="serve, putting back the settings after a restart")
             except Exception as e:  # EngineStartError, or it died again while starting
                 reason = getattr(e, "reason", None) or f"{type(e).__name__}: {e}"
-                delay = min(2 * delay, MAX_BACKOFF_S)
                 continue
             self.restarts += 1
             self.note(None)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from engine_procs import engine_pids  # tests/ is on sys.path (conftest.py)
 
-from ui import headless
+from bench.harness import headless_chromium as headless
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = [*headless.CHROMIUM_ARGS, *headless.BACKGROUND_TAB_ARGS]  # two-tab tests

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ui import headless
+from bench.harness import headless_chromium as headless
 
 REPO = Path(__file__).resolve().parents[2]
 # No re-run on failure (tests/browser/dashboard_driver.py's BROWSER_MARKS says why).

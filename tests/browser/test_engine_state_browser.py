@@ -154,7 +154,7 @@ def test_two_tabs_toggling_async_in_turn_never_flip_the_engine(server, browser, 
             # The banner shows the new version first; the toggles' own row redraws on its
             # next second. A click before that lands on the previous version's toggle and is
             # refused by design (compare-and-set); a person sees the toggle move first. So
-            # both tabs must hold the new version's toggle (keyed by it: ui/controls.py's
+            # both tabs must hold the new version's toggle (keyed by it: ui/widgets/controls.py's
             # widget_key, class st-key-ctl-async-<pid>-<redraws>-<version>) before the next
             # click; waited for, not slept on.
             for t in tabs:

@@ -71,7 +71,7 @@ def test_the_anatomy_summary_puts_each_step_against_both_floors():
     row = anatomy_summary(rec)["steps"][0]
     assert row["x_peak_floor"] == pytest.approx(2.0)  # 100 us first to last kernel
     assert row["x_size_aware_floor"] == pytest.approx(1.25)
-    from ui.anatomy import step_rows
+    from ui.figures.anatomy import step_rows
 
     shown = step_rows(anatomy_summary(rec))[0]
     assert shown["x peak-copy floor"] == 2.0 and shown["x size-aware floor"] == 1.25

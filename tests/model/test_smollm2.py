@@ -3,7 +3,7 @@
 What a user would notice: asked a factual question through its chat template, the engine's
 greedy reply is right and ends at the chat's end token (EOS from the generation config); the
 converted folder computes what transformers computes from the GGUF it came from; the
-dashboard's own template rendering (ui.chat, no torch) gives the tokenizer's prompt.
+dashboard's own template rendering (ui.widgets.chat_prompt, no torch) gives the tokenizer's prompt.
 
 Skips, saying why, when the converted folder is missing (scripts/setup.sh makes it; CI runs
 setup.sh first, so there it is present).
@@ -19,7 +19,7 @@ import torch
 from engine import Engine, EngineConfig, SamplingParams
 from engine.model.loader import load_model_and_tokenizer
 from engine.model.scoring import sequence_logits
-from ui.chat import load_chat_template
+from ui.widgets.chat_prompt import load_chat_template
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"

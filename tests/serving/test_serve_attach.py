@@ -11,9 +11,9 @@ import pytest
 import yaml
 from serve_process import ROOT
 
+from bench.harness import headless_chromium as headless
 from engine.config import EngineConfig
 from engine.process.client import EngineClient
-from ui import headless
 from ui.http_sidecar import start_http_api, stop_http_api
 
 

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from serve_process import ROOT
 
+from bench.harness import headless_chromium as headless
 from engine.process.client import EngineClient
-from ui import headless
 from ui.http_sidecar import http_api_command, stop_http_api
 
 DEAD_S = 60.0

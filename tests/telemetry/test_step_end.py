@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # records'), instead of asking StepRecord.end_ns.
 SECOND_DEFINITION = re.compile(
     r"max\(\s*\w+\.end_ns\s+for\s+(\w+\s+in\s+\w+\s+for\s+)?\w+\s+in\s+\w+\.spans\b")
-# Where the scan looks: the dashboard (ui/, pages/) follows once its own copies are gone.
-SCANNED = ("telemetry", "engine", "bench")
+# Where the scan looks: everything that reads steps.
+SCANNED = ("telemetry", "engine", "bench", "ui", "pages")
 
 
 def _rec(step: int, spans: list[tuple[str, int, int]]) -> StepRecord:

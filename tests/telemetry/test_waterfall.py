@@ -9,7 +9,7 @@ import pytest
 from telemetry.kernels import KernelRecord, SampledStep, make_sample
 from telemetry.records import Span, StepRecord
 from telemetry.waterfall import COMPONENTS, UNSPLIT, WaterfallMeter, host_phases, waterfall
-from ui.recordings import RECORDINGS_DIR, load_recording
+from ui.figures.recordings import RECORDINGS_DIR, load_recording
 
 
 def step(n: int, t0: int, comp: tuple[int, int], mode: str = "sync") -> StepRecord:

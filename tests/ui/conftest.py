@@ -1,5 +1,5 @@
 """Shared set-up for the dashboard tests: the repository root on sys.path, and the `fake`
-fixture (a stand-in engine swapped in through ui.client.make_client).
+fixture (a stand-in engine swapped in through ui.engine_link.make_client).
 
 pytest's default import mode puts only the test's own folder on sys.path; the dashboard
 tests import app-level packages (ui, telemetry, engine) from the repository root.

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config import check_live_setting
 from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, default_modes, mode_label
 from engine.process.client import EngineDead
 from telemetry.anatomy import Kernel, StepKernels, summary_dict
@@ -104,7 +105,7 @@ class FakeEngineClient:
         self.configured_by: list[str | None] = []
         self._dead: str | None = None
         self.hung = False  # stopped (SIGSTOP): calls time out, status() says so
-        self.pid = None  # never a real process id: ui.status.kill_and_restart would kill it
+        self.pid = None  # never a real process id: ui.engine_link.kill_and_restart would kill it
         self.generation = 1
         self.call_timeout_s = 2.0
         self._load = False
@@ -208,8 +209,11 @@ class FakeEngineClient:
         self.configured_by.append(origin)
         if expect_version is not None and expect_version != self._settings["settings_version"]:
             return {**self.settings(), "refused": "the settings changed before this change"}
-        if num_slots is not None and num_slots not in (1, 2, 3):
-            raise ValueError(f"num_slots must be 1, 2 or 3, got {num_slots!r}")
+        for key, value in (("async_batching", async_batching), ("num_slots", num_slots),
+                           ("cuda_graphs", cuda_graphs),
+                           ("sentinel_sample_every", sentinel_sample_every)):
+            if value is not None:
+                check_live_setting(key, value)  # the engine's own rule and message
         if cuda_graphs and not self.graphs_available:
             raise ValueError("cuda_graphs cannot be turned on: no CUDA device")
         for key, value in (
@@ -326,23 +330,21 @@ class FakeClientWithoutHeartbeat(FakeEngineClient):
 
 def reset_shared_state() -> None:
     """Server-wide dashboard state (one per Streamlit process) must not leak between tests."""
-    import ui.bench_runner
-    import ui.controls
-    import ui.status
+    import ui.engine_link
+    import ui.widgets.bench_runner
+    import ui.widgets.controls
 
-    ui.bench_runner.RUNS.current = None
-    ui.controls.LOAD_STOPS.started()
-    ui.status.RESTARTING.end()
-    ui.status.REMEMBERED.settings = {}
-    ui.status.REMEMBERED.full = {}
-    ui.status.REMEMBERED.load = None
-    ui.status.HANG.answered()
-    ui.status.stop_watchdogs()
+    ui.widgets.bench_runner.RUNS.current = None
+    ui.widgets.controls.LOAD_STOPS.started()
+    ui.engine_link.RESTARTING.end()
+    ui.engine_link.REMEMBERED.forget()
+    ui.engine_link.HANG.answered()
+    ui.engine_link.stop_watchdogs()
 
 
 def control(at: Any, base: str) -> Any:
     """The settings widget ``base`` ("ctl.async", "ctl.slots", "ctl.graphs") an AppTest run
-    drew: its key also names the engine's settings version (ui.controls.widget_key)."""
+    drew: its key also names the engine's settings version (ui.widgets.controls.widget_key)."""
     kind = "button_group" if base == "ctl.slots" else "toggle"
     found = [w for w in getattr(at, kind) if str(w.key).startswith(base + ".")]
     assert len(found) == 1, [w.key for w in getattr(at, kind)]
@@ -354,11 +356,11 @@ def serve_client(monkeypatch: Any, client: Any) -> Iterator[Any]:
     before and after (a fixture's body: ``yield from serve_client(...)``)."""
     import streamlit as st
 
-    import ui.client
+    import ui.engine_link
 
     st.cache_resource.clear()
     reset_shared_state()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    monkeypatch.setattr(ui.engine_link, "make_client", lambda: client)
     yield client
     st.cache_resource.clear()
     reset_shared_state()

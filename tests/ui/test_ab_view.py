@@ -10,9 +10,9 @@ import pytest
 
 from telemetry.verdict import decode_steps as decode_of
 from telemetry.verdict import decode_verdict, pooled
-from ui.ab_view import ab_figure, short_ms, side_header
-from ui.recordings import RECORDINGS_DIR, load_recording
-from ui.window_stats import window_stats
+from ui.figures.ab import ab_figure, short_ms, side_header
+from ui.figures.recordings import RECORDINGS_DIR, load_recording
+from ui.figures.window_stats import window_stats
 
 
 def figure_of(name: str, a_label: str, b_label: str):

@@ -11,8 +11,8 @@ import streamlit as st
 from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
 
-import ui.client
-from ui.anatomy import family_rows, step_rows, step_timeline_figure
+import ui.engine_link
+from ui.figures.anatomy import family_rows, step_rows, step_timeline_figure
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 
@@ -32,7 +32,7 @@ def test_timeline_has_a_row_per_family_from_the_first_kernel() -> None:
 
 def stand_in(monkeypatch: pytest.MonkeyPatch, client: FakeEngineClient) -> FakeEngineClient:
     st.cache_resource.clear()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    monkeypatch.setattr(ui.engine_link, "make_client", lambda: client)
     return client
 
 

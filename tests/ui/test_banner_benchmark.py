@@ -3,7 +3,7 @@ settings say so) when this dashboard runs none of its own, and says nothing othe
 
 from __future__ import annotations
 
-from ui.banner import OTHER_CLIENT_BENCHMARK, benchmark_line
+from ui.widgets.banner import OTHER_CLIENT_BENCHMARK, benchmark_line
 
 
 def test_a_benchmark_of_another_client_is_announced():

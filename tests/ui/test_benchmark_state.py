@@ -1,4 +1,4 @@
-"""The Benchmark page says the truth at each moment (issue 25, defect 9): the run's label
+"""The Benchmark page says the truth at each moment: the run's label
 follows the engine's mode as soon as the previous run is in (not after the next one's
 warm-up), and the Run button follows a load stopped from another tab without a reload."""
 
@@ -13,9 +13,9 @@ import streamlit as st
 from fake_engine import FakeEngineClient
 from test_pages_fake import app
 
-import ui.bench_runner
+import ui.widgets.bench_runner
 from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, BenchmarkSpec
-from ui.bench_runner import BenchmarkRun, alternated
+from ui.widgets.bench_runner import BenchmarkRun, alternated
 
 
 def result(label: str) -> BenchmarkResult:
@@ -94,4 +94,4 @@ def test_the_run_button_is_redrawn_every_second_and_follows_the_load(
     at.run()
     assert not at.button(key="bench.run").disabled
     assert not at.exception
-    ui.bench_runner.RUNS.current = None
+    ui.widgets.bench_runner.RUNS.current = None

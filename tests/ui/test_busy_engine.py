@@ -1,8 +1,7 @@
-"""A busy engine is not a hung one (issue 25, 9): a call that outlasts its limit while the
-engine's heartbeat still comes says "busy" and tries again, never "not responding" with a
-kill button. Seen once at load average 8.5: a page's settings call answered late (the engine
-was mid-step and the machine loaded) and the page said "not responding" for about 2 s,
-though no signal had been sent and the heartbeat never stopped.
+"""A busy engine is not a hung one: a call that outlasts its limit while the engine's
+heartbeat still comes says "busy" and tries again, never "not responding" with a kill
+button. On a loaded machine a page's settings call can answer late (the engine mid-step)
+though no signal was sent and the heartbeat never stopped.
 
 The real client raises a plain TimeoutError for a late answer and EngineNotResponding only
 once the heartbeat has been silent (engine/process/session.py); the stand-in here does the

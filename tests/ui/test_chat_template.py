@@ -1,5 +1,6 @@
-"""ui.chat renders a model folder's chat template as transformers' apply_chat_template does,
-without torch, and says when a folder has none (the Playground then offers completion only).
+"""ui.widgets.chat_prompt renders a model folder's chat template as transformers'
+apply_chat_template does, without torch, and says when a folder has none (the Playground
+then offers completion only).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from ui.chat import load_chat_template
+from ui.widgets.chat_prompt import load_chat_template
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "models" / "gapless-tiny-python"

@@ -11,9 +11,9 @@ from test_gauges import titles
 from test_pages_fake import app, live_figures
 
 from telemetry.records import Span, StepRecord
-from ui.gauges import gauge_values, gauges_figure
-from ui.history import history_figure, memory_bandwidth_reason, series_from_buckets
-from ui.timeline import timeline_figure
+from ui.figures.gauges import gauge_values, gauges_figure
+from ui.figures.history import history_figure, memory_bandwidth_reason, series_from_buckets
+from ui.figures.timeline import timeline_figure
 
 MS = 1_000_000
 

@@ -1,9 +1,9 @@
 """An engine that dies while a live fragment runs: the whole page shows the dead-engine message
-at the top level (never inside the fragment, never as a traceback), and ui.fragments' marker
+at the top level (never inside the fragment, never as a traceback), and ui.widgets.fragments' marker
 says where a body runs.
 
 In Chromium a tab on the Live page (three live fragments) was sometimes left blank after the
-engine was killed, while a tab on a page without them showed the message (ui/fragments.py).
+engine was killed, while a tab on a page without them showed the message (ui/widgets/fragments.py).
 AppTest runs fragments inside the full run and not on their timers, which is enough to see
 where the message is drawn.
 """
@@ -15,7 +15,7 @@ from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
-PAUSE_KEY = "live.pause"  # app.py's (app.py is a script, not imported here)
+PAUSE_KEY = "live.pause"  # pages/live.py's (a page script, not imported here)
 DEAD = "The engine is not running: engine process exited with code -9 (SIGKILL)."
 
 
@@ -55,7 +55,7 @@ def test_a_death_inside_the_live_fragment_shows_the_dead_page_at_the_top(
 def _marker_app() -> None:
     import streamlit as st
 
-    from ui.fragments import in_fragment, live_fragment
+    from ui.widgets.fragments import in_fragment, live_fragment
 
     st.session_state["outside"] = in_fragment()
 

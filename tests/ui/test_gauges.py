@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import pytest
 
 from telemetry.records import Span, StepRecord
-from ui.gauges import (
+from ui.figures.gauges import (
     NUMBER_FONT_PX,
     gauge_values,
     gauges_figure,
@@ -166,9 +166,9 @@ def test_kernel_busy_is_measured_from_recorded_kernel_samples() -> None:
     """On unsampled graph steps (the sync + graphs bare window, no profiler) the gauge gives
     each step the sampled steps' kernel time (928-950 us a step, 290 kernels) over the
     window: between the fewest and the most sampled kernel time per step times the steps in
-    it; and it says it is measured. (The sampled share of a stretched sampled span, used
-    before, read 51% on the H200 where the reference's kernels gave 68%.)"""
-    from ui.recordings import load_recording
+    it; and it says it is measured (not the sampled share of a stretched sampled span, which
+    reads well under the reference kernels' busy share)."""
+    from ui.figures.recordings import load_recording
 
     steps = load_recording(H200_KERNELS).steps
     samples = [k for r in steps for k in r.kernel_samples]
@@ -196,7 +196,7 @@ def test_kernel_busy_from_the_fake_engines_recorded_kernel_samples() -> None:
     the record after each fifth step (three kernels, 73,998 ns of its 80,000 ns compute span):
     every step of the window gets that kernel time, sampled or not."""
     from tests.ui.fake_engine import FakeEngineClient
-    from ui.kernel_lane import samples_of
+    from ui.figures.kernel_lane import samples_of
 
     client = FakeEngineClient(graphs_available=True)
     client.publish_steps(40)
@@ -215,7 +215,7 @@ def test_kernel_busy_from_the_fake_engines_recorded_kernel_samples() -> None:
 def test_samples_are_kept_between_refreshes_with_their_steps_records() -> None:
     """A later snapshot without any sample still measures kernel busy from the kept ones."""
     from tests.ui.fake_engine import FakeEngineClient
-    from ui.gauges import keep_samples
+    from ui.figures.gauges import keep_samples
 
     client = FakeEngineClient(graphs_available=True)
     client.publish_steps(12)  # a sample of each fifth step, on the next step's record

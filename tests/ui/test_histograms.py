@@ -6,7 +6,7 @@ import pytest
 
 from telemetry.latency import request_latencies
 from telemetry.records import RequestEvent
-from ui.histograms import latency_histograms, latency_samples, request_rows
+from ui.figures.histograms import latency_histograms, latency_samples, request_rows
 
 MS = 1_000_000
 

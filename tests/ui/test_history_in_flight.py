@@ -19,7 +19,7 @@ from test_pages_fake import app, live_figures
 
 from telemetry.bus import TelemetryBus
 from telemetry.records import Span, StepRecord
-from ui.history import LiveHistory, bin_steps, history_figure, series_from_buckets
+from ui.figures.history import LiveHistory, bin_steps, history_figure, series_from_buckets
 
 S = 1_000_000_000
 

@@ -7,11 +7,11 @@ import pytest
 
 from telemetry.records import StepRecord
 from tests.ui.fake_engine import FakeEngineClient
-from ui.anatomy import step_timeline_figure
-from ui.kernel_lane import NO_KERNELS, NONE_IN_WINDOW, kernel_lane_figure, samples_of
-from ui.timeline import window_end_ns
-from ui.waterfall import NO_KERNELS as WF_NO_KERNELS
-from ui.waterfall import waterfall_figure
+from ui.figures.anatomy import step_timeline_figure
+from ui.figures.kernel_lane import NO_KERNELS, NONE_IN_WINDOW, kernel_lane_figure, samples_of
+from ui.figures.timeline import window_end_ns
+from ui.figures.waterfall import NO_KERNELS as WF_NO_KERNELS
+from ui.figures.waterfall import waterfall_figure
 
 
 def records_of(client: FakeEngineClient, n: int = 20) -> list[StepRecord]:
@@ -67,7 +67,7 @@ def test_the_waterfall_bar_adds_up_to_the_window():
 
 def test_kernel_samples_survive_a_recording_round_trip(tmp_path):
     from telemetry.export import write_jsonl
-    from ui.recordings import load_recording
+    from ui.figures.recordings import load_recording
 
     recs = records_of(FakeEngineClient(graphs_available=True))
     path = write_jsonl(tmp_path / "r.jsonl", recs)
@@ -78,7 +78,7 @@ def test_kernel_samples_survive_a_recording_round_trip(tmp_path):
 def test_the_lane_says_when_the_profiler_returned_no_kernel_records():
     """The engine's stats say the last samples lost their kernel records: the lane says so
     (and how many), rather than only that no step was sampled."""
-    from ui.kernel_lane import sampler_note
+    from ui.figures.kernel_lane import sampler_note
 
     recs = records_of(FakeEngineClient(graphs_available=True))[:2]
     for r in recs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ui.controls import mode_summary
+from ui.widgets.controls import mode_summary
 
 SETTINGS = {
     "async_batching": True,

@@ -8,17 +8,17 @@ import json
 import numpy as np
 import pytest
 
+from engine.process.supervision import Kept
 from telemetry.export import to_jsonl
 from telemetry.records import RequestEvent, Span, StepRecord
-from ui.bench_runner import alternated, base_label
-from ui.controls import load_lengths_error, load_stats_line
-from ui.gauges import gauge_values
-from ui.history import bin_steps, history_figure, series_from_buckets, smooth
-from ui.recordings import RECORDINGS_DIR, load_recording, meta_line, parse_recording
-from ui.replies import reply_tokens
-from ui.status import HUNG_AFTER_S, HangMemo, Remembered, Watchdog, engine_status
-from ui.validation import parse_seed, sampling_error
-from ui.window_stats import window_stats
+from ui.engine_link import HUNG_AFTER_S, HangMemo, Watchdog, engine_status
+from ui.figures.gauges import gauge_values
+from ui.figures.history import bin_steps, history_figure, series_from_buckets, smooth
+from ui.figures.recordings import RECORDINGS_DIR, load_recording, meta_line, parse_recording
+from ui.figures.window_stats import window_stats
+from ui.widgets.bench_runner import alternated, base_label
+from ui.widgets.controls import load_lengths_error, load_stats_line
+from ui.widgets.conversation import parse_seed, reply_tokens, sampling_error
 
 MS = 1_000_000
 
@@ -216,7 +216,7 @@ def test_status_falls_back_to_alive_without_a_heartbeat() -> None:
 
 
 def test_remembered_settings_leave_graphs_out_where_unavailable() -> None:
-    r = Remembered()
+    r = Kept()
     r.remember({"async_batching": False, "num_slots": 3, "cuda_graphs": False,
                 "cuda_graphs_available": False, "device": "cpu"})
     assert r.live() == {"async_batching": False, "num_slots": 3}

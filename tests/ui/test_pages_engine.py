@@ -3,7 +3,7 @@ tiny model: any model will do for the pages' wiring, and it is fast (the default
 chat mode is tested in test_playground_chat.py).
 
 One engine process serves the whole module through the dashboard's own cached client
-(ui.client), exactly as under `streamlit run app.py`. Fragment timers (run_every) are not
+(ui.engine_link), exactly as under `streamlit run app.py`. Fragment timers (run_every) are not
 simulated by AppTest, so each test drives full runs.
 """
 
@@ -22,9 +22,10 @@ import yaml
 from fake_engine import control
 from streamlit.testing.v1 import AppTest
 
-import ui.bench_runner
+import ui.widgets.bench_runner
+from engine.envs import GAPLESS_CONFIG
 from engine.process.client import EngineClient
-from ui.client import CONFIG_ENV, _shared_client
+from ui.engine_link import _shared_client
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "app.py"
@@ -39,9 +40,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineClient]:
     settings = yaml.safe_load((REPO / "config.yaml").read_text())
     settings["model"] = str(REPO / "models" / "gapless-tiny-python")
     config.write_text(yaml.safe_dump(settings))
-    cwd, env = os.getcwd(), os.environ.get(CONFIG_ENV)
+    cwd, env = os.getcwd(), os.environ.get(GAPLESS_CONFIG)
     os.chdir(REPO)  # .streamlit/ and the pages are found from the repository root
-    os.environ[CONFIG_ENV] = str(config)
+    os.environ[GAPLESS_CONFIG] = str(config)
     st.cache_resource.clear()
     try:
         at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
@@ -53,9 +54,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineClient]:
         st.cache_resource.clear()  # on_release shuts the engine down
         os.chdir(cwd)
         if env is None:
-            os.environ.pop(CONFIG_ENV, None)
+            os.environ.pop(GAPLESS_CONFIG, None)
         else:
-            os.environ[CONFIG_ENV] = env
+            os.environ[GAPLESS_CONFIG] = env
 
 
 def app() -> AppTest:
@@ -63,7 +64,7 @@ def app() -> AppTest:
 
 
 def live_figures(at: AppTest) -> dict[str, dict]:
-    """The figures drawn by ui.live_plot components, by key."""
+    """The figures drawn by ui.widgets.live_plot components, by key."""
     out = {}
     for el in at.get("component_instance"):
         (fig,) = [a.bytes for a in el.proto.special_args if a.key == "figure"]
@@ -176,7 +177,7 @@ def test_benchmark_page_completes_on_the_default_model(engine: EngineClient) -> 
     at = page("pages/benchmark.py")
     at.number_input(key="bench.repetitions").set_value(2)
     at.button(key="bench.run").click().run()
-    run = ui.bench_runner.RUNS.current
+    run = ui.widgets.bench_runner.RUNS.current
     assert run is not None
     run._thread.join(600)  # the benchmark runs beside the page, in the server
     at.run()

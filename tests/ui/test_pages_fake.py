@@ -1,6 +1,6 @@
 """Every page under AppTest against a stand-in engine: controls, prompts, benchmark, errors.
 
-The stand-in (fake_engine.FakeEngineClient) is swapped in through ui.client.make_client, so
+The stand-in (fake_engine.FakeEngineClient) is swapped in through ui.engine_link.make_client, so
 these tests run in a second and can make the engine die or reject a prompt on purpose.
 test_pages_engine.py runs the same pages on the real engine.
 """
@@ -15,9 +15,9 @@ import streamlit as st
 from fake_engine import FakeEngineClient, control
 from streamlit.testing.v1 import AppTest
 
-import ui.bench_runner
-import ui.client
-from ui.controls import LOAD_CONC_KEY
+import ui.engine_link
+import ui.widgets.bench_runner
+from ui.widgets.controls import LOAD_CONC_KEY
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
 TIMEOUT = 30
@@ -28,7 +28,8 @@ def app() -> AppTest:
 
 
 def live_figures(at: AppTest) -> dict[str, dict]:
-    """The figures drawn by ui.live_plot components, by key (JSON as the browser gets it)."""
+    """The figures drawn by ui.widgets.live_plot components, by key (JSON as the browser
+    gets it)."""
     out = {}
     for el in at.get("component_instance"):
         key = json.loads(el.proto.json_args)["key"]
@@ -170,7 +171,7 @@ def test_engine_that_cannot_start_is_a_message(monkeypatch: pytest.MonkeyPatch) 
         raise ValueError("config file 'config.yaml' does not exist")
 
     st.cache_resource.clear()
-    monkeypatch.setattr(ui.client, "make_client", broken)
+    monkeypatch.setattr(ui.engine_link, "make_client", broken)
     at = app().run()
     assert not at.exception
     assert "could not start" in at.error[0].value and "config.yaml" in at.error[0].value
@@ -179,7 +180,7 @@ def test_engine_that_cannot_start_is_a_message(monkeypatch: pytest.MonkeyPatch) 
 def test_graphs_toggle_is_enabled_with_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     client = FakeEngineClient(graphs_available=True)
     st.cache_resource.clear()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    monkeypatch.setattr(ui.engine_link, "make_client", lambda: client)
     at = app().run()
     graphs = control(at, "ctl.graphs")
     assert not graphs.disabled
@@ -216,7 +217,7 @@ def test_benchmark_page_runs_every_mode_and_compares(fake: FakeEngineClient) -> 
     at.run()
     at.switch_page("pages/benchmark.py").run()
     at.button(key="bench.run").click().run()
-    run = ui.bench_runner.RUNS.current
+    run = ui.widgets.bench_runner.RUNS.current
     assert run is not None
     run._thread.join(10)
     at.run()
@@ -288,7 +289,7 @@ def test_tables_show_a_figure_that_does_not_apply_as_a_dash_not_none(
     at.switch_page("pages/benchmark.py").run()
     at.number_input(key="bench.repetitions").set_value(1)
     at.button(key="bench.run").click().run()
-    run = ui.bench_runner.RUNS.current
+    run = ui.widgets.bench_runner.RUNS.current
     assert run is not None and run._thread is not None
     run._thread.join(30)
     at.run()

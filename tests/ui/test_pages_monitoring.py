@@ -21,9 +21,9 @@ from fake_engine import (
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
-import ui.bench_runner
-import ui.client
-from ui.recordings import RECORDINGS_DIR
+import ui.engine_link
+import ui.widgets.bench_runner
+from ui.figures.recordings import RECORDINGS_DIR
 
 PAGES = ("pages/playground.py", "pages/benchmark.py", "pages/ab.py", "pages/requests.py")
 # AppTest keeps only a file page's own elements, not those app.py draws before running it
@@ -68,7 +68,7 @@ def test_without_a_heartbeat_a_call_that_times_out_says_not_responding(
     client = FakeClientWithoutHeartbeat()
     st.cache_resource.clear()
     reset_shared_state()
-    monkeypatch.setattr(ui.client, "make_client", lambda: client)
+    monkeypatch.setattr(ui.engine_link, "make_client", lambda: client)
     at = app().run()
     client.hung = True
     at.run()
@@ -107,9 +107,9 @@ def test_a_running_benchmark_is_announced_in_the_banner(fake: FakeEngineClient) 
             import threading
 
             self.lock = threading.Lock()
-            self.progress = ui.bench_runner.Progress(run_index=1, runs=6, label="async #1")
+            self.progress = ui.widgets.bench_runner.Progress(run_index=1, runs=6, label="async #1")
 
-    ui.bench_runner.RUNS.current = Endless()  # type: ignore[assignment]
+    ui.widgets.bench_runner.RUNS.current = Endless()  # type: ignore[assignment]
     at = on_page(None)
     assert any("A benchmark is running" in w.value and "run 2 of 6" in w.value
                for w in at.warning)
@@ -157,7 +157,7 @@ def recordings_page(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> AppTes
         raise AssertionError("the Recordings page must not start an engine")
 
     st.cache_resource.clear()
-    monkeypatch.setattr(ui.client, "make_client", no_engine)
+    monkeypatch.setattr(ui.engine_link, "make_client", no_engine)
     at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
                            default_timeout=timeout_s)
     return at.switch_page("pages/recordings.py").run()
@@ -239,7 +239,8 @@ def test_two_tabs_restarting_at_the_same_moment_restart_once(fake: FakeEngineCli
     import threading
     import time
 
-    from ui.status import StaleRestart, restart_keeping_settings
+    from engine.process.supervision import RestartRefused
+    from ui.engine_link import restart_keeping_settings
 
     fake.kill()
     seen = fake.generation
@@ -256,7 +257,7 @@ def test_two_tabs_restarting_at_the_same_moment_restart_once(fake: FakeEngineCli
         try:
             restart_keeping_settings(fake, name, seen_generation=seen)
             outcomes.append("restarted")
-        except StaleRestart:
+        except RestartRefused:
             outcomes.append("stale")
 
     threads = [threading.Thread(target=tab, args=(f"tab {i}",)) for i in range(2)]

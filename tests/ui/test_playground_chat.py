@@ -19,9 +19,10 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from engine.envs import GAPLESS_CONFIG
 from engine.process.client import EngineClient
-from ui.client import CONFIG_ENV, _shared_client
-from ui.playground_tokens import load_prompt_tokenizer
+from ui.engine_link import _shared_client
+from ui.widgets.chat_prompt import load_prompt_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "app.py"
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def engine() -> Iterator[tuple[EngineClient, list[str]]]:
     """The default config's engine, and the prompts the pages submit to it."""
-    cwd, env = os.getcwd(), os.environ.pop(CONFIG_ENV, None)
+    cwd, env = os.getcwd(), os.environ.pop(GAPLESS_CONFIG, None)
     os.chdir(REPO)
     st.cache_resource.clear()
     try:
@@ -61,7 +62,7 @@ def engine() -> Iterator[tuple[EngineClient, list[str]]]:
         st.cache_resource.clear()  # on_release shuts the engine down
         os.chdir(cwd)
         if env is not None:
-            os.environ[CONFIG_ENV] = env
+            os.environ[GAPLESS_CONFIG] = env
 
 
 def playground() -> AppTest:

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from engine.process.client import EngineClient
-from ui.playground_replies import Reply, follow, interrupt, settings_line, settle
-from ui.status import engine_status
+from ui.engine_link import engine_status
+from ui.widgets.conversation import Reply, follow, interrupt, settings_line, settle
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "models" / "gapless-tiny-python"

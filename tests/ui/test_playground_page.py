@@ -21,8 +21,8 @@ from fake_engine import REPLY, FakeEngineClient, FakeOutput, serve_client
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
-from ui.chat import load_chat_template
-from ui.playground_view import PROMPT_BOX_PX
+from ui.widgets.chat_prompt import load_chat_template
+from ui.widgets.conversation import PROMPT_BOX_PX
 
 
 def playground() -> AppTest:
@@ -151,7 +151,7 @@ SMOL = Path(__file__).resolve().parents[2] / "models" / "SmolLM2-135M-Instruct"
 @pytest.mark.skipif(not (SMOL / "tokenizer.json").is_file(),
                     reason="models/SmolLM2-135M-Instruct is missing: run scripts/setup.sh")
 def test_the_page_sends_typed_control_tokens_as_plain_text(fake: FakeEngineClient) -> None:
-    from ui.playground_tokens import load_prompt_tokenizer
+    from ui.widgets.chat_prompt import load_prompt_tokenizer
 
     fake._settings["model"] = str(SMOL)  # a folder with a chat template and tokenizer.json
     sent: list[object] = []

@@ -1,4 +1,4 @@
-"""ui.playground_replies without an engine: the settings line names what acts, a reply cut
+"""ui.widgets.conversation without an engine: the settings line names what acts, a reply cut
 by a dead engine keeps the text the tab saw, a cut reply is settled with the engine's own
 end, and a stream that goes silent calls ``waiting`` (where the page says the engine hangs).
 """
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ui.playground_replies import Reply, finish, follow, interrupt, settings_line, settle
+from ui.widgets.conversation import Reply, finish, follow, interrupt, settings_line, settle
 
 
 @pytest.mark.parametrize(("params", "line"), [

@@ -1,5 +1,5 @@
-"""What a person types in the Playground is text, never control tokens (issue 25: a typed
-``<|im_start|>`` opened a turn of its own and the model "became a pirate"); ordinary prompts
+"""What a person types in the Playground is text, never control tokens (a typed
+``<|im_start|>`` would open a turn of its own); ordinary prompts
 still get exactly the ids transformers' apply_chat_template gives (chat) and the engine's own
 tokenizer gives (completion).
 
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ui.chat import ChatTemplate, load_chat_template
-from ui.playground_tokens import load_prompt_tokenizer
+from ui.widgets.chat_prompt import ChatTemplate, load_chat_template, load_prompt_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 SMOL = REPO / "models" / "SmolLM2-135M-Instruct"

@@ -7,8 +7,8 @@ import pytest
 from test_gauges import titles
 
 from telemetry.records import Span, StepRecord
-from ui.gauges import gauge_values, gauges_figure, prefix_line
-from ui.timeline import timeline_figure
+from ui.figures.gauges import gauge_values, gauges_figure, prefix_line
+from ui.figures.timeline import timeline_figure
 
 MS = 1_000_000
 STATS = {"running": 1, "waiting": 0, "kv_blocks_used": 2, "kv_blocks_total": 8,

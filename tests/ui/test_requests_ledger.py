@@ -15,7 +15,7 @@ from test_pages_fake import live_figures
 
 from telemetry.ledger import LedgerEntry, build_ledger
 from telemetry.records import RequestEvent, Span, StepRecord
-from ui.ledger_table import (
+from ui.figures.ledger_table import (
     LIVE_FROZEN_KEY,
     LIVE_HIGHLIGHT_KEY,
     LIVE_PAUSE_KEY,
@@ -38,14 +38,14 @@ def plotly_array(value: object) -> list:
     return list(value)  # type: ignore[call-overload]
 
 
-def test_the_live_pages_state_names_are_the_ones_app_py_uses():
-    text = APP.read_text()
+def test_the_live_pages_state_names_are_the_ones_it_uses():
+    text = (APP.parent / "pages" / "live.py").read_text()
     assert f'PAUSE_KEY = "{LIVE_PAUSE_KEY}"' in text
     assert f'FROZEN_KEY = "{LIVE_FROZEN_KEY}"' in text
     assert f'WINDOW_KEY = "{LIVE_WINDOW_KEY}"' in text
     assert f'HIGHLIGHT_KEY = "{LIVE_HIGHLIGHT_KEY}"' in text
     assert f"TIMELINE_WINDOWS_MS = {LIVE_WINDOWS_MS}" in text
-    assert re.search(rf"st\.Page\({LIVE_URL_PATH},", text)
+    assert re.search(rf"st\.Page\({LIVE_URL_PATH},", APP.read_text())
 
 
 def test_outcomes_count_aborted_apart_and_running_as_neither():
@@ -118,7 +118,7 @@ def test_requests_page_shows_the_ledger_and_opens_the_timeline_on_a_request(
     assert at.toggle(key="live.pause").value is True  # now on the Live page, paused
     assert at.session_state[LIVE_WINDOW_KEY] == 50
     assert not at.warning
-    # Issue 24: the timeline lights the request's own steps and fades the others.
+    # The timeline lights the request's own steps and fades the others.
     fig = live_figures(at)["live.timeline"]
     assert "request quick's 2 steps lit" in fig["layout"]["title"]["text"]
     (compute,) = [t for t in fig["data"] if t["name"].startswith("compute:")]

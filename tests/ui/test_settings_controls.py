@@ -17,8 +17,8 @@ from fake_engine import FakeEngineClient, control
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
-import ui.bench_runner
-from ui.controls import load_state
+import ui.widgets.bench_runner
+from ui.widgets.controls import load_state
 
 CONTROLS = ("ctl.async", "ctl.slots", "ctl.graphs", "ctl.sentinel")
 
@@ -110,13 +110,13 @@ class _Running:
         import threading
 
         self.lock = threading.Lock()
-        self.progress = ui.bench_runner.Progress(run_index=0, runs=4, label="sync #1")
+        self.progress = ui.widgets.bench_runner.Progress(run_index=0, runs=4, label="sync #1")
 
 
 def test_while_a_benchmark_holds_the_engine_the_controls_are_disabled_saying_why(
         fake: FakeEngineClient) -> None:
     at = app().run()
-    ui.bench_runner.RUNS.current = _Running()  # type: ignore[assignment]
+    ui.widgets.bench_runner.RUNS.current = _Running()  # type: ignore[assignment]
     at.run()
     for base in CONTROLS:
         assert control(at, base).disabled, base

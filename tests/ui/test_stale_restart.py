@@ -15,8 +15,9 @@ import pytest
 from fake_engine import FakeEngineClient
 from test_pages_fake import app, texts
 
-import ui.bench_runner
-from ui.status import StaleRestart, restart_keeping_settings
+import ui.widgets.bench_runner
+from engine.process.supervision import RestartRefused
+from ui.engine_link import restart_keeping_settings
 
 
 def test_a_plain_restart_is_refused_whenever_the_engine_runs(
@@ -24,7 +25,7 @@ def test_a_plain_restart_is_refused_whenever_the_engine_runs(
     """Whatever generation the asking view carries (here the running engine's own), a plain
     restart of an engine that runs does nothing, and the refusal is logged naming the tab."""
     caplog.set_level(logging.WARNING, logger="gapless.ui")
-    with pytest.raises(StaleRestart, match="the engine is running"):
+    with pytest.raises(RestartRefused, match="the engine is running"):
         restart_keeping_settings(fake, "tab of-test", seen_generation=fake.generation)
     assert getattr(fake, "restarts", 0) == 0
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
@@ -93,7 +94,7 @@ def test_a_benchmark_is_logged_with_the_tab_that_started_it(
     at.switch_page("pages/benchmark.py").run()
     at.number_input(key="bench.repetitions").set_value(1)
     at.button(key="bench.run").click().run()
-    run = ui.bench_runner.RUNS.current
+    run = ui.widgets.bench_runner.RUNS.current
     assert run is not None and run._thread is not None
     run._thread.join(30)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("benchmark")]

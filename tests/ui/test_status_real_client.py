@@ -1,10 +1,10 @@
-"""ui.status reads the real EngineClient.status() object (state, reason, silent_s), not only
+"""ui.engine_link reads the real EngineClient.status() object (state, reason, silent_s), not only
 the stand-in's plain strings: a hung engine must read "not responding" on every page."""
 
 from __future__ import annotations
 
 from engine.process.status import EngineStatus as ClientStatus
-from ui.status import engine_status
+from ui.engine_link import engine_status
 
 
 class Client:

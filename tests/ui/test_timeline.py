@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 import pytest
 
 from telemetry.records import LANES, Span, StepRecord
-from ui.lanes import CPU_GROUP, DEVICE_GROUP
-from ui.timeline import (
+from ui.figures.lanes import CPU_GROUP, DEVICE_GROUP
+from ui.figures.timeline import (
     GPU_ONLY_LANES,
     lane_bars,
     lane_row,
@@ -186,7 +186,7 @@ def test_a_live_window_keeps_one_x_range_so_a_zoom_survives_refreshes() -> None:
 
 def test_highlighted_steps_are_drawn_lit_and_the_others_faded() -> None:
     """The Requests page's link lights a request's own steps on the timeline."""
-    from ui.timeline import FADED_OPACITY
+    from ui.figures.timeline import FADED_OPACITY
 
     records = [StepRecord(step=k, mode="async", slot=0, num_requests=1, prefill_tokens=0,
                           decode_tokens=1,
@@ -206,7 +206,7 @@ def test_highlighted_steps_are_drawn_lit_and_the_others_faded() -> None:
 def test_a_figure_is_made_tall_enough_for_its_legend() -> None:
     """A legend taller than its plot would get a scroll bar of its own (the A/B
     page's 300 px timelines). Every lane drawn, and four ranks' lanes more, need more."""
-    from ui.timeline import legend_height_px
+    from ui.figures.timeline import legend_height_px
 
     lanes = [*LANES] + [f"rank{r}.{k}" for r in range(1, 5) for k in ("compute", "comm")]
     records = [StepRecord(step=0, mode="async", slot=0, num_requests=1, prefill_tokens=0,

@@ -4,8 +4,8 @@ device lanes, by rank), in their own legend group; a straggler rank's longer com
 from __future__ import annotations
 
 from telemetry.records import LANES, Span, StepRecord
-from ui.lanes import RANKS_GROUP, lane_group
-from ui.timeline import GPU_ONLY_LANES, lane_bars, lanes_of, timeline_figure
+from ui.figures.lanes import RANKS_GROUP, lane_group
+from ui.figures.timeline import GPU_ONLY_LANES, lane_bars, lanes_of, timeline_figure
 
 
 def record(step: int, t0: int, slow_rank1_ns: int) -> StepRecord:

@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from telemetry.kernel_family import colour_of
 
 # The 8B decode-step anatomy written by `python -m bench anatomy`; its meta says where and when.
-SHIPPED_ANATOMY = (Path(__file__).resolve().parents[1] / "docs" / "recordings"
+SHIPPED_ANATOMY = (Path(__file__).resolve().parents[2] / "docs" / "recordings"
                    / "anatomy-h200-llama-8b.json")
 
 

@@ -82,10 +82,10 @@ def live_window(records: Sequence[StepRecord], now_ns: int, window_ms: float,
     busy moment). With ``in_flight`` (the engine has launched a step not yet published) the
     time since the latest compute span published belongs to that step. When the records are
     in a different clock domain (an engine on another host) it ends at their latest span.
-    The history strip's busy figure reads the same window (ui/history.py)."""
+    The history strip's busy figure reads the same window (ui/figures/history.py)."""
     if window_ms <= 0:
         raise ValueError(f"window_ms must be > 0, got {window_ms}")
-    last = max((s.end_ns for r in records for s in r.spans), default=None)
+    last = max((r.end_ns for r in records if r.end_ns is not None), default=None)
     end = now_ns
     since = None
     if last is not None and abs(now_ns - last) > _CLOCK_SKEW_LIMIT_NS:

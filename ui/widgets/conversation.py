@@ -1,22 +1,38 @@
-"""One Playground reply from submit to its end, whatever ends it: the model, the Stop button,
-a page left mid-stream, or an engine that died or hangs.
+"""A Playground conversation: each reply from submit to its end, and how the tab draws it.
 
 Owns the ``Reply`` record a tab keeps (the text so far, the settings it was made with, its
 figures, why it was cut short), reading a request's deltas while noticing silence
-(``follow``), and putting the engine's own account on a reply (``finish``, ``settle``). A
-reply is put in the tab's history before its first token, so a stream cut by anything (a
-rerun raises inside the script) leaves its partial text there, marked as cut.
+(``follow``), and putting the engine's own account on a reply (``finish``, ``settle``),
+whatever ends it: the model, the Stop button, a page left mid-stream, or an engine that died
+or hangs. A reply is put in the tab's history before its first token, so a stream cut by
+anything (a rerun raises inside the script) leaves its partial text there, marked as cut.
+When the engine dies mid-reply the client ends the request with an empty ``token_ids``, so
+``reply_tokens`` counts the token events the telemetry bus mirrored before the death.
 
-Pure Python over an engine client: no streamlit (the page passes its drawing in as
-callables), no torch.
+Owns the checks of what a turn is sent with (``sampling_error`` runs
+engine.config.SamplingParams' own validate(), the code the engine runs on submit, so a widget
+never accepts what the engine would reject; ``parse_seed`` reads the seed box), and the
+drawing of the tab's history (HISTORY_KEY): each prompt, its reply (a chat reply as markdown,
+a completion verbatim) and the notes under it. The Playground page draws its conversation
+with it, and so does a dead engine's message (ui.engine_link.engine_client's
+``kept_when_dead``): a reply cut by the engine's death stays in view beside the restart
+button.
+
+It never calls the engine while drawing (the page settles replies first), and never calls
+st.* off the script thread.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import streamlit as st
+
+from engine.config import SamplingParams
+from telemetry.records import RequestEvent
 
 POLL_S = 0.25  # how often a wait for the next delta looks up (a hang shows within ~2 s)
 
@@ -170,3 +186,99 @@ def settle(client: Any, reply: Reply, timeout_s: float = 0.5,
     if out.finish_reason != "error":
         reply.cut = why
     reply.state = "done"
+
+
+def tokens_emitted(events: Iterable[RequestEvent], request_id: str) -> int:
+    """Tokens the engine reported emitting for ``request_id`` (its token events)."""
+    return sum(
+        e.num_tokens
+        for e in events
+        if e.request_id == request_id and e.kind in ("first_token", "tokens")
+    )
+
+
+def reply_tokens(token_ids: list[int], events: Iterable[RequestEvent], request_id: str) -> int:
+    """The reply's token count: the result's own, or what telemetry saw when it is short."""
+    return max(len(token_ids), tokens_emitted(events, request_id))
+
+
+def sampling_error(params: dict[str, Any]) -> str | None:
+    """The engine's message for ``params`` (SamplingParams keys), or None when valid."""
+    try:
+        SamplingParams.coerce(dict(params)).validate()
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def parse_seed(text: str) -> tuple[int | None, str | None]:
+    """``(seed, error)`` from the seed box: blank is no seed; otherwise a whole number >= 0."""
+    text = text.strip()
+    if not text:
+        return None, None
+    try:
+        seed = int(text)
+    except ValueError:
+        return None, f"seed must be a whole number >= 0 (or blank for none), got {text!r}"
+    error = sampling_error({"seed": seed})
+    return (None, error) if error else (seed, None)
+
+
+HISTORY_KEY = "play.history"
+# A prompt longer than this (characters or lines) is drawn in a box of PROMPT_BOX_PX that
+# scrolls: a pasted document drawn whole pushed the reply thousands of pixels down.
+LONG_PROMPT_CHARS = 1500
+LONG_PROMPT_LINES = 20
+PROMPT_BOX_PX = 240
+
+
+def draw_prompt(prompt: str) -> None:
+    """What the person typed, verbatim; a long one in a box of its own height that scrolls,
+    with its length said under it."""
+    lines = prompt.count("\n") + 1
+    if len(prompt) <= LONG_PROMPT_CHARS and lines <= LONG_PROMPT_LINES:
+        st.text(prompt)
+        return
+    with st.container(height=PROMPT_BOX_PX):
+        st.text(prompt)
+    st.caption(f"{len(prompt):,} characters, {lines:,} line{'s' if lines != 1 else ''}: "
+               "scroll the box to read it all.")
+
+
+def draw_reply(box: Any, text: str, chat: bool) -> None:
+    """A chat reply as markdown (models answer in it); a completion verbatim."""
+    if chat:
+        box.markdown(text)
+    else:
+        box.code(text, language=None, wrap_lines=True)
+
+
+def draw_notes(reply: Reply) -> None:
+    """Under a reply: why it was cut (if it was), the settings it used, its figures."""
+    if reply.cut:
+        st.warning(f"Partial reply, {reply.cut}.", icon=":material/content_cut:")
+    st.caption(f"{reply.settings}" + (f" · {reply.figures}" if reply.figures else ""))
+
+
+def draw_turn(reply: Reply) -> None:
+    with st.chat_message("user"):
+        draw_prompt(reply.prompt)
+    with st.chat_message("assistant"):
+        draw_reply(st, reply.text, reply.chat)
+        draw_notes(reply)
+
+
+def history() -> list[Reply]:
+    """This tab's replies, oldest first (kept in the session state)."""
+    return st.session_state.setdefault(HISTORY_KEY, [])
+
+
+def show_conversation() -> None:
+    """The tab's conversation as it stands, with nothing asked of the engine: what stays in
+    view under a dead engine's restart message."""
+    turns = history()
+    if not turns:
+        return
+    st.caption("This tab's conversation, as far as it went:")
+    for reply in turns:
+        draw_turn(reply)

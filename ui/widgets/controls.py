@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from ui.client import in_callback
+from engine.config import NUM_SLOTS
+from ui.engine_link import in_callback
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -42,7 +43,6 @@ SAID_KEY = "ctl.said"  # what came of this tab's last change, said once under th
 REDRAW_KEY = "ctl.redraw"  # bumped when a change was not applied: the widgets drawn anew
 SENT_KEY = "ctl.sent"  # (widget key, value) of the last change sent: each click sends once
 LOAD_SAID_KEY = "load.said"  # what went wrong with this tab's last start or stop of the load
-SLOT_CHOICES = (1, 2, 3)
 BENCHMARK_HOLDS = ("A benchmark holds the engine: it switches the settings itself and "
                    "they come back when it ends.")
 
@@ -64,7 +64,7 @@ def mode_summary(settings: dict[str, Any]) -> str:
 
 def benchmark_holds(settings: dict[str, Any]) -> bool:
     """A benchmark runs on the engine: this dashboard's own or one another client started."""
-    from ui.bench_runner import RUNS
+    from ui.widgets.bench_runner import RUNS
 
     return bool(settings.get("benchmark_running")) or RUNS.running() is not None
 
@@ -88,8 +88,8 @@ def _say(key: str) -> Callable[[str], None]:
 def _push(client: EngineClient, what: str, version: int | None, **change: Any) -> None:
     """Send one change as a compare-and-set on ``version``; say what came of it when it was
     not applied, and have the widgets drawn anew (at the engine's values) then."""
-    from ui.status import REMEMBERED
-    from ui.tab import tab_id
+    from ui.engine_link import REMEMBERED
+    from ui.widgets.tab import tab_id
 
     answer: dict[str, Any] = {}
 
@@ -149,7 +149,7 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
     with slots_col:
         st.segmented_control(
             "Slots",
-            SLOT_CHOICES,
+            NUM_SLOTS,
             default=drawn[SLOTS_KEY],
             required=True,
             help="Sets of input/output buffers the steps take turns with.",
@@ -356,8 +356,8 @@ def load_switch(client: EngineClient, settings: dict[str, Any]) -> None:
     or their defaults), and its state and counts in one line. Disabled while a benchmark
     holds the engine (it needs an idle engine and refuses a load); what went wrong with a
     click is said under it at once."""
-    from ui.status import REMEMBERED
-    from ui.tab import tab_id
+    from ui.engine_link import REMEMBERED
+    from ui.widgets.tab import tab_id
 
     stats = client.load_stats()
     REMEMBERED.remember_load(stats)  # a restart starts it again with this spec

@@ -16,8 +16,8 @@ from typing import Any
 from telemetry.ledger import LedgerEntry, steps_of
 from telemetry.records import StepRecord
 
-# app.py's Live page: its pause toggle, its frozen snapshot, its window slider and choices,
-# and the steps it highlights.
+# The Live page's (pages/live.py): its pause toggle, its frozen snapshot, its window slider
+# and choices, and the steps it highlights.
 LIVE_PAUSE_KEY = "live.pause"
 LIVE_FROZEN_KEY = "live.frozen"
 LIVE_WINDOW_KEY = "live.window_ms"
@@ -63,7 +63,7 @@ def ledger_rows(entries: Iterable[LedgerEntry]) -> list[dict[str, Any]]:
 
 def outcome_counts(reasons: Iterable[str | None]) -> tuple[int, int]:
     """(finished, aborted) of the requests' finish reasons: an aborted request did not
-    finish (issue 25, 12); a request still running (None) is neither."""
+    finish; a request still running (None) is neither."""
     finished = aborted = 0
     for r in reasons:
         if r == "abort":
@@ -95,7 +95,7 @@ def steps_around(entry: LedgerEntry, records: Sequence[StepRecord],
         return steps_of(entry, records)
     pad = max(0, int(window_ms * 1e6) - (hi - lo)) // 2
     return [r for r in records if r.spans and min(s.start_ns for s in r.spans) <= hi + pad
-            and max(s.end_ns for s in r.spans) >= lo - pad]
+            and r.end_ns >= lo - pad]
 
 
 def timeline_state(entry: LedgerEntry, records: Sequence[StepRecord]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Every one of them is a ``live_fragment``, so its body can ask ``in_fragment()``.
 An engine failure met inside a fragment must not draw the dead-engine or not-responding
 page there: that page holds a timed fragment of its own (its watch), and a timed fragment
 inside a timed fragment, which the next full run no longer draws, is what Streamlit's front
-end handles worst (white screens: streamlit#15084). So ui/engine_trouble.py reruns the
+end handles worst (white screens: streamlit#15084). So ui/engine_link.py reruns the
 whole app from inside a fragment, and the first engine call of that run draws the page at
 the top level.
 

@@ -3,7 +3,7 @@ running benchmark. Redrawn once a second in a fragment, so a change made anywher
 tab, the benchmark, an API call) shows on every tab within two seconds.
 
 Owns ``status_banner`` (the fragment) and the benchmark line; the not-responding message with
-its kill-and-restart button is ui/engine_trouble.py's, shared with ui/client.py. It must never
+its kill-and-restart button is ui/engine_link.py's, shared with ui/engine_link.py. It must never
 wait on the engine longer than one short call, and never call st.* off the script thread.
 """
 
@@ -14,11 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from ui.bench_runner import RUNS, base_label
-from ui.controls import mode_summary
-from ui.engine_trouble import show_not_responding
-from ui.fragments import live_fragment
-from ui.status import BANNER_PERIOD_S, HANG, EngineStatus, current_settings, engine_status
+from ui.engine_link import (
+    BANNER_PERIOD_S,
+    HANG,
+    EngineStatus,
+    current_settings,
+    engine_status,
+    show_not_responding,
+)
+from ui.widgets.bench_runner import RUNS, base_label
+from ui.widgets.controls import mode_summary
+from ui.widgets.fragments import live_fragment
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -53,7 +59,7 @@ def _banner(client: EngineClient, show_settings: bool) -> None:
         st.rerun()  # the full run shows the dead-engine message and its restart button
     settings: dict[str, Any] | None = None
     # While the engine is not responding no call is made here: the client's status() or,
-    # without one, ui.status.Watchdog's probe notices when it answers again.
+    # without one, ui.engine_link.Watchdog's probe notices when it answers again.
     if status.state == "alive":
         try:
             settings = current_settings(client)

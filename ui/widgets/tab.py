@@ -1,5 +1,5 @@
-"""Which browser tab a script run belongs to, for the logs: "tab 1a2b3c4d" (the first
-characters of Streamlit's session id), so a restart, a kill or a settings change in the
+"""Which browser tab a script run belongs to, for the logs: "tab " and the first eight
+characters of Streamlit's session id, so a restart, a kill or a settings change in the
 server log says who asked. It must never fail: outside a script run it answers "a tab"."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from telemetry.records import StepRecord
-from ui.gauges import nice_ceiling
+from ui.figures.gauges import nice_ceiling
 
 BUCKET_NS = 1_000_000_000
 KEEP_BUCKETS = 120  # two minutes of history
@@ -50,9 +50,9 @@ def bin_steps(records: Sequence[StepRecord], bucket_ns: int = BUCKET_NS) -> dict
     and waiting counts hold in the buckets it ran through (no gap in their line)."""
     out: dict[int, Bucket] = {}
     for rec in records:
-        if not rec.spans:
+        end = rec.end_ns
+        if end is None:
             continue
-        end = max(s.end_ns for s in rec.spans)
         b = out.setdefault(end // bucket_ns, Bucket())
         b.steps += 1
         b.tokens += rec.prefill_tokens + rec.decode_tokens
@@ -100,7 +100,7 @@ class HistorySeries:
     mem_bw_reason: str | None = None  # why there is no memory bandwidth figure
     max_num_seqs: int = 0
     step_running_s: float | None = None  # a step in flight this long, not published yet
-    # Step busy over the gauges' window (ui.gauges.live_window and window_busy), given by
+    # Step busy over the gauges' window (ui.figures.gauges.live_window and window_busy), given by
     # the page: the strip's title then says what the step busy gauge says.
     busy_now_pct: float | None = None
 
@@ -206,7 +206,7 @@ class LiveHistory:
     ) -> HistorySeries:
         """The strip's series; with ``stats`` (EngineClient.stats()) the running/waiting
         counts are the engine's now, and while a step is in flight (``in_flight``, as the
-        gauges decide it: ui.gauges.steps_in_flight; by default, while the engine has
+        gauges decide it: ui.figures.gauges.steps_in_flight; by default, while the engine has
         requests) the time since the newest published compute span is busy."""
         with self._lock:
             buckets, last_end = dict(self.buckets), self.last_end_ns

@@ -4,7 +4,7 @@ Owns the figure: the same x axis as the timeline (ms before the window's end), o
 each kernel a bar in its family's colour (telemetry.kernel_family) with its name, duration
 and step in the hover. A step in the window that was not sampled shows as a pale bar over
 its compute span that says "not sampled", so an unsampled stretch never reads as idle; each
-step's hover carries its waterfall (ui.waterfall.step_parts_text). On a CPU the lane says in
+step's hover carries its waterfall (ui.figures.waterfall.step_parts_text). On a CPU the lane says in
 one line that there are no kernels. Pure functions: no streamlit, no engine, no clocks.
 """
 
@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from telemetry.kernel_family import FAMILIES, colour_of
 from telemetry.kernels import KernelSample
 from telemetry.records import StepRecord
-from ui.waterfall import step_parts_text
+from ui.figures.waterfall import step_parts_text
 
 NOT_SAMPLED_COLOUR = "rgba(180,180,180,0.35)"
 NO_KERNELS = "No kernels on a CPU: the kernel lane needs a GPU (CUDA kernels are sampled)."

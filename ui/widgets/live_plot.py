@@ -25,7 +25,7 @@ import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
 
-FRONTEND_HTML = Path(__file__).resolve().parent / "frontend" / "live_plot.html"
+FRONTEND_HTML = Path(__file__).resolve().parents[1] / "frontend" / "live_plot.html"
 COMPONENT_NAME = "live_plot"
 
 

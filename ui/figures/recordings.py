@@ -22,7 +22,7 @@ from typing import Any
 from telemetry.kernels import sample_from_dict
 from telemetry.records import RequestEvent, Span, StepRecord
 
-RECORDINGS_DIR = Path(__file__).resolve().parents[1] / "docs" / "recordings"
+RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "recordings"
 SUFFIX = ".jsonl"
 _STEP_FIELDS = set(StepRecord.__dataclass_fields__) - {"spans"}
 _EVENT_FIELDS = set(RequestEvent.__dataclass_fields__)
@@ -38,7 +38,7 @@ class Recording:
     events: list[RequestEvent] = field(default_factory=list)
 
     def title(self) -> str:
-        """Like "H200 · 2026-12-02 · 8B shape, 32 x (256 + 256) · commit 8d9b89f"."""
+        """Machine, date, workload and commit in one line, each where the recording has it."""
         m = self.meta
         parts = [str(m[k]) for k in ("machine", "date", "workload") if m.get(k)]
         if m.get("commit"):

@@ -1,11 +1,10 @@
-"""The A/B view: two windows of steps (two modes) side by side on one time scale.
+"""The A/B figures: two windows of steps (two modes) compared on one scale.
 
-Owns the figure comparing two WindowStats (decode tokens/s, B's bar with the verdict's 95%
-interval as an error bar; step period, the CPU's share of a step, compute idle by cause)
-and ``show_ab``, which the A/B page (live captures) and the Recordings page (a recording's
-modes) both draw: a verdict in plain words on decode-only steps with its 95% interval
-(telemetry.verdict), prefill apart, the figures, and both timelines over the same span
-of milliseconds. It must never call the engine: it is handed records.
+Owns the Window a side is made of, the figure comparing two WindowStats (decode tokens/s,
+B's bar with the verdict's 95% interval as an error bar; step period, the CPU's share of a
+step, compute idle by cause) and the words around it (each side's header, the CPU note).
+ui/widgets/ab_view.py draws them. It never imports streamlit and never calls the engine:
+it is handed records.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import plotly.graph_objects as go
-import streamlit as st
 from plotly.subplots import make_subplots
 
 from telemetry.gaps import CAUSE_LABELS, CAUSES
 from telemetry.records import StepRecord
-from telemetry.verdict import Interval, decode_steps, decode_verdict, pooled, signed
-from ui.timeline import timeline_figure
-from ui.window_stats import WindowStats, window_stats
+from telemetry.verdict import Interval, signed
+from ui.figures.window_stats import WindowStats
 
 COLOURS = ("#6baed6", "#fd8d3c")
 # Idle causes (telemetry.gaps) in the colours the Live page's waterfall and timeline give them.
@@ -141,60 +138,6 @@ def cpu_note(a: WindowStats, b: WindowStats) -> str:
     if max(a.cpu_share, b.cpu_share) < 0.05:
         note += " Here it is small, so the device's time decides and the modes look alike."
     return note
-
-
-def show_ab(a: Window, b: Window, *, key: str, judge: bool = True) -> None:
-    """Verdict, figures side by side, and both timelines over one span of milliseconds.
-    ``judge=False`` leaves the verdict out (one window shown twice has nothing to judge)."""
-    try:
-        sa = window_stats(a.records, a.label, a.start_ns, a.end_ns)
-        sb = window_stats(b.records, b.label, b.start_ns, b.end_ns)
-    except ValueError as exc:
-        st.error(f"Cannot compare: {exc}")
-        return
-    tput = None
-    if judge:
-        v = decode_verdict(a.all_runs(), b.all_runs(), a_label=a.label, b_label=b.label)
-        (st.success if v.measurable else st.info)(v.text, icon=":material/compare:")
-        st.caption(cpu_note(sa, sb))
-        tput = v.throughput
-    decode = [[decode_steps(r) for r in w.all_runs()] for w in (a, b)]
-    cols = st.columns(2)
-    tps = []
-    for col, s, runs in zip(cols, (sa, sb), decode, strict=True):
-        n = sum(r.n for r in runs)
-        rate, busy = pooled(runs)
-        tps.append(rate)
-        judged = judged_scope(len(runs))
-        with col:
-            st.markdown(side_header(s, n, len(runs)))
-            # Two by two: four tiles in half a 1280 px page cut "23.43 ms" to "23.43...".
-            m = [c for _ in range(2) for c in st.columns(2)]
-            m[0].metric("decode tokens/s", f"{rate:,.1f}",
-                        help=f"Decode-only steps of {judged}: their tokens over their "
-                        "periods.")
-            m[1].metric("step period", short_ms(s.step_ms),
-                        help=f"Median step period of {DRAWN}: {s.step_ms:,.3f} ms.")
-            m[2].metric("compute busy (decode)", f"{100 * busy:.1f}%",
-                        help=f"Share of the decode-only steps' time with a compute span "
-                        f"(step busy), over {judged}; prefill steps are left out. The idle "
-                        f"by cause chart below covers every step of {DRAWN}.")
-            m[3].metric("CPU work / step", short_ms(s.cpu_ms),
-                        help=f"cpu.schedule + prepare + launch + post, median per step of "
-                        f"{DRAWN}.")
-    st.plotly_chart(ab_figure(sa, sb, (tps[0], tps[1]), tput=tput), key=f"{key}.figure",
-                    config={"displaylogo": False})
-    longest = max(sa.duration_s, sb.duration_s) * 1000
-    choices = [s for s in SPANS_MS if s <= max(longest, SPANS_MS[0])] or [SPANS_MS[0]]
-    default = min(choices, key=lambda s: abs(s - min(250, longest)))
-    span = st.select_slider("Timeline span shown (the last ms of each window, same scale)",
-                            choices, value=default, key=f"{key}.span")
-    for s, w in ((sa, a), (sb, b)):
-        fig = timeline_figure(w.records, window_ms=float(span), end_ns=s.end_ns,
-                              height_px=300, legend=True,
-                              title=f"{s.label}: the last {span} ms of the window",
-                              x_title="ms before the window's end")
-        st.plotly_chart(fig, key=f"{key}.timeline.{s.label}", config={"displaylogo": False})
 
 
 def pair_of(windows: Sequence[Window]) -> tuple[Window, Window] | None:

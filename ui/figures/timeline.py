@@ -17,7 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from telemetry.records import LANES, RANK_LANE_KINDS, StepRecord
-from ui.lanes import CPU_GROUP, lane_group, legend_name, rank_lane_colour
+from ui.figures.lanes import CPU_GROUP, lane_group, legend_name, rank_lane_colour
 
 # Lane colours: CPU phases in blues/greys, device streams in warm colours, so a glance tells
 # the CPU rows from the GPU rows.
@@ -94,8 +94,9 @@ def lanes_of(records: Sequence[StepRecord]) -> tuple[str, ...]:
 
 
 def window_end_ns(records: Sequence[StepRecord]) -> int | None:
-    """The latest span end among ``records`` (None when there is no span at all)."""
-    ends = [s.end_ns for r in records for s in r.spans]
+    """The latest step end among ``records`` (StepRecord.end_ns; None when no step has a
+    span)."""
+    ends = [r.end_ns for r in records if r.end_ns is not None]
     return max(ends) if ends else None
 
 
@@ -122,9 +123,10 @@ def recent_window(
     kept: list[StepRecord] = []
     before = 0
     for rec in reversed(records):
-        if not rec.spans:
+        end = rec.end_ns
+        if end is None:
             continue
-        if max(s.end_ns for s in rec.spans) < start_ns:
+        if end < start_ns:
             before += 1
             if before >= _TAIL_SCAN:
                 break
