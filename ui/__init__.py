@@ -1,7 +1,7 @@
-"""Dashboard building blocks: plotly figures, table rows and the shared engine client.
-
-Figure and table modules (timeline, gauges, histograms) are pure functions of telemetry
-records, tested without a browser or an engine. ui/ imports the engine only through
-engine.process.client, engine.config, engine.drivers.loadgen and engine.drivers.workload
+"""The dashboard's building blocks, in three kinds: ui/figures/ (pure figure builders over
+telemetry records: no Streamlit, tested without a browser or an engine), ui/widgets/ (what
+draws with Streamlit) and ui/engine_link.py (the one shared engine client and what a page
+shows when its engine is dead or hung; ui/http_sidecar.py starts the HTTP API beside it).
+The dashboard imports the engine only through the doors tests/test_layering.py lists
 (docs/engine-client-api.md), and engine/ never imports ui/.
 """
