@@ -4,6 +4,7 @@ tools), the dashboard serves the default model and `engine serve` answers a comp
 1. `streamlit run app.py` answers its health check, and its first page, opened in headless
    Chromium, shows the engine serving the configured model (the page text names the model
    in the mode line the engine reports, and offers "Start load").
+   A prompt typed into the Playground's chat input gets a streamed reply.
 2. `python -m engine serve` answers /health and a /v1/completions request with text.
 
 Runs with the user's virtual environment only: the browser is driven over the Chrome DevTools
@@ -90,9 +91,12 @@ def fail(why: str, log: Path | None = None) -> None:
     raise SystemExit(1)
 
 
-async def page_text_until(ws_url: str, url: str, wanted: list[str], limit_s: float) -> str:
+async def page_text_until(ws_url: str, url: str, wanted: list[str], limit_s: float,
+                          ask: str | None = None) -> str:
     """Opens `url` in the page behind `ws_url` and returns its text once it holds every
-    string in `wanted` (raises TimeoutError with the last text otherwise)."""
+    string in `wanted` (raises TimeoutError with the last text otherwise). With `ask`, it then
+    types `ask` into the page's chat input, presses Enter and returns the text of the last
+    chat message once a reply has streamed into it."""
     async with websockets.connect(ws_url, max_size=None) as ws:
         ids = iter(range(1, 1_000_000))
 
@@ -113,9 +117,34 @@ async def page_text_until(ws_url: str, url: str, wanted: list[str], limit_s: flo
                            "document.body.innerText : ''", returnByValue=True)
             text = r.get("result", {}).get("value", "") or ""
             if all(w in text for w in wanted):
-                return text
+                break
             await asyncio.sleep(0.5)
-        raise TimeoutError(text)
+        else:
+            raise TimeoutError(text)
+        if ask is None:
+            return text
+        box = 'document.querySelector(\'[data-testid="stChatInputTextArea"]\')'
+        while time.monotonic() - t0 < limit_s:  # the page's script draws the input last
+            r = await call("Runtime.evaluate", expression=f"!!{box}", returnByValue=True)
+            if r.get("result", {}).get("value"):
+                break
+            await asyncio.sleep(0.5)
+        await call("Runtime.evaluate", expression=f"{box}.focus()")
+        await call("Input.insertText", text=ask)
+        for kind in ("keyDown", "keyUp"):
+            await call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
+                       windowsVirtualKeyCode=13, text="\r" if kind == "keyDown" else "")
+        last = ("(() => { const m = document.querySelectorAll('[data-testid=\"stChatMessage\"]');"
+                " return m.length >= 2 ? m[m.length - 1].innerText : ''; })()")
+        reply = ""
+        while time.monotonic() - t0 < limit_s:
+            r = await call("Runtime.evaluate", expression=last, returnByValue=True)
+            now = (r.get("result", {}).get("value", "") or "").strip()
+            if now and now == reply and ask not in now:
+                return now  # the reply has stopped growing
+            reply = now
+            await asyncio.sleep(1.0)
+        raise TimeoutError(f"no reply to {ask!r} in the Playground; last message: {reply!r}")
 
 
 def check_dashboard(model_name: str, work: Path, limit_s: float) -> None:
@@ -147,6 +176,15 @@ def check_dashboard(model_name: str, work: Path, limit_s: float) -> None:
               f"{time.monotonic() - t0:.1f} s after it was opened")
         head = " | ".join(line for line in text.splitlines() if line.strip())[:300]
         print(f"dashboard: page text begins: {head}")
+        t0 = time.monotonic()
+        try:
+            reply = asyncio.run(page_text_until(
+                pages[0]["webSocketDebuggerUrl"], f"http://127.0.0.1:{port}/playground",
+                ["Playground"], limit_s, ask="Write one sentence about the sea."))
+        except TimeoutError as e:
+            fail(f"the Playground gave no reply: {str(e)[:1000]}", log)
+        print(f"dashboard: the Playground replied in {time.monotonic() - t0:.1f} s: "
+              f"{reply[:160]!r}")
     finally:
         if browser is not None:
             stop(browser)
