@@ -139,9 +139,9 @@ class Engine:
             model, backend = compile_forward(model, self.backend_name, backend)
         # Every rank's share together: what a token's KV costs to read (the request ledger).
         self.kv_bytes_per_token = kv_bytes_per_block(model.config, 1, self.dtype)
-        # The size-aware floor's bandwidth curve: this GPU's, cached on disk per GPU model,
-        # driver and torch; measured only where there is none yet, before the KV cache takes
-        # the free memory. None on a CPU.
+        # The bandwidth curve of the byte floor and the separate-kernel reference: this GPU's,
+        # cached on disk per GPU model, driver and torch; measured only where there is none
+        # yet, before the KV cache takes the free memory. None on a CPU.
         self.floor_curve = engine_curve(self.device)
         num_blocks = num_blocks_for(config, model.config, self.max_model_len, self.device,
                                     self.dtype, tp_size=n_tp)

@@ -1,16 +1,20 @@
-"""The honest floor: achievable read bandwidth against transfer size, and floors from it.
+"""The honest floor and the separate-kernel reference: achievable read bandwidth against size.
 
 Small reads never reach a GPU's peak bandwidth: a kernel that reads 2 MB pays its launch,
 its ramp-up and its tail for little data. A `BandwidthCurve` holds measured (bytes, bytes/s)
-points from 1 MB to 1 GB, read with a cold L2, and gives the size-aware time of a read: the
+points from 1 MB to 1 GB, read with a cold L2, and gives the time of one lone cold read: the
 bandwidth at that size, interpolated in log-log, clamped at the ends. A curve belongs to a
 GPU model, its driver and torch's version (`GpuIdentity`): engine/instruments/floor_probe.py
 measures it once per identity and caches it under `cache_path` in the folder its caller
 names; telemetry/curves/<gpu>.json are the shipped ones, per GPU model, for where nothing
 was measured.
 
-Every "x floor" figure is printed twice: against the peak-copy floor (all bytes at one
-peak bandwidth) and against the size-aware floor (each read at its size's bandwidth).
+The floor is the peak-copy floor: all bytes at one peak bandwidth, the limit a step cannot
+beat. The *separate-kernel reference* prices each read as its own cold kernel at its size's
+bandwidth: what today's one-kernel-per-read shape of a step costs. It is no floor (kernels
+that overlap, or one kernel that streams across boundaries, run below it), so a figure
+against it is shown as "x separate-kernel reference", never as "x floor". Figures recorded
+under the reference's former key names read as the new ones through `renamed_floor_keys`.
 
 Pure: no torch, no clocks, nothing of ours; files are read only where asked.
 """
@@ -23,6 +27,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CURVES_DIR = Path(__file__).with_name("curves")
 DEFAULT_GPU = "NVIDIA H200"
@@ -114,10 +119,11 @@ def save_curve(curve: BandwidthCurve, path: Path) -> Path:
     return path
 
 
-def size_aware_seconds(bytes_list: Iterable[float], curve: BandwidthCurve | None = None,
-                       ) -> float | None:
-    """Seconds to read each of ``bytes_list`` (one read per kernel or per tensor) at its
-    size's achievable bandwidth, summed. ``curve`` defaults to the shipped curve of
+def separate_kernel_seconds(bytes_list: Iterable[float], curve: BandwidthCurve | None = None,
+                            ) -> float | None:
+    """The separate-kernel reference: seconds to read each of ``bytes_list`` (one read per
+    kernel or per tensor) as a lone cold read at its size's achievable bandwidth, summed. A
+    reference for separate kernels, not a floor. ``curve`` defaults to the shipped curve of
     DEFAULT_GPU; None when there is no curve."""
     curve = curve or load_curve()
     if curve is None:
@@ -128,36 +134,56 @@ def size_aware_seconds(bytes_list: Iterable[float], curve: BandwidthCurve | None
 def one_read_seconds(nbytes: float, curve: BandwidthCurve | None = None) -> float | None:
     """One read of ``nbytes`` at the curve's bandwidth for that size; None without a curve
     (so not named floor_seconds, which bench.harness.floor's callers expect a float of)."""
-    return size_aware_seconds([nbytes], curve)
+    return separate_kernel_seconds([nbytes], curve)
 
 
 @dataclass(frozen=True, slots=True)
-class TwoFloors:
-    """A time against both floors: peak copy (all bytes at the peak) and size-aware."""
+class FloorFigures:
+    """A time against the peak-copy floor (all bytes at the peak: the limit) and against the
+    separate-kernel reference (each read a lone cold kernel: no limit)."""
 
     seconds: float
     peak_floor_s: float
-    size_aware_floor_s: float | None
+    separate_kernel_reference_s: float | None
 
     @property
     def x_peak(self) -> float:
         return self.seconds / self.peak_floor_s if self.peak_floor_s else float("nan")
 
     @property
-    def x_size_aware(self) -> float | None:
-        if not self.size_aware_floor_s:
+    def x_separate_kernel_reference(self) -> float | None:
+        if not self.separate_kernel_reference_s:
             return None
-        return self.seconds / self.size_aware_floor_s
+        return self.seconds / self.separate_kernel_reference_s
 
     def text(self) -> str:
-        sa = self.x_size_aware
+        ref = self.x_separate_kernel_reference
         return (f"{self.x_peak:.2f}x peak-copy floor, "
-                + (f"{sa:.2f}x size-aware floor" if sa is not None else "size-aware n/a"))
+                + (f"{ref:.2f}x separate-kernel reference" if ref is not None
+                   else "separate-kernel reference n/a"))
 
 
-def two_floors(seconds: float, reads: Sequence[float], peak_bw: float,
-               curve: BandwidthCurve | None) -> TwoFloors:
-    """``seconds`` spent reading ``reads`` (bytes per read) against both floors."""
+def floor_figures(seconds: float, reads: Sequence[float], peak_bw: float,
+                  curve: BandwidthCurve | None) -> FloorFigures:
+    """``seconds`` spent reading ``reads`` (bytes per read) against the peak-copy floor and
+    the separate-kernel reference."""
     total = float(sum(reads))
-    sa = size_aware_seconds(reads, curve) if curve is not None else None
-    return TwoFloors(seconds, total / peak_bw if peak_bw else 0.0, sa)
+    ref = separate_kernel_seconds(reads, curve) if curve is not None else None
+    return FloorFigures(seconds, total / peak_bw if peak_bw else 0.0, ref)
+
+
+# The separate-kernel reference's keys in figures written before it had its name (the shipped
+# anatomy JSON): read as the new keys, in this one place.
+_FORMER_KEYS = {"size_aware_floor_us": "separate_kernel_reference_us",
+                "x_size_aware_floor": "x_separate_kernel_reference"}
+
+
+def renamed_floor_keys(obj: Any) -> Any:
+    """``obj`` (plain JSON data) with the separate-kernel reference's former keys renamed to
+    its present ones, at any depth; a present key wins over a former one. Never mutates."""
+    if isinstance(obj, dict):
+        return {_FORMER_KEYS.get(k, k): renamed_floor_keys(v) for k, v in obj.items()
+                if not (k in _FORMER_KEYS and _FORMER_KEYS[k] in obj)}
+    if isinstance(obj, list):
+        return [renamed_floor_keys(v) for v in obj]
+    return obj

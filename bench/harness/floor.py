@@ -2,11 +2,13 @@
 request) over a bandwidth. With no compute or launch cost it is what the step cannot beat.
 
 COPY_BW is an H200's device-to-device copy bandwidth (docs/benchmarks.md gives the figure). The
-size-aware floor reads each tensor at the bandwidth a read of its size achieves (telemetry.floor's
-measured curve): one read per weight tensor of the model, one per layer for K and for V. It is
-imported lazily and the column is left out where the module or a curve is absent. (The fused
-model reads qkv and gate_up as one tensor each, a larger and so slightly faster read: for it
-the size-aware floor is a little high.) Pure arithmetic on shapes: never runs a kernel.
+separate-kernel reference reads each tensor as a lone cold kernel at the bandwidth a read of its
+size achieves (telemetry.floor's measured curve): one read per weight tensor of the model, one
+per layer for K and for V. It is what separate kernels cost, not a limit: kernels that overlap
+run below it. It is imported lazily and the column is left out where the module or a curve is
+absent. (The fused model reads qkv and gate_up as one tensor each, a larger and so slightly
+faster read: for it the reference is a little high.) Pure arithmetic on shapes: never runs a
+kernel.
 """
 
 from __future__ import annotations
@@ -73,17 +75,18 @@ class ByteFloor:
         return sum(self.step_seconds(batch, prompt + i) for i in range(new))
 
 
-def size_aware_seconds(reads: list[int], gpu: str | None) -> float | None:
-    """Seconds to do each read at the bandwidth a read of its size reaches on `gpu` (e.g.
-    "NVIDIA H200"), by telemetry.floor's measured curve for that GPU model, summed; None off
-    a GPU, or when that module or the GPU's curve is absent."""
+def separate_kernel_seconds(reads: list[int], gpu: str | None) -> float | None:
+    """The separate-kernel reference: seconds to do each read at the bandwidth a lone read of
+    its size reaches on `gpu` (e.g. "NVIDIA H200"), by telemetry.floor's measured curve for that
+    GPU model, summed; None off a GPU, or when that module or the GPU's curve is absent."""
     if gpu is None:
         return None
     try:
-        from telemetry import floor as curves  # optional: the size-aware floor
+        from telemetry import floor as curves  # optional: the separate-kernel reference
     except ImportError:
         return None
-    load, total = getattr(curves, "load_curve", None), getattr(curves, "size_aware_seconds", None)
+    load = getattr(curves, "load_curve", None)
+    total = getattr(curves, "separate_kernel_seconds", None)
     if not (callable(load) and callable(total)):
         return None
     curve = load(gpu)

@@ -1,6 +1,7 @@
-"""The truth suite's step anatomy against both floors: one anatomy recording (async + graphs)
-of a decoding batch; each kernel family's time against its bytes' peak-copy floor and its
-size-aware floor (the achievable read bandwidth at each tensor's size, telemetry/floor.py);
+"""The truth suite's step anatomy against its floor: one anatomy recording (async + graphs)
+of a decoding batch; each kernel family's time against its bytes' peak-copy floor (the limit)
+and its separate-kernel reference (each tensor a lone cold read at its size's achievable
+bandwidth, telemetry/floor.py: what separate kernels cost, no limit);
 the longest kernels. Also owns a decode step's reads (one per weight tensor and per layer's K
 and V), which the truth suite's waterfall and GPM check use. `python -m bench anatomy` answers
 where a step's time goes; the truth suite runs this on its first shape beside its busy
@@ -43,7 +44,7 @@ def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
     from bench.harness.truth_engine import params, wait_decoding
     from engine.instruments.anatomy import record_anatomy
     from telemetry.anatomy import family_table
-    from telemetry.floor import size_aware_seconds
+    from telemetry.floor import separate_kernel_seconds
 
     eng.configure(async_batching=True, cuda_graphs=args.device == "cuda")
     gen0 = eng.stats()["generated_tokens"]  # the engine's count since it started
@@ -67,17 +68,18 @@ def anatomy_rows(eng: Any, model: torch.nn.Module, prompts: list[list[int]],
     rows = []
     for r in family_table(steps):
         rd = fam_bytes.get(r.family)
-        sa = size_aware_seconds(rd, curve) if rd and curve is not None else None
+        ref = separate_kernel_seconds(rd, curve) if rd and curve is not None else None
         pk = sum(rd) / peak if rd else None
         rows.append({"family": r.family, "kernels": r.count, "time_us": r.time_us,
                      "share": r.share, "peak_floor_us": pk * 1e6 if pk else None,
-                     "size_aware_floor_us": sa * 1e6 if sa else None})
+                     "separate_kernel_reference_us": ref * 1e6 if ref else None})
     span = statistics.median(s.span_us for s in steps) if steps else None
     kernels = sorted((k for s in steps for k in s.kernels), key=lambda k: -k.dur_us)
-    sa_all = size_aware_seconds(reads, curve) if curve is not None else None
+    ref_all = separate_kernel_seconds(reads, curve) if curve is not None else None
     return {"steps": len(steps), "context": ctx, "span_us": span, "step_bytes": sum(reads),
             "peak_floor_us": sum(reads) / peak * 1e6, "peak_bw": peak,
-            "size_aware_floor_us": sa_all * 1e6 if sa_all else None, "families": rows,
+            "separate_kernel_reference_us": ref_all * 1e6 if ref_all else None,
+            "families": rows,
             "longest": [{"name": k.name[:90], "family": k.family, "us": k.dur_us}
                         for k in kernels[:5]]}
 
@@ -90,15 +92,15 @@ def anatomy_markdown(a: dict[str, Any]) -> list[str]:
     lines = [f"## Step anatomy (async + graphs, {a['steps']} steps, context "
              f"{a['context']}): median span {num(a['span_us'])} us; floor "
              f"{a['step_bytes'] / 1e9:.3f} GB = {a['peak_floor_us']:.1f} us at peak copy "
-             f"({a['peak_bw'] / 1e12:.2f} TB/s), {num(a['size_aware_floor_us'])} us "
-             f"size-aware", "",
-             "| family | kernels/step | us/step | share | peak floor us | x | size-aware "
-             "floor us | x |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"({a['peak_bw'] / 1e12:.2f} TB/s); separate-kernel reference "
+             f"{num(a['separate_kernel_reference_us'])} us", "",
+             "| family | kernels/step | us/step | share | peak floor us | x | separate-kernel "
+             "reference us | x |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in a["families"]:
-        pk, sa = r["peak_floor_us"], r["size_aware_floor_us"]
+        pk, ref = r["peak_floor_us"], r["separate_kernel_reference_us"]
         lines.append(f"| {r['family']} | {r['kernels']:.0f} | {r['time_us']:.1f} | "
                      f"{100 * r['share']:.1f}% | {num(pk)} | "
-                     f"{num(r['time_us'] / pk if pk else None, '.2f')} | {num(sa)} | "
-                     f"{num(r['time_us'] / sa if sa else None, '.2f')} |")
+                     f"{num(r['time_us'] / pk if pk else None, '.2f')} | {num(ref)} | "
+                     f"{num(r['time_us'] / ref if ref else None, '.2f')} |")
     return lines + ["", "longest kernels: " + "; ".join(
         f"{k['family']} {k['us']:.1f} us ({k['name'][:60]})" for k in a["longest"])]

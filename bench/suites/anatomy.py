@@ -7,8 +7,9 @@ copy and its D2H copy); `batch` requests of `context` prompt tokens are prefille
 per step, kernel time per step, and achieved bandwidth where the bytes are known (GEMMs read the
 weights, attention reads the KV cache). Summary per (impl, batch): kernels per step and per
 layer, kernel time, gaps inside a step, step span (first kernel to last), the floor
-((weight + KV bytes) / 4.22 TB/s), span / floor, and the size-aware floor (telemetry.floor's
-measured bandwidth at the step's byte count) where that module exists.
+((weight + KV bytes) / 4.22 TB/s), span / floor, and the separate-kernel reference (each read
+a lone cold kernel at telemetry.floor's measured bandwidth for its size: what separate kernels
+cost, no limit) where a curve for the GPU exists.
 
     python -m bench anatomy --preset llama-8b --batches 32,1          # on a GPU
     python -m bench anatomy --preset tiny --device cpu --batches 4,1   # CPU smoke (no kernels)
@@ -115,17 +116,18 @@ def family_table(r: dict, w_bytes: int, kv_bytes: int) -> str:
     return title + table + other
 
 
-def summary_row(r: dict, layers: int, floor_us: float, aware_us: float | None) -> list:
+def summary_row(r: dict, layers: int, floor_us: float, reference_us: float | None) -> list:
     if "families" not in r:  # no kernel timeline off CUDA: wall time only
         return [r["impl"], r["batch"], "", "", "", "", "", f"{floor_us:.0f}", "",
-                *(["", ""] if aware_us else []), f"{r['wall_ms_per_step']:.2f}"]
+                *(["", ""] if reference_us else []), f"{r['wall_ms_per_step']:.2f}"]
     count = sum(f["count"] for f in r["families"].values())
     total = sum(f["us"] for f in r["families"].values())
     gaps = r["span_us"] - r["kernel_busy_us"]
-    aware = [f"{aware_us:.0f}", f"{r['span_us'] / aware_us:.2f}"] if aware_us else []
+    reference = ([f"{reference_us:.0f}", f"{r['span_us'] / reference_us:.2f}"]
+                 if reference_us else [])
     return [r["impl"], r["batch"], f"{count:.0f}", f"{count / layers:.1f}", f"{total:.0f}",
             f"{gaps:.0f}", f"{r['span_us']:.0f}", f"{floor_us:.0f}",
-            f"{r['span_us'] / floor_us:.2f}", *aware, f"{r['wall_ms_per_step']:.2f}"]
+            f"{r['span_us'] / floor_us:.2f}", *reference, f"{r['wall_ms_per_step']:.2f}"]
 
 
 def run(args: argparse.Namespace, out: Path) -> dict:
@@ -138,11 +140,11 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     ctx = args.context + args.warmup + args.steps // 2
     results, shapes, sections = [], {}, []
     for batch in args.batches:
-        aware = floors.size_aware_seconds(floor.reads(batch, ctx), gpu)
+        reference = floors.separate_kernel_seconds(floor.reads(batch, ctx), gpu)
         shapes[batch] = {"context": ctx, "weight_bytes": floor.weight_bytes,
                          "kv_bytes": floor.kv_bytes(batch, ctx),
                          "floor_us": floor.step_seconds(batch, ctx) * 1e6,
-                         "size_aware_floor_us": aware * 1e6 if aware else None}
+                         "separate_kernel_reference_us": reference * 1e6 if reference else None}
         print(f"{args.preset}: batch {batch}, context ~{ctx}: weights "
               f"{floor.weight_bytes / 1e9:.2f} GB, KV read {floor.kv_bytes(batch, ctx) / 1e9:.3f}"
               f" GB, floor {shapes[batch]['floor_us']:.0f} us "
@@ -153,13 +155,14 @@ def run(args: argparse.Namespace, out: Path) -> dict:
             if "families" in r:
                 sections.append(family_table(r, floor.weight_bytes, floor.kv_bytes(batch, ctx)))
             print(f"{impl} batch {batch}: {r['wall_ms_per_step']:.2f} ms/step", flush=True)
-    aware_cols = any(s["size_aware_floor_us"] for s in shapes.values())
+    ref_cols = any(s["separate_kernel_reference_us"] for s in shapes.values())
     headers = ["impl", "batch", "kernels/step", "per layer", "kernel time (us)", "gaps (us)",
                "span (us)", "floor (us)", "x floor",
-               *(["size-aware floor (us)", "x size-aware"] if aware_cols else []),
+               *(["separate-kernel reference (us)", "x separate-kernel reference"]
+                 if ref_cols else []),
                "wall (ms/step, sync, incl. CPU)"]
     rows = [summary_row(r, layers, shapes[r["batch"]]["floor_us"],
-                        shapes[r["batch"]]["size_aware_floor_us"] if aware_cols else None)
+                        shapes[r["batch"]]["separate_kernel_reference_us"] if ref_cols else None)
             for r in results]
     summary = report.markdown_table(headers, rows)
     report.emit(out, f"anatomy_{args.preset}", f"Decode-step anatomy, {args.preset}",

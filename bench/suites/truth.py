@@ -1,5 +1,6 @@
 """Telemetry truth: measured kernel busy against torch.profiler in every mode, the
-sampler's cost, the step waterfall against wall time, the size-aware floor, and GPM checked.
+sampler's cost, the step waterfall against wall time, the byte floor and the separate-kernel
+reference, and GPM checked.
 
 For each shape (default: the 8B shape at batch 32, SmolLM2-135M's at 16; random bf16 weights,
 256-token prompts, greedy, no EOS) and each mode (sync/async x graphs/eager), once the batch
@@ -12,7 +13,7 @@ decodes:
    ``--sample-period``
    over the next ``--window-s``: kernel busy from the sampled steps' measured kernels
    (telemetry.kernels.kernel_busy). Target: within 1 pp of (1);
-3. the waterfall of (2)'s window (telemetry.waterfall): byte floor at the size-aware
+3. the waterfall of (2)'s window (telemetry.waterfall): byte floor at the peak copy
    bandwidth, kernels above it, in-step gaps, idle by cause, copies and sync; their sum
    against the window's wall time;
 4. kernel time per step from (1) and (2) on the same steps, and busy against (0)'s period
@@ -21,11 +22,12 @@ decodes:
    (1) and (2) run as many steps as (0) did (each window is a fresh batch of the same
    prompts, so the same steps have the same contexts), at most 4 x ``--window-s``.
 
-Then, on the first shape: a step anatomy (async + graphs) against both floors per family;
+Then, on the first shape: a step anatomy (async + graphs) against the byte floor and the
+separate-kernel reference per family;
 GPM's DRAM bandwidth over a decode-only window against the anatomy's bytes / time; the
 sampler's cost (engine at the default period vs off, alternated pairs); and a telemetry
 recording of the four modes with kernel samples for the dashboard (recording.jsonl). On a GPU
-the size-aware floor curve is measured first (engine/instruments/floor_probe.py; curve.json).
+the bandwidth curve is measured first (engine/instruments/floor_probe.py; curve.json).
 
     python -m bench truth                                  # one GPU
     python -m bench truth --device cpu --presets tiny:4 --dtype float32 --window-s 0.3 \\
@@ -256,8 +258,9 @@ def truth_mode(eng: Any, model: torch.nn.Module, prompts: list[list[int]], mode:
 
         def floor_ns(rec: Any) -> float:
             """At the measured peak copy rate, as the engine's records carry it (StepRecord.
-            floor_ns): the size-aware floor is above a measured 8B step (its small reads are
-            single cold-L2 kernels), and as the waterfall's floor it took all kernel time."""
+            floor_ns): the separate-kernel reference is above a measured 8B step (its small
+            reads are single cold-L2 kernels), so as the waterfall's floor it would take all
+            kernel time."""
             reads = step_reads(model, floor, contexts_of(rec, args.prompt, first_decode))
             bw = curve.peak_copy_bw if curve is not None and curve.peak_copy_bw else COPY_BW
             return sum(reads) / bw * 1e9

@@ -63,8 +63,8 @@ class AnatomyRecording:
     # In-step gaps per step key, for estimating kernel busy from step busy (None when the
     # recorded steps' records were not on the bus: telemetry off).
     calibration: GapCalibration | None = None
-    # Each recorded step's byte floor at peak copy and size-aware (engine/instruments/step_floor.py,
-    # from the engine's start-up curve); empty on a CPU
+    # Each recorded step's byte floor at peak copy and its separate-kernel reference
+    # (engine/instruments/step_floor.py, from the engine's start-up curve); empty on a CPU
     floors: dict[int, dict[str, Any]] = field(default_factory=dict)
     # Why a first recording was discarded and this one made (its CUDA events had lost their
     # times: engine/instruments/profiler_sessions.py); None when the first one was good
@@ -272,12 +272,12 @@ def anatomy_summary(rec: AnatomyRecording, floor_bytes: int | None = None,
                        trace_path=rec.trace_path, floor_bytes=floor_bytes, peak_bw=peak_bw,
                        calibration=rec.calibration)
     out["retried"] = rec.retried
-    for row in out["steps"]:  # both floors of each step, where the engine has a curve
+    for row in out["steps"]:  # each step's floor and reference, where the engine has a curve
         f = rec.floors.get(row["step"])
         if f is None:
             continue
         row.update(f)
-        for key, floor_us in (("x_peak_floor", f["peak_floor_us"]),
-                              ("x_size_aware_floor", f["size_aware_floor_us"])):
-            row[key] = row["span_us"] / floor_us if floor_us else None
+        for key, base_us in (("x_peak_floor", f["peak_floor_us"]),
+                             ("x_separate_kernel_reference", f["separate_kernel_reference_us"])):
+            row[key] = row["span_us"] / base_us if base_us else None
     return out

@@ -1,7 +1,8 @@
-"""A recorded step's byte floor on this engine, both ways (the honest floor).
+"""A recorded step's byte floor (the honest floor) and its separate-kernel reference.
 
-Owns the reads one step makes and their two floors: all the bytes at the peak-copy bandwidth,
-and each read at its size's achievable bandwidth from the curve the engine measured at start
+Owns the reads one step makes, their floor (all the bytes at the peak-copy bandwidth: the
+limit) and their separate-kernel reference (each read a lone cold kernel at its size's
+achievable bandwidth: no limit) from the curve the engine measured at start
 (``Engine.floor_curve``, engine/instruments/floor_probe.py; telemetry/floor.py does the sums). A
 step reads every weight tensor once (the input embedding table only where it is also the LM
 head: otherwise a step reads a few of its rows) and, per layer, K and V over the batch's
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from telemetry.floor import BandwidthCurve, size_aware_seconds
+from telemetry.floor import BandwidthCurve, separate_kernel_seconds
 
 
 def weight_reads(model: torch.nn.Module) -> list[int]:
@@ -30,16 +31,17 @@ def weight_reads(model: torch.nn.Module) -> list[int]:
 
 def step_floor(weights: Sequence[int], kv_bytes_per_token: int, layers: int,
                contexts: Iterable[int], curve: BandwidthCurve) -> dict[str, float | None]:
-    """Bytes of one step and its floors (us): ``peak_floor_us`` at the curve's peak copy
-    bandwidth (None without one), ``size_aware_floor_us`` each read at its size's."""
+    """Bytes of one step, its floor and its reference (us): ``peak_floor_us`` at the curve's
+    peak copy bandwidth (None without one), ``separate_kernel_reference_us`` each read a lone
+    cold kernel at its size's bandwidth."""
     kv_layer = kv_bytes_per_token // (2 * layers)  # K (or V) of one layer, one token
     ctx = sum(contexts)
     reads = [*weights, *[kv_layer * ctx] * (2 * layers)] if ctx else list(weights)
     total = sum(reads)
-    sa = size_aware_seconds(reads, curve)
+    ref = separate_kernel_seconds(reads, curve)
     peak = curve.peak_copy_bw
     return {"floor_bytes": total, "peak_floor_us": total / peak * 1e6 if peak else None,
-            "size_aware_floor_us": sa * 1e6 if sa is not None else None}
+            "separate_kernel_reference_us": ref * 1e6 if ref is not None else None}
 
 
 def engine_step_floors(engine: Any, records: Iterable[Any]) -> dict[int, dict[str, Any]]:
@@ -69,7 +71,7 @@ def live_floor(model: torch.nn.Module, kv_bytes_per_token: float,
     ``model`` once plus ``kv_bytes_per_token`` per token of context, at the curve's peak copy
     bandwidth. Under tensor parallelism pass the leader's shard and one rank's KV share:
     every rank reads its own share at the same time. The peak-copy floor, not the
-    size-aware one: the size-aware floor assumes one read after another, which kernels that
+    separate-kernel reference: that assumes one cold read after another, which kernels that
     overlap beat (a small model's step with PDL prefetch runs below it), so it is no lower
     bound and could swallow all kernel time. None without a measured copy bandwidth (a
     CPU)."""

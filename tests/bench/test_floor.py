@@ -1,5 +1,5 @@
-"""The byte floor of a decode step from a model's shape, and the size-aware floor from a
-measured bandwidth curve (telemetry.floor), as `python -m bench anatomy` and async-vs-sync
+"""The byte floor of a decode step from a model's shape, and the separate-kernel reference from
+a measured bandwidth curve (telemetry.floor), as `python -m bench anatomy` and async-vs-sync
 compute them."""
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ def test_weights_and_kv_bytes_follow_the_shape(tiny):
         sum(f.step_seconds(4, 100 + i) for i in range(3)))
 
 
-def test_size_aware_floor_reads_each_tensor_at_its_sizes_bandwidth(tiny, monkeypatch):
+def test_separate_kernel_reference_reads_each_tensor_at_its_sizes_bandwidth(tiny, monkeypatch):
     curves = pytest.importorskip("telemetry.floor")
     curve = curves.BandwidthCurve("Test GPU", ((1_000, 1e6), (1_000_000, 1e9)))
     monkeypatch.setattr(curves, "load_curve", lambda gpu: curve if gpu == "Test GPU" else None)
     reads = [1_000, 1_000_000]
-    assert floor.size_aware_seconds(reads, "Test GPU") == pytest.approx(1e-3 + 1e-3)
-    assert floor.size_aware_seconds(reads, "Other GPU") is None  # no curve: no column
-    assert floor.size_aware_seconds(reads, None) is None  # off a GPU
+    assert floor.separate_kernel_seconds(reads, "Test GPU") == pytest.approx(1e-3 + 1e-3)
+    assert floor.separate_kernel_seconds(reads, "Other GPU") is None  # no curve: no column
+    assert floor.separate_kernel_seconds(reads, None) is None  # off a GPU

@@ -39,7 +39,7 @@ def test_anatomy_tables_from_a_trace():
     table = family_table(r, w_bytes=100_000_000, kv_bytes=1_000_000)
     assert "| gemm | 1 | 100 |" in table and "1000 |" in table  # 1e8 B in 100 us = 1000 GB/s
     assert "unclassified: mystery_kernel 4 us" in table
-    row = summary_row(r, layers=2, floor_us=72.0, aware_us=None)
+    row = summary_row(r, layers=2, floor_us=72.0, reference_us=None)
     assert row[:9] == ["gapless", 32, "6", "3.0", "143", "5", "144", "72", "2.00"]
-    wider = summary_row(r, layers=2, floor_us=72.0, aware_us=48.0)
+    wider = summary_row(r, layers=2, floor_us=72.0, reference_us=48.0)
     assert wider[9:11] == ["48", "3.00"] and len(wider) == len(row) + 2

@@ -127,7 +127,7 @@ def test_on_cuda_engine_start_measures_every_size_and_caches_it(tmp_path):
         f"{b >> 20} MB {bw / 1e12:.2f} TB/s" for b, bw in curve.points))
     assert curve is not None and floor_probe.PARTIAL not in curve.method
     assert [b >> 20 for b, _ in curve.points] == list(floor_probe.SIZES_MB)
-    # small reads never reach the large ones' bandwidth (the point of a size-aware floor)
+    # small reads never reach the large ones' bandwidth (what the separate-kernel reference prices)
     assert curve.points[0][1] < curve.points[-1][1]
     assert cache_path(floor_probe.gpu_identity(CUDA), tmp_path).is_file()
     # a budget already spent still measures the first size, and is marked partial

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from telemetry.floor import renamed_floor_keys
 from telemetry.kernel_family import colour_of
 
 # The 8B decode-step anatomy written by `python -m bench anatomy`; its meta says where and when.
@@ -25,13 +26,14 @@ SHIPPED_ANATOMY = (Path(__file__).resolve().parents[2] / "docs" / "recordings"
 
 
 def load_shipped_anatomy(path: Path = SHIPPED_ANATOMY) -> dict[str, Any] | None:
-    """The bench anatomy document (meta + results), or None when it is not there."""
+    """The bench anatomy document (meta + results), or None when it is not there. A document
+    written under the separate-kernel reference's former key names reads as the present ones."""
     try:
         with path.open(encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("results") else None
+    return renamed_floor_keys(doc) if isinstance(doc, dict) and doc.get("results") else None
 
 
 def shipped_caption(doc: Mapping[str, Any]) -> str:
@@ -42,21 +44,27 @@ def shipped_caption(doc: Mapping[str, Any]) -> str:
 
 def shipped_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per (implementation, batch): kernels a step, first to last kernel, time
-    inside kernels, and the byte floor."""
+    inside kernels, the byte floor (the limit) and, where the document has one, the
+    separate-kernel reference (what separate cold reads of each size cost: no limit)."""
     res = doc.get("results", {})
     shapes = res.get("shapes", {})
     rows = []
     for r in res.get("results", []):
-        floor = shapes.get(str(r.get("batch")), {}).get("floor_us")
+        shape = shapes.get(str(r.get("batch")), {})
+        floor, ref = shape.get("floor_us"), shape.get("separate_kernel_reference_us")
         span = float(r.get("span_us", 0.0))
-        rows.append({
+        row = {
             "implementation": r.get("impl"), "batch": r.get("batch"),
             "kernels/step": round(sum(f["count"] for f in r.get("families", {}).values())),
             "first to last kernel (us)": round(span, 1),
             "inside kernels (us)": round(float(r.get("kernel_busy_us", 0.0)), 1),
             "byte floor (us)": None if floor is None else round(float(floor), 1),
             "x floor": None if not floor else round(span / float(floor), 2),
-        })
+        }
+        if ref:
+            row["separate-kernel reference (us)"] = round(float(ref), 1)
+            row["x separate-kernel reference"] = round(span / float(ref), 2)
+        rows.append(row)
     return rows
 
 
@@ -91,9 +99,10 @@ def step_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                "between kernels (us)": round(s["gap_us"], 1)}
         if "times_floor" in s:
             row["x byte floor"] = round(s["times_floor"], 2)
-        # Both floors from the engine's start-up curve (engine/instruments/step_floor.py), on a GPU
+        # The floor and the reference from the engine's start-up curve
+        # (engine/instruments/step_floor.py), on a GPU
         for key, label in (("x_peak_floor", "x peak-copy floor"),
-                           ("x_size_aware_floor", "x size-aware floor")):
+                           ("x_separate_kernel_reference", "x separate-kernel reference")):
             if s.get(key) is not None:
                 row[label] = round(s[key], 2)
         rows.append(row)
