@@ -41,7 +41,8 @@ RETIRED_KEYS = {
 # The live settings: the dashboard and clients change these while the engine serves
 # (Engine.configure). The one list of their names and legal values; everything else imports it.
 NUM_SLOTS = (1, 2, 3)
-LIVE_SETTINGS = ("async_batching", "num_slots", "cuda_graphs", "sentinel_sample_every")
+LIVE_SETTINGS = ("async_batching", "num_slots", "cuda_graphs", "sentinel_sample_every",
+                 "max_num_batched_tokens")
 MAX_BLOCK_SIZE = 256  # tokens per KV block; larger blocks only waste cache (vLLM's top: 256)
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the default model folder is relative to it
 
@@ -349,7 +350,8 @@ def load_yaml(path: Path) -> Any:
 
 def check_live_setting(key: str, value: Any) -> None:
     """ValueError naming the live setting `key` and what it allows when `value` is not legal
-    (the config, and every live change: Engine.configure)."""
+    (the config, and every live change: Engine.configure, which also bounds the token budget
+    by check_token_budget)."""
     if key in ("async_batching", "cuda_graphs"):
         _check_type(key, value, bool)
     elif key == "num_slots":
@@ -358,9 +360,35 @@ def check_live_setting(key: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"sentinel_sample_every must be an integer >= 0 (0 = off, N = "
                              f"check 1 in N finished greedy requests), got {value!r}")
+    elif key == "max_num_batched_tokens":  # a running engine's range: check_token_budget
+        _check_int(key, value, 1)
     else:
         raise ValueError(f"{key!r} is not a live setting; live settings: "
                          f"{', '.join(LIVE_SETTINGS)}")
+
+
+def token_budget_range(max_num_batched_tokens: int, max_num_seqs: int) -> tuple[int, int]:
+    """The lowest and highest live token budget (max_num_batched_tokens) of an engine started
+    with these settings. The highest is the configured value: the slots' input buffers and
+    the CUDA graph buckets are sized for it at start. The lowest is max_num_seqs (or the
+    configured value, if smaller): the scheduler serves running requests first, in admission
+    order, and at most one of them is mid-prefill, the last; a budget of max_num_seqs gives
+    every running request at least one token each step, so none stalls behind the others."""
+    return min(max_num_seqs, max_num_batched_tokens), max_num_batched_tokens
+
+
+def check_token_budget(value: Any, budget_range: tuple[int, int]) -> None:
+    """ValueError saying what is allowed when ``value`` is not a legal live token budget for
+    an engine whose token_budget_range is ``budget_range``."""
+    check_live_setting("max_num_batched_tokens", value)
+    low, high = budget_range
+    if not low <= value <= high:
+        raise ValueError(
+            f"max_num_batched_tokens must be an integer from {low} to {high} while the engine "
+            f"runs, got {value}: at most the {high} it was started with (its input buffers "
+            "and CUDA graph buckets are sized for that; start it with a larger "
+            f"max_num_batched_tokens for more), at least max_num_seqs ({low}), so every "
+            "running request gets a token each step")
 
 
 def _check_type(key: str, value: Any, types: type | tuple[type, ...]) -> None:

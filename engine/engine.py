@@ -3,9 +3,9 @@
 Owns the boundary: validating prompts and sampling params (ValueError that says what is
 allowed, and the engine keeps serving), request handles, the loop thread that runs the
 StepLoop, and live control: the settings that change at the next step boundary (async
-batching, slots, CUDA graphs, the sentinel), their version, and what settings() and stats()
-report. Commands from other threads queue up and apply at the next step boundary; a change
-never touches a step in flight. Never imports UI code.
+batching, slots, CUDA graphs, the sentinel, the token budget), their version, and what
+settings() and stats() report. Commands from other threads queue up and apply at the next
+step boundary; a change never touches a step in flight. Never imports UI code.
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ import torch
 
 from engine import inputs
 from engine.attention.interface import resolve_backend
-from engine.config import EngineConfig, SamplingParams, check_live_setting
+from engine.config import (
+    EngineConfig,
+    SamplingParams,
+    check_live_setting,
+    check_token_budget,
+    token_budget_range,
+)
 from engine.core.batch import BufferLayout
 from engine.core.block_allocator import BlockAllocator, blocks_needed
 from engine.core.request import Request, RequestOutput
@@ -219,7 +225,8 @@ class Engine:
     # ------------------------------------------------------------------- live control
     def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
                   cuda_graphs: bool | None = None,
-                  sentinel_sample_every: int | None = None) -> dict[str, Any]:
+                  sentinel_sample_every: int | None = None,
+                  max_num_batched_tokens: int | None = None) -> dict[str, Any]:
         """Change live settings; they take effect at the next step boundary (the pipeline
         drains first). Returns the settings in force afterwards."""
         changes = {"async_batching": async_batching, "num_slots": num_slots,
@@ -227,6 +234,8 @@ class Engine:
         for key, value in changes.items():
             if value is not None:
                 check_live_setting(key, value)
+        if max_num_batched_tokens is not None:
+            check_token_budget(max_num_batched_tokens, self.token_budget_range)
         if cuda_graphs and self.loop.graphs is None:
             raise ValueError(f"cuda_graphs cannot be turned on: {self.loop.graphs_reason()}")
         if sentinel_sample_every is not None:
@@ -234,7 +243,7 @@ class Engine:
                 raise ValueError("the sentinel cannot be turned on with tensor_parallel_size > 1")
         before = self._live_settings()
         self._run_command("configure", (async_batching, num_slots, cuda_graphs,
-                                        sentinel_sample_every))
+                                        sentinel_sample_every, max_num_batched_tokens))
         if self._live_settings() != before:
             self.settings_version += 1
         return self.settings()
@@ -269,7 +278,7 @@ class Engine:
     def _live_settings(self) -> tuple[Any, ...]:
         s = self.loop.settings
         return (s.async_batching, s.num_slots, self.loop.graphs_active,
-                self.instruments.sentinel_sample_every)
+                self.instruments.sentinel_sample_every, self.scheduler.max_num_batched_tokens)
 
     def settings(self) -> dict[str, Any]:
         s = self.loop.settings
@@ -291,7 +300,8 @@ class Engine:
             "tensor_parallel_size": self.config.tensor_parallel_size,
             "torch_compile": self.torch_compile,
             "max_num_seqs": self.config.max_num_seqs,
-            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "max_num_batched_tokens": self.scheduler.max_num_batched_tokens,  # live
+            "max_num_batched_tokens_range": list(self.token_budget_range),
             "max_model_len": self.max_model_len,
             "block_size": self.config.block_size,
             "prefix_caching": self.config.prefix_caching,
@@ -319,8 +329,14 @@ class Engine:
             **self.instruments.stats(),
         }
 
+    @property
+    def token_budget_range(self) -> tuple[int, int]:
+        """The lowest and highest live max_num_batched_tokens (engine.config's rule)."""
+        return token_budget_range(self.config.max_num_batched_tokens, self.config.max_num_seqs)
+
     def _reconfigure(self, async_batching: bool | None, num_slots: int | None,
-                     cuda_graphs: bool | None, sentinel_sample_every: int | None) -> None:
+                     cuda_graphs: bool | None, sentinel_sample_every: int | None,
+                     max_num_batched_tokens: int | None) -> None:
         """On the loop thread, at a step boundary: the launched steps finish, then the
         sentinel's queued checks, then the settings change."""
         self.loop.drain()
@@ -328,7 +344,7 @@ class Engine:
             self.instruments.set_sentinel_sample_every(sentinel_sample_every)
         else:
             self.instruments.drain()
-        self.loop.reconfigure(async_batching, num_slots, cuda_graphs)
+        self.loop.reconfigure(async_batching, num_slots, cuda_graphs, max_num_batched_tokens)
 
     # ------------------------------------------------------------------------ requests
     def output_token_ids(self, request_id: str) -> list[int] | None:

@@ -91,6 +91,9 @@ class StepRecord:
     # contexts, at the peak copy bandwidth the engine measured at start (the waterfall's
     # "byte floor" part); 0 where unknown (a CPU, telemetry off, a recording made before it).
     floor_ns: int = 0
+    # The token budget (max_num_batched_tokens, a live setting) this step was scheduled
+    # under; 0 where unknown (a recording made before steps carried it).
+    token_budget: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -69,6 +69,8 @@ class Scheduler:
         self.allocator = allocator
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
+        # The token budget of each step, read afresh by every schedule(): a live setting
+        # (Engine.configure sets it between steps, within engine.config.token_budget_range).
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()

@@ -323,14 +323,17 @@ class EngineClient:
     def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
                   cuda_graphs: bool | None = None, *, expect_version: int | None = None,
                   origin: str | None = None,
-                  sentinel_sample_every: int | None = None) -> dict[str, Any]:
+                  sentinel_sample_every: int | None = None,
+                  max_num_batched_tokens: int | None = None) -> dict[str, Any]:
         """Change live settings (``sentinel_sample_every``: the async-correctness sentinel,
-        0 off, N = re-score 1 in N finished greedy requests). ``expect_version`` (a
-        settings()["settings_version"] seen earlier) makes it a compare-and-set: if the
-        settings changed since, nothing is applied and the answer has ``refused``.
-        ``origin`` names the asker in the log."""
+        0 off, N = re-score 1 in N finished greedy requests; ``max_num_batched_tokens``: the
+        token budget of a step, within settings()["max_num_batched_tokens_range"]).
+        ``expect_version`` (a settings()["settings_version"] seen earlier) makes it a
+        compare-and-set: if the settings changed since, nothing is applied and the answer has
+        ``refused``. ``origin`` names the asker in the log."""
         extra = {k: v for k, v in (("expect_version", expect_version), ("origin", origin),
-                                   ("sentinel_sample_every", sentinel_sample_every))
+                                   ("sentinel_sample_every", sentinel_sample_every),
+                                   ("max_num_batched_tokens", max_num_batched_tokens))
                  if v is not None}
         return dict(self._call(Command.CONFIGURE, async_batching=async_batching,
                                num_slots=num_slots, cuda_graphs=cuda_graphs, **extra))

@@ -13,8 +13,9 @@ another, and what a restart keeps: the one policy `python -m engine serve`
   death's reason first.
 - A restart keeps the engine's config (EngineClient.restart starts the same one) and puts
   back what was changed live (``Kept``, ``restart_keeping``): the live settings of
-  engine.config.LIVE_SETTINGS as last seen (CUDA graphs only where the new engine has them)
-  and the load generator with the spec it ran.
+  engine.config.LIVE_SETTINGS as last seen (CUDA graphs only where the new engine has them,
+  the token budget only where it lies in the new engine's range) and the load generator
+  with the spec it ran.
 
 Pure policy over a client object: it never imports torch or streamlit (the dashboard imports
 it: tests/test_layering.py), and never kills or restarts anything unless asked.
@@ -149,14 +150,29 @@ class Kept:
             self.load = None
 
 
+def fitting(live: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The kept ``live`` settings an engine whose settings() answer is ``settings`` takes:
+    a token budget outside its max_num_batched_tokens_range (an engine started with a
+    smaller max_num_batched_tokens) stays at the engine's own."""
+    out = dict(live)
+    budget, span = out.get("max_num_batched_tokens"), settings.get("max_num_batched_tokens_range")
+    if budget is not None and span is not None and not span[0] <= budget <= span[1]:
+        log.warning("the kept token budget %s is outside the restarted engine's range %s; "
+                    "it keeps its own", budget, list(span))
+        out.pop("max_num_batched_tokens")
+    return out
+
+
 def restart_keeping(client: Any, kept: Kept, origin: str) -> dict[str, Any]:
     """``client.restart()``, then the live settings and the load generator ``kept`` had
     (``origin`` names the asker in the engine's log); the new engine's settings. Settings
-    the new engine refuses (graphs no longer available) are left at its own."""
+    the new engine refuses (graphs no longer available, a budget outside its range) are left
+    at its own."""
     live = kept.live()
     load = kept.load_spec()
     client.restart()
     settings = dict(client.settings())
+    live = fitting(live, settings)
     if live:
         try:
             settings = dict(client.configure(**live, origin=origin))

@@ -149,9 +149,13 @@ class StepLoop:
         return self.graphs.failure if self.graphs is not None else None
 
     def reconfigure(self, async_batching: bool | None, num_slots: int | None,
-                    cuda_graphs: bool | None) -> None:
-        """Apply new live settings at a step boundary, draining the pipeline first."""
+                    cuda_graphs: bool | None, max_num_batched_tokens: int | None = None) -> None:
+        """Apply new live settings at a step boundary, draining the pipeline first. The
+        token budget holds from the next schedule() on (the step buffers and graph buckets
+        are sized for the largest budget, so a smaller one needs nothing else)."""
         self.drain()
+        if max_num_batched_tokens is not None:
+            self.scheduler.max_num_batched_tokens = max_num_batched_tokens
         if async_batching is not None:
             self.settings.async_batching = async_batching
         if num_slots is not None and num_slots != len(self.pipeline.slots):
@@ -228,6 +232,7 @@ class StepLoop:
             spans=[Span("cpu.schedule", t0, t1), Span("cpu.prepare", t2, t3)],
             preemptions=len(sched.preempted),
             cached_tokens=sched.num_cached_tokens, queried_tokens=sched.num_queried_tokens,
+            token_budget=self.scheduler.max_num_batched_tokens,
         )
         if self.bus is not None:  # for the request ledger: who rode this step, and how far
             record.chunks = [(c.request.request_id, c.num_tokens, c.start + c.num_tokens)

@@ -26,8 +26,10 @@ class StandIn:
         self.running = alive
         self.generation = 1
         self.graphs = graphs
+        self.budget_range = [16, 512]  # max_num_seqs .. the configured max_num_batched_tokens
         self.live: dict[str, Any] = {"async_batching": True, "num_slots": 2,
-                                     "cuda_graphs": False, "sentinel_sample_every": 0}
+                                     "cuda_graphs": False, "sentinel_sample_every": 0,
+                                     "max_num_batched_tokens": 512}
         self.loads: list[Any] = []
 
     def alive(self) -> bool:
@@ -37,14 +39,20 @@ class StandIn:
         self.generation += 1
         self.running = True
         self.live = {"async_batching": True, "num_slots": 2, "cuda_graphs": False,
-                     "sentinel_sample_every": 0}  # the config's values
+                     "sentinel_sample_every": 0,
+                     "max_num_batched_tokens": self.budget_range[1]}  # the config's values
 
     def settings(self) -> dict[str, Any]:
-        return {**self.live, "cuda_graphs_available": self.graphs}
+        return {**self.live, "cuda_graphs_available": self.graphs,
+                "max_num_batched_tokens_range": list(self.budget_range)}
 
     def configure(self, origin: str | None = None, **live: Any) -> dict[str, Any]:
         if live.get("cuda_graphs") and not self.graphs:
             raise ValueError("cuda_graphs cannot be turned on: no CUDA device")
+        budget = live.get("max_num_batched_tokens")
+        if budget is not None and not self.budget_range[0] <= budget <= self.budget_range[1]:
+            raise ValueError(f"max_num_batched_tokens must be an integer from "
+                             f"{self.budget_range[0]} to {self.budget_range[1]}")
         self.live.update(live)
         return self.settings()
 
@@ -99,3 +107,22 @@ def test_graphs_are_left_off_where_the_new_engine_has_none() -> None:
     settings = restart_keeping(client, kept, origin="a test")
     assert (settings["async_batching"], settings["num_slots"], settings["cuda_graphs"]) == \
         (False, 1, False)
+
+
+def test_a_restart_keeps_the_token_budget() -> None:
+    client = StandIn(alive=False)
+    kept = Kept()
+    kept.remember({**client.settings(), "max_num_batched_tokens": 64, "settings_version": 3})
+    settings = restart_keeping(client, kept, origin="a test")
+    assert settings["max_num_batched_tokens"] == 64
+
+
+def test_a_budget_the_restarted_engine_cannot_take_is_left_at_its_own() -> None:
+    """An engine restarted with a smaller max_num_batched_tokens keeps its own budget, and the
+    other kept settings still come back."""
+    client = StandIn(alive=False)
+    kept = Kept()
+    kept.remember({**client.settings(), "max_num_batched_tokens": 512, "num_slots": 3})
+    client.budget_range = [16, 256]
+    settings = restart_keeping(client, kept, origin="a test")
+    assert (settings["max_num_batched_tokens"], settings["num_slots"]) == (256, 3)
