@@ -14,6 +14,11 @@ that launched it (a cudaGraphLaunch launches all of a graph's kernels under one 
 step is the range that holds that call. Events without a correlation (CPU ops, for tests on
 a CPU) belong to the range that holds them in time.
 
+A step is *measured* when the profiler kept a device record of every launch in it. A step
+without kernel records, or with a launch call whose kernels have no record (the profiler
+dropped them), is not: its gaps would read as idle GPU time that nobody measured, so the
+summary lists it under ``not_measured`` with the reason, apart from the measured steps.
+
 It must never import torch or anything of ours, read clocks or touch a profiler: the engine
 records (engine/instruments/anatomy.py), this module only reads what was recorded.
 """
@@ -31,6 +36,9 @@ from telemetry.records import StepRecord
 
 STEP_MARKER = "gapless.step "
 DEVICE_CATS: tuple[str, ...] = ("kernel", "gpu_memcpy", "gpu_memset")
+RUNTIME_CATS: tuple[str, ...] = ("cuda_runtime", "cuda_driver")
+# Runtime calls that launch kernels: each must have device records, else some were lost.
+LAUNCH_CALL = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,6 +59,22 @@ class StepKernels:
 
     step: int
     kernels: list[Kernel] = field(default_factory=list)
+    # Launch calls in the step whose kernels the profiler kept no record of
+    lost_launches: int = 0
+
+    @property
+    def measured(self) -> bool:
+        """Every launch of the step has its kernels recorded: its gaps are measured."""
+        return bool(self.kernels) and not self.lost_launches
+
+    @property
+    def not_measured_why(self) -> str | None:
+        if not self.kernels:
+            return "no kernel record (the profiler kept none of this step's kernels)"
+        if self.lost_launches:
+            return (f"{self.lost_launches} launch{'es' if self.lost_launches > 1 else ''} "
+                    "without a kernel record (the profiler dropped them)")
+        return None
 
     @property
     def span_us(self) -> float:
@@ -87,7 +111,9 @@ def group_by_step(events: Sequence[Mapping[str, Any]],
 
     Steps are the ``gapless.step <n>`` ranges; a device event with a correlation id joins
     the step whose range holds the runtime call with that id; one without joins the range
-    that holds its own start on the same thread. Events of no step are left out.
+    that holds its own start on the same thread. Events of no step are left out. A launch
+    call of a step whose correlation no device event carries counts in its
+    ``lost_launches``.
     """
     markers = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)),
@@ -105,14 +131,22 @@ def group_by_step(events: Sequence[Mapping[str, Any]],
         return None
 
     launch_step: dict[Any, int] = {}
+    launches: list[tuple[Any, int]] = []
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver"):
+        if e.get("ph") == "X" and e.get("cat") in RUNTIME_CATS:
             corr = _corr(e)
             # Only the engine's loop thread launches device work: no thread check needed.
             n = step_at(e, same_thread=False) if corr is not None else None
             if n is not None:
                 launch_step[corr] = n
+                if LAUNCH_CALL.search(str(e.get("name", ""))):
+                    launches.append((corr, n))
     steps: dict[int, StepKernels] = {n: StepKernels(n) for _, _, n, _ in markers}
+    recorded = {_corr(e) for e in events
+                if e.get("ph") == "X" and e.get("cat") in (*DEVICE_CATS, *device_cats)}
+    for corr, n in launches:
+        if corr not in recorded:
+            steps[n].lost_launches += 1
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in device_cats:
             continue
@@ -217,12 +251,13 @@ class GapCalibration:
 def gap_calibration(steps: Sequence[StepKernels],
                     key_of: Mapping[int, StepKey]) -> GapCalibration:
     """Mean in-step gap (span - kernel time) per step key from a recording; ``key_of`` maps
-    step number -> step_key(...) of that step. Steps without kernels or key are skipped."""
+    step number -> step_key(...) of that step. Steps not measured or without a key are
+    skipped."""
     acc: dict[StepKey, list[float]] = {}
     gap_total = span_total = 0.0
     used = 0
     for s in steps:
-        if s.kernels and s.step in key_of:
+        if s.measured and s.step in key_of:
             acc.setdefault(key_of[s.step], []).append(s.gap_us * 1000.0)
             gap_total += s.gap_us
             span_total += s.span_us
@@ -297,10 +332,12 @@ def summary_dict(steps: Sequence[StepKernels], *, device: str, first_step: int,
                  peak_bw: float | None = None,
                  calibration: GapCalibration | None = None) -> dict[str, Any]:
     """A recording as plain data (picklable) for a client or a page: per-step timing, the
-    family table, the compact per-family Chrome trace, the full trace's path, with
-    ``floor_bytes``/``peak_bw`` each step against its byte floor, and the gap calibration
-    (``calibration``: a GapCalibration, for kernel_busy_estimate) when given."""
-    steps = [s for s in steps if s.kernels]
+    family table, the compact per-family Chrome trace (all of measured steps only), the
+    recorded steps that were not measured with the reason (``not_measured``), the full
+    trace's path, with ``floor_bytes``/``peak_bw`` each step against its byte floor, and the
+    gap calibration (``calibration``: a GapCalibration, for kernel_busy_estimate) when given."""
+    unmeasured = [{"step": s.step, "why": s.not_measured_why} for s in steps if not s.measured]
+    steps = [s for s in steps if s.measured]
     out: dict[str, Any] = {
         "device": device,
         "first_step": first_step,
@@ -311,6 +348,7 @@ def summary_dict(steps: Sequence[StepKernels], *, device: str, first_step: int,
                       "share": r.share} for r in family_table(steps)],
         "trace": anatomy_chrome_trace(steps),
         "calibration": calibration,
+        "not_measured": unmeasured,
     }
     if floor_bytes is not None and peak_bw is not None:
         for row, s in zip(out["steps"], steps, strict=True):

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from engine.instruments import profiler_sessions as sessions
-from telemetry.anatomy import STEP_MARKER, group_by_step
+from telemetry.anatomy import LAUNCH_CALL, STEP_MARKER, group_by_step
 from telemetry.kernel_family import MARKER_PATTERN, family_of
 from telemetry.kernels import KernelRecord, KernelSample, SampledStep, make_sample
 
@@ -83,8 +83,6 @@ def _ns(ev: dict[str, Any], at: float = 0.0) -> float:
 
 
 MARK_KERNEL = "spin_kernel"  # torch.cuda._sleep(0): our bracket launches, on a side stream
-# Runtime calls that launch kernels: each must have device records, else some were lost.
-_LAUNCH = re.compile(r"LaunchKernel|LaunchCooperativeKernel|GraphLaunch")
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch")
 
 
@@ -99,7 +97,7 @@ def lost_launches(events: list[dict[str, Any]], until_us: float | None = None) -
     kernels the profiler ran but did not keep."""
     have = {_corr(e) for e in events if e.get("ph") == "X" and e.get("cat") in _DEVICE}
     return sum(1 for e in events if e.get("ph") == "X" and e.get("cat") in _RUNTIME
-               and _LAUNCH.search(str(e.get("name", ""))) and _corr(e) not in have
+               and LAUNCH_CALL.search(str(e.get("name", ""))) and _corr(e) not in have
                and (until_us is None or float(e["ts"]) <= until_us))
 
 
@@ -143,7 +141,7 @@ def by_markers(events: list[dict[str, Any]], marks: dict[int, tuple[int, int, in
             t = _ns(e)
             if lo < t < hi and e.get("tid") == tid and _corr(e) not in mark_corr | {None}:
                 step_of[_corr(e)] = n
-                if _LAUNCH.search(str(e.get("name", ""))):
+                if LAUNCH_CALL.search(str(e.get("name", ""))):
                     launches.setdefault(n, []).append(e)
     out: dict[int, list[dict[str, Any]]] = {n: [] for n in steps}
     by_corr: dict[Any, list[dict[str, Any]]] = {}

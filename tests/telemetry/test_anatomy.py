@@ -124,3 +124,38 @@ def test_kernel_busy_of_a_live_window_prorates_steps_cut_by_the_window() -> None
     assert kernel_busy_of_window(recs, 0, 200_000, cal) == pytest.approx(180 / 200)
     # Half of step 1 inside the window: half its gap is subtracted.
     assert kernel_busy_of_window(recs, 0, 150_000, cal) == pytest.approx(135 / 150)
+
+
+def test_a_step_whose_kernels_the_profiler_dropped_is_not_measured_never_idle() -> None:
+    """Step 8's graph kernels have no record (Kineto dropped them) and step 9 lost one of its
+    two launches: neither may show a gap between kernels that reads as idle GPU. The summary
+    and the page's step table list them as not measured, with why."""
+    from telemetry.anatomy import summary_dict
+    from ui.figures.anatomy import step_rows, step_timeline_figure
+
+    events = [e for e in kineto_two_graph_steps()
+              if not (e["cat"] != "cuda_runtime" and e["args"].get("correlation") == 20)]
+    events += [
+        ev("user_annotation", "gapless.step 9", 200, 30),
+        ev("cuda_runtime", "cudaLaunchKernel", 202, 2, corr=30),
+        ev("kernel", "nvjet_tst_128x64_gemm", 240, 40, corr=30, tid=7),
+        ev("cuda_runtime", "cudaLaunchKernel", 210, 2, corr=31),  # its kernel: no record
+    ]
+    steps = group_by_step(events)
+    assert [(s.step, s.measured, s.lost_launches) for s in steps] == [
+        (7, True, 0), (8, False, 1), (9, False, 1)]
+    summary = summary_dict(steps, device="cuda", first_step=7)
+    assert [s["step"] for s in summary["steps"]] == [7]
+    assert [u["step"] for u in summary["not_measured"]] == [8, 9]
+    rows = {r["step"]: r for r in step_rows(summary)}
+    assert list(rows) == [7, 8, 9]
+    assert rows[7]["between kernels (us)"] == pytest.approx(6) and rows[7]["measured"] == "yes"
+    for n in (8, 9):
+        assert rows[n]["measured"].startswith("not measured: ")
+        assert rows[n]["between kernels (us)"] is None and rows[n]["inside kernels (us)"] is None
+    assert "dropped" in rows[9]["measured"]
+    with pytest.raises(ValueError, match="step 9 was not measured"):
+        step_timeline_figure(summary, 9)
+    # the in-step gap calibration takes measured steps only
+    cal = gap_calibration(steps, {7: "g", 8: "g", 9: "g"})
+    assert cal.steps == 1 and cal.gap_ns["g"] == pytest.approx(6000)

@@ -8,7 +8,13 @@ import pytest
 from telemetry.records import StepRecord
 from tests.ui.fake_engine import FakeEngineClient
 from ui.figures.anatomy import step_timeline_figure
-from ui.figures.kernel_lane import NO_KERNELS, NONE_IN_WINDOW, kernel_lane_figure, samples_of
+from ui.figures.kernel_lane import (
+    NO_KERNELS,
+    NONE_IN_WINDOW,
+    NOT_MEASURED,
+    kernel_lane_figure,
+    samples_of,
+)
 from ui.figures.timeline import window_end_ns
 from ui.figures.waterfall import NO_KERNELS as WF_NO_KERNELS
 from ui.figures.waterfall import waterfall_figure
@@ -19,7 +25,7 @@ def records_of(client: FakeEngineClient, n: int = 20) -> list[StepRecord]:
     return client.telemetry().snapshot_steps(1000)
 
 
-def test_sampled_steps_show_their_kernels_by_family_and_the_rest_say_not_sampled():
+def test_sampled_steps_show_their_kernels_by_family_and_the_rest_say_not_measured():
     recs = records_of(FakeEngineClient(graphs_available=True))
     samples = samples_of(recs)
     assert samples, "the fake engine publishes kernel samples on a GPU"
@@ -28,9 +34,9 @@ def test_sampled_steps_show_their_kernels_by_family_and_the_rest_say_not_sampled
     assert {"gemm", "attention", "norm"} <= set(names)
     assert "nvjet_tst_128x64_gemm" in names["gemm"].hovertext[0]
     sampled = {st.step for s in samples for st in s.steps}
-    pale = names["not sampled"]
+    (pale,) = [t for t in fig.data if t.name == NOT_MEASURED and "step" in t.hovertext[0]]
     assert len(pale.x) == len([r for r in recs if r.step not in sampled])
-    assert all("not sampled" in t for t in pale.hovertext)
+    assert all("not measured" in t for t in pale.hovertext)
     assert "kernels" in names["gemm"].hovertext[0] and "step" in names["gemm"].hovertext[0]
     assert not fig.layout.annotations
 
@@ -63,6 +69,40 @@ def test_the_waterfall_bar_adds_up_to_the_window():
     wall_ms = (max(s.end_ns for s in comp) - min(s.start_ns for s in comp)) / 1e6
     assert abs(sum(t.x[0] for t in fig.data) - wall_ms) <= 0.01 * wall_ms
     assert "kernels above floor" in {t.name for t in fig.data}
+
+
+def _covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of [lo, hi] covered by ``intervals`` (ms)."""
+    got, at = 0.0, lo
+    for a, b in sorted(intervals):
+        a, b = max(a, at), min(b, hi)
+        if b > a:
+            got, at = got + (b - a), b
+    return got
+
+
+def test_time_the_sampler_did_not_measure_is_drawn_not_measured_never_blank():
+    """Blank lane reads as idle GPU: it may only be where a kernel sample measured. Between
+    unsampled steps and before the first sample, the lane is covered by "not measured";
+    inside a sample's window nothing is (its gaps are measured idle)."""
+    recs = records_of(FakeEngineClient(graphs_available=True), n=30)
+    samples = samples_of(recs)
+    end = window_end_ns(recs)
+    window_ms = 100.0
+    fig = kernel_lane_figure(recs, samples, end_ns=end, window_ms=window_ms)
+    pale = [(b, b + x) for t in fig.data if t.name == NOT_MEASURED
+            for b, x in zip(t.base, t.x, strict=True)]
+    windows = [((a - end) / 1e6, (b - end) / 1e6) for s in samples for a, b in [s.window]]
+    windows = [(max(a, -window_ms), min(b, 0.0)) for a, b in windows if b > -window_ms]
+    assert windows, "the window holds a sample"
+    sampled_ms = _covered(windows, -window_ms, 0.0)
+    assert sampled_ms < 0.9 * window_ms, "most of the window is not sampled"
+    # every ms of the window is either inside a sample's window or drawn not measured
+    assert _covered(pale + windows, -window_ms, 0.0) == pytest.approx(window_ms, rel=1e-3)
+    # and no not-measured bar lies inside a sample's window (its blank is measured idle)
+    band = next(t for t in fig.data if t.name == NOT_MEASURED and "not idle" in t.hovertext[0])
+    for b, x in zip(band.base, band.x, strict=True):
+        assert _covered(windows, b, b + x) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_kernel_samples_survive_a_recording_round_trip(tmp_path):
@@ -98,7 +138,7 @@ def test_the_lane_and_the_step_anatomy_draw_a_family_in_one_colour():
     recs = records_of(client)
     lane = kernel_lane_figure(recs, samples_of(recs), end_ns=window_end_ns(recs), window_ms=100)
     anatomy = step_timeline_figure(client.record_anatomy(2), 100)
-    lane_colours = {t.name: t.marker.color for t in lane.data if t.name != "not sampled"}
+    lane_colours = {t.name: t.marker.color for t in lane.data if t.name != NOT_MEASURED}
     anatomy_colours = {t.name: t.marker.color for t in anatomy.data}
     shared = set(lane_colours) & set(anatomy_colours)
     assert {"gemm", "attention", "norm"} <= shared

@@ -89,8 +89,15 @@ def family_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             for f in summary.get("families", [])]
 
 
+NOT_MEASURED = "not measured"
+
+
 def step_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per recorded step: first kernel to last, time inside kernels, gaps."""
+    """One row per recorded step, in step order: first kernel to last, time inside kernels,
+    gaps between them. A recorded step the profiler did not fully measure has its timings
+    left empty and a "measured" column saying "not measured" and why, never a gap that
+    would read as idle."""
+    unmeasured = summary.get("not_measured") or []
     rows = []
     for s in summary.get("steps", []):
         row = {"step": s["step"], "kernels": s["kernels"],
@@ -105,8 +112,14 @@ def step_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                            ("x_separate_kernel_reference", "x separate-kernel reference")):
             if s.get(key) is not None:
                 row[label] = round(s[key], 2)
+        if unmeasured:
+            row["measured"] = "yes"
         rows.append(row)
-    return rows
+    for u in unmeasured:
+        rows.append({"step": u["step"], "kernels": None, "first to last kernel (us)": None,
+                     "inside kernels (us)": None, "between kernels (us)": None,
+                     "measured": f"{NOT_MEASURED}: {u['why']}"})
+    return sorted(rows, key=lambda r: r["step"])
 
 
 def step_timeline_figure(summary: Mapping[str, Any], step: int,
@@ -118,6 +131,10 @@ def step_timeline_figure(summary: Mapping[str, Any], step: int,
     mine = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("step") == step]
     if not mine:
         recorded = [s["step"] for s in summary.get("steps", [])]
+        why = {u["step"]: u["why"] for u in summary.get("not_measured") or []}.get(step)
+        if why is not None:
+            raise ValueError(f"step {step} was {NOT_MEASURED}: {why}; measured steps: "
+                             f"{recorded}")
         raise ValueError(f"no kernels recorded for step {step}; recorded steps: {recorded}")
     t0 = min(e["ts"] for e in mine)
     fig = go.Figure()

@@ -2,10 +2,13 @@
 
 Owns the figure: the same x axis as the timeline (ms before the window's end), one row,
 each kernel a bar in its family's colour (telemetry.kernel_family) with its name, duration
-and step in the hover. A step in the window that was not sampled shows as a pale bar over
-its compute span that says "not sampled", so an unsampled stretch never reads as idle; each
-step's hover carries its waterfall (ui.figures.waterfall.step_parts_text). On a CPU the lane says in
-one line that there are no kernels. Pure functions: no streamlit, no engine, no clocks.
+and step in the hover. Blank lane is measured idle only: inside a sample's window (whole
+sampled steps and the gaps between them). Every stretch outside the samples' windows is a
+pale band named "not measured" (`not_measured_spans`), and a step in the window that was not
+sampled a darker pale bar over its compute span, so time the sampler did not see never reads
+as idle; each step's hover carries its waterfall (ui.figures.waterfall.step_parts_text). On a
+CPU the lane says in one line that there are no kernels. Pure functions: no streamlit, no
+engine, no clocks.
 """
 
 from __future__ import annotations
@@ -21,10 +24,30 @@ from telemetry.kernels import KernelSample
 from telemetry.records import StepRecord
 from ui.figures.waterfall import step_parts_text
 
-NOT_SAMPLED_COLOUR = "rgba(180,180,180,0.35)"
+NOT_MEASURED = "not measured"
+NOT_MEASURED_COLOUR = "rgba(180,180,180,0.22)"  # outside every sample's window
+NOT_SAMPLED_COLOUR = "rgba(180,180,180,0.35)"  # a step's compute span, drawn over the band
 NO_KERNELS = "No kernels on a CPU: the kernel lane needs a GPU (CUDA kernels are sampled)."
 NONE_IN_WINDOW = ("Kernels are recorded for a few steps every kernel_sample_period_s: no "
-                  "sampled step in this window (pale bars: steps not sampled).")
+                  "sampled step in this window (pale: not measured, not idle).")
+NOT_MEASURED_HOVER = ("<b>not measured</b>: outside the kernel sampler's windows, so no "
+                      "kernel was recorded here; not idle time")
+
+
+def not_measured_spans(samples: Sequence[KernelSample], lo: int, hi: int,
+                       ) -> list[tuple[int, int]]:
+    """The stretches of [lo, hi) (ns) outside every sample's window: time the kernel
+    sampler did not measure, whatever ran in it. In start order, disjoint."""
+    out, at = [], lo
+    for a, b in sorted(s.window for s in samples):
+        if b <= at or a >= hi:
+            continue
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < hi:
+        out.append((at, hi))
+    return out
 
 
 def sampler_note(stats: dict[str, Any] | None) -> str | None:
@@ -74,7 +97,7 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
         if st is None:
             pale_base.append((c.start_ns - end_ns) / 1e6)
             pale_x.append(max(c.duration_ns, px_ns) / 1e6)
-            pale_text.append(f"<b>step {rec.step}: not sampled</b><br>{parts}")
+            pale_text.append(f"<b>step {rec.step}: not measured</b> (not sampled)<br>{parts}")
             continue
         sampled_steps += 1
         for k in st.kernels:
@@ -85,9 +108,19 @@ def kernel_lane_figure(records: Sequence[StepRecord], samples: Sequence[KernelSa
             xs.append(max(k.duration_ns, px_ns) / 1e6)
             texts.append(f"<b>{k.family}</b> {k.duration_ns / 1e3:.2f} us<br>{k.name[:120]}"
                          f"<br>step {rec.step}<br>{parts}")
+    gaps = not_measured_spans(samples, lo, end_ns) if device == "cuda" else []
+    if gaps:
+        fig.add_trace(go.Bar(orientation="h", y=np.zeros(len(gaps)),
+                             base=[(a - end_ns) / 1e6 for a, _ in gaps],
+                             x=[max(b - a, px_ns) / 1e6 for a, b in gaps], name=NOT_MEASURED,
+                             legendgroup=NOT_MEASURED,
+                             marker={"color": NOT_MEASURED_COLOUR, "line": {"width": 0}},
+                             hovertext=np.array([NOT_MEASURED_HOVER] * len(gaps), dtype=str),
+                             hoverinfo="text"))
     if pale_x:
         fig.add_trace(go.Bar(orientation="h", y=np.zeros(len(pale_x)), base=pale_base,
-                             x=pale_x, name="not sampled",
+                             x=pale_x, name=NOT_MEASURED, legendgroup=NOT_MEASURED,
+                             showlegend=not gaps,
                              marker={"color": NOT_SAMPLED_COLOUR, "line": {"width": 0}},
                              hovertext=np.array(pale_text, dtype=str), hoverinfo="text"))
     for family, (xs, bases, texts) in per_family.items():
