@@ -52,6 +52,7 @@ from engine.step.loop import LiveSettings, StepLoop, describe
 from engine.step.runner import ModelRunner
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
+from telemetry.records import SyncFallback
 
 log = logging.getLogger("gapless.engine")
 
@@ -339,7 +340,7 @@ class Engine:
                      max_num_batched_tokens: int | None) -> None:
         """On the loop thread, at a step boundary: the launched steps finish, then the
         sentinel's queued checks, then the settings change."""
-        self.loop.drain()
+        self.loop.drain(SyncFallback.LIVE_SETTINGS)
         if sentinel_sample_every is not None:
             self.instruments.set_sentinel_sample_every(sentinel_sample_every)
         else:

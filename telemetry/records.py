@@ -7,6 +7,7 @@ UI library: telemetry/ is the bottom of the dependency graph.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 # Lanes of the timeline, in the order a dashboard draws them (top to bottom).
@@ -36,6 +37,18 @@ def rank_lanes(world: int) -> tuple[str, ...]:
     return tuple(out)
 
 Mode = Literal["sync", "async"]
+
+
+class SyncFallback(StrEnum):
+    """Why the async pipeline read a step's results with no later step launched behind it
+    (the device then idles from that step's end until the CPU launches again). Sync mode
+    reads every step that way by design: its records say so by their mode and carry None."""
+
+    SINGLE_SLOT = "single slot"  # the only slot: read before the next step may reuse it
+    NOTHING_SCHEDULED = "nothing scheduled"  # nothing could run before its results were in
+    PREEMPTION = "preemption"  # what is left waits for a preempted request's token in flight
+    LIVE_SETTINGS = "live settings"  # a live-settings change drains the pipeline first
+    SHUTDOWN = "shutdown"  # the engine stops: the step in flight is read, then the streams end
 
 
 # Span and RequestEvent are made many times a step on the engine's loop thread: plain slotted
@@ -94,6 +107,10 @@ class StepRecord:
     # The token budget (max_num_batched_tokens, a live setting) this step was scheduled
     # under; 0 where unknown (a recording made before steps carried it).
     token_budget: int = 0
+    # Slots: how long the CPU waited for this step's slot to come free (its last H2D copy,
+    # one slot in async mode), and why the async pipeline read this step alone, if it did.
+    slot_wait_ns: int = 0
+    sync_fallback: SyncFallback | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -106,6 +123,22 @@ class StepRecord:
         (telemetry off). The one definition of a step's end: every reader asks this."""
         spans = self.spans
         return max(s.end_ns for s in spans) if spans else None
+
+    @property
+    def input_wait_ns(self) -> int | None:
+        """How long the step's inputs sat on the device before its compute began: from its
+        H2D copy's end to its compute span's start (its first kernel where a CUDA graph
+        carries timing, so graph launch latency counts). Near 0 in sync mode; in async mode,
+        the previous step's compute still running. None without both spans."""
+        h2d_end = compute_start = None
+        for s in self.spans:
+            if s.lane == "h2d":
+                h2d_end = s.end_ns
+            elif s.lane == "compute":
+                compute_start = s.start_ns
+        if h2d_end is None or compute_start is None:
+            return None
+        return max(0, compute_start - h2d_end)
 
 
 RequestEventKind = Literal["queued", "scheduled", "first_token", "tokens", "finished"]

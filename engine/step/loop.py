@@ -9,6 +9,10 @@ the text and the stop rule are text.py's).
 Live settings change here, at a step boundary, after draining the pipeline. Runs in one
 thread (the engine's loop thread, or the caller's in manual stepping).
 
+Where async mode reads a step with nothing launched behind it (a drain, or the one slot about
+to be reused), that step's record names why (telemetry.records.SyncFallback); so does how long
+the CPU waited for a free slot (slot_wait_ns).
+
 Faults: what one request owns (its decoding, its callbacks) fails that request alone; a
 step whose device work fails ends that step's requests; after anything else escaped a step,
 `recover()` waits out the launched steps and ends the open requests. Nothing here ends the
@@ -41,7 +45,7 @@ from engine.step.protocols import (  # noqa: F401  (re-exported: the loop's cont
 from engine.step.runner import ModelRunner
 from engine.step.streams import StreamSet
 from engine.step.text import RequestText, stop_reason
-from telemetry.records import RequestEvent, Span, StepRecord
+from telemetry.records import RequestEvent, Span, StepRecord, SyncFallback
 
 log = logging.getLogger("gapless.loop")
 now = time.perf_counter_ns
@@ -153,7 +157,7 @@ class StepLoop:
         """Apply new live settings at a step boundary, draining the pipeline first. The
         token budget holds from the next schedule() on (the step buffers and graph buckets
         are sized for the largest budget, so a smaller one needs nothing else)."""
-        self.drain()
+        self.drain(SyncFallback.LIVE_SETTINGS)
         if max_num_batched_tokens is not None:
             self.scheduler.max_num_batched_tokens = max_num_batched_tokens
         if async_batching is not None:
@@ -208,7 +212,7 @@ class StepLoop:
         t1 = now()
         if sched.is_empty:
             if self.inflight is not None:
-                self.drain()
+                self.drain(self._empty_schedule_reason())
                 return True
             # Idle: the instruments may have work of their own (then this was no idle round).
             return self.observer.idle() if self.observer is not None else False
@@ -218,7 +222,7 @@ class StepLoop:
         # completed is not handed out again until then (the deferred-free guard).
         self.scheduler.allocator.launched(step_no)
         slot = self.pipeline.slot_for(step_no)
-        self.pipeline.wait_host_input(slot)
+        slot_wait_ns = self.pipeline.wait_host_input(slot)
         self.pipeline.claim_host_input(slot, step_no)
         t2 = now()
         bucket = self.graphs.bucket_for(sched.num_tokens) if self.graphs_active else None
@@ -233,6 +237,7 @@ class StepLoop:
             preemptions=len(sched.preempted),
             cached_tokens=sched.num_cached_tokens, queried_tokens=sched.num_queried_tokens,
             token_budget=self.scheduler.max_num_batched_tokens,
+            slot_wait_ns=slot_wait_ns,
         )
         if self.bus is not None:  # for the request ledger: who rode this step, and how far
             record.chunks = [(c.request.request_id, c.num_tokens, c.start + c.num_tokens)
@@ -241,7 +246,7 @@ class StepLoop:
                 record.floor_ns = self.byte_floor(sum(c[2] for c in record.chunks))
         if slot.inflight is not None:
             # One slot in async mode: the slot's last step must be read before reuse.
-            self._complete(slot.inflight)
+            self._complete(slot.inflight, SyncFallback.SINGLE_SLOT)
         compute_fn = self._compute_fn(slot, meta.num_tokens, meta.num_samples,
                                       meta.greedy_only, bucket)
         if self.followers is not None:
@@ -261,10 +266,18 @@ class StepLoop:
             self._complete(step)
         return True
 
-    def drain(self) -> None:
+    def drain(self, reason: SyncFallback) -> None:
+        """Read the step in flight now, if any; its record names `reason`."""
         if self.inflight is not None:
             step, self.inflight = self.inflight, None
-            self._complete(step)
+            self._complete(step, reason)
+
+    def _empty_schedule_reason(self) -> SyncFallback:
+        """Nothing was scheduled beside the step in flight: a preempted request waiting for
+        that step's token, or nothing that could run before its results."""
+        if any(req.num_pending for req in self.scheduler.waiting):
+            return SyncFallback.PREEMPTION
+        return SyncFallback.NOTHING_SCHEDULED
 
     def _compute_fn(self, slot: Slot, t: int, s: int, greedy: bool,
                     bucket: int | None) -> Callable[[], None]:
@@ -279,9 +292,13 @@ class StepLoop:
         return run
 
     # ------------------------------------------------------------------------- results
-    def _complete(self, step: InflightStep) -> None:
+    def _complete(self, step: InflightStep, fallback: SyncFallback | None = None) -> None:
+        """Read a step's results and publish its record; `fallback`: why async mode read it
+        with nothing launched behind it (None: a step read in its mode's order)."""
         if self.inflight is step:
             self.inflight = None
+        if fallback is not None:
+            step.record.sync_fallback = fallback
         tw = now()
         try:
             tokens = self.pipeline.wait_results(step)
@@ -393,6 +410,6 @@ class StepLoop:
 
     def close(self) -> None:
         try:
-            self.drain()
+            self.drain(SyncFallback.SHUTDOWN)
         finally:
             self.streams.close()

@@ -20,6 +20,7 @@ compute; without one a launch costs one attribute test more.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -126,12 +127,16 @@ class Pipeline:
     def slot_for(self, step: int) -> Slot:
         return self.slots[step % len(self.slots)]
 
-    def wait_host_input(self, slot: Slot) -> None:
+    def wait_host_input(self, slot: Slot) -> int:
         """The host input buffer is free once the slot's last H2D copy finished. If that
         step's results were already read, its H2D is known to be done: no wait, so in steady
-        state the CPU blocks on one event per step (d2h_done)."""
+        state the CPU blocks on one event per step (d2h_done). Returns how long the CPU
+        waited here, ns (0 when it did not)."""
         if slot.h2d_done is not None and slot.inflight is not None:
+            t = time.perf_counter_ns()
             slot.h2d_done.synchronize()
+            return time.perf_counter_ns() - t
+        return 0
 
     def claim_host_input(self, slot: Slot, step: int) -> None:
         """The CPU is about to write `step`'s inputs into the slot: raises SlotOverwriteError

@@ -99,7 +99,7 @@ def test_an_early_slot_reuse_raises_loudly(workload, monkeypatch):
     """Without the wait for the slot's last H2D copy, the slot's generation counter refuses
     the next step's write of inputs still being copied: SlotOverwriteError, naming both."""
     model_dir, prompts, _ = workload
-    monkeypatch.setattr(Pipeline, "wait_host_input", lambda self, slot: None)
+    monkeypatch.setattr(Pipeline, "wait_host_input", lambda self, slot: 0)
     eng = make_engine(model_dir, async_batching=True, num_slots=1)
     eng.streams.h2d.delay_s = 0.003
     hs = [eng.submit(p, SamplingParams(max_tokens=14, **GREEDY)) for p in prompts]
@@ -118,7 +118,7 @@ def test_the_slot_test_can_fail(workload, monkeypatch):
     generation counters off), a slow H2D stream makes the next step overwrite inputs still
     being copied, and tokens go wrong."""
     model_dir, prompts, expected = workload
-    monkeypatch.setattr(Pipeline, "wait_host_input", lambda self, slot: None)
+    monkeypatch.setattr(Pipeline, "wait_host_input", lambda self, slot: 0)
     for method in ("claim", "check", "release"):
         monkeypatch.setattr(BufferGuard, method, lambda self, *a: None)
     eng = make_engine(model_dir, async_batching=True, num_slots=1)

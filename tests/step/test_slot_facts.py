@@ -1,0 +1,160 @@
+"""What a step record says about its slot, on a real CPU engine (host-emulated streams): which
+slot each step used, how long its inputs waited for the device and the CPU for a free slot,
+and why the async pipeline read a step with nothing launched behind it (SyncFallback)."""
+
+from __future__ import annotations
+
+import pytest
+from engine_checks import mixed_prompts
+
+from engine import Engine, EngineConfig, SamplingParams
+from telemetry.records import StepRecord, SyncFallback
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+# Blocks to spare: no preemption, so a schedule is empty only once a burst's last step is out.
+ROOMY = dict(device="cpu", max_num_seqs=5, max_num_batched_tokens=16, block_size=4,
+             num_blocks=200, max_model_len=96)
+
+
+def make_engine(model_dir, **kw) -> Engine:
+    return Engine(EngineConfig(model=str(model_dir), **{**ROOMY, **kw}), start=False)
+
+
+def drive(eng: Engine, on_step=None, max_steps: int = 5000) -> None:
+    for n in range(max_steps):
+        if on_step is not None:
+            on_step(n)
+        if not eng.step() and not eng.scheduler.num_unfinished and eng.loop.inflight is None:
+            return
+    raise AssertionError("workload did not finish")
+
+
+def run(eng: Engine, prompts: list[list[int]], max_tokens: int = 10,
+        on_step=None) -> list[StepRecord]:
+    reader = eng.bus.reader()
+    hs = [eng.submit(p, SamplingParams(max_tokens=max_tokens, **GREEDY)) for p in prompts]
+    drive(eng, on_step)
+    assert all(h.result(1).finish_reason == "length" for h in hs)
+    recs = sorted(reader.steps(), key=lambda r: r.step)
+    assert recs and [r.step for r in recs] == list(range(recs[0].step, recs[-1].step + 1))
+    return recs
+
+
+def lane(rec: StepRecord, name: str):
+    return next(s for s in rec.spans if s.lane == name)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir):
+    return tiny_model_dir("llama")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return mixed_prompts(6, seed=3)
+
+
+def test_two_slots_alternate_and_only_the_burst_end_is_read_alone(model_dir, prompts):
+    eng = make_engine(model_dir, async_batching=True, num_slots=2)
+    try:
+        recs = run(eng, prompts)
+    finally:
+        eng.shutdown()
+    assert [r.slot for r in recs] == [r.step % 2 for r in recs]
+    assert {r.slot for r in recs} == {0, 1}
+    # Every step overlapped the next except the last of the burst, read when nothing was left.
+    assert [r.sync_fallback for r in recs[:-1]] == [None] * (len(recs) - 1)
+    assert recs[-1].sync_fallback is SyncFallback.NOTHING_SCHEDULED
+    # With a second slot the CPU never waits for one.
+    assert all(r.slot_wait_ns == 0 for r in recs)
+
+
+def test_one_slot_async_reads_every_step_before_the_next_launch(model_dir, prompts):
+    eng = make_engine(model_dir, async_batching=True, num_slots=1)
+    eng.streams.h2d.delay_s = 0.003  # the next step's prep ends before the slot's copy does
+    try:
+        recs = run(eng, prompts)
+    finally:
+        eng.shutdown()
+    assert all(r.mode == "async" and r.slot == 0 for r in recs)
+    assert [r.sync_fallback for r in recs[:-1]] == [SyncFallback.SINGLE_SLOT] * (len(recs) - 1)
+    assert recs[-1].sync_fallback is SyncFallback.NOTHING_SCHEDULED
+    # The CPU waited for the slot's last copy: between scheduling and preparing the step.
+    assert any(r.slot_wait_ns > 0 for r in recs[1:])
+    for r in recs:
+        gap = lane(r, "cpu.prepare").start_ns - lane(r, "cpu.schedule").end_ns
+        assert 0 <= r.slot_wait_ns <= gap
+
+
+def test_a_live_settings_change_drains_the_step_in_flight(model_dir, prompts):
+    eng = make_engine(model_dir, async_batching=True, num_slots=2)
+    in_flight: list[int] = []
+
+    def on_step(n: int) -> None:
+        if n == 6:
+            in_flight.append(eng.loop.inflight.step)
+            eng.configure(num_slots=3)  # manual stepping: applied at once, at this boundary
+
+    try:
+        recs = run(eng, prompts, on_step=on_step)
+    finally:
+        eng.shutdown()
+    drained = [r.step for r in recs if r.sync_fallback is SyncFallback.LIVE_SETTINGS]
+    assert drained == in_flight
+    after = [r for r in recs if r.step > in_flight[0]]
+    assert [r.slot for r in after] == [r.step % 3 for r in after]
+
+
+def test_sync_mode_is_sync_not_a_fallback(model_dir, prompts):
+    eng = make_engine(model_dir, async_batching=False, num_slots=1)
+    try:
+        recs = run(eng, prompts)
+    finally:
+        eng.shutdown()
+    assert all(r.mode == "sync" and r.sync_fallback is None for r in recs)
+    assert all(r.slot_wait_ns == 0 for r in recs)
+
+
+def test_shutdown_reads_the_step_in_flight_as_a_shutdown(model_dir, prompts):
+    eng = make_engine(model_dir, async_batching=True, num_slots=2)
+    reader = eng.bus.reader()
+    eng.submit(prompts[0], SamplingParams(max_tokens=50, **GREEDY))
+    for _ in range(4):
+        eng.step()
+    last = eng.loop.inflight.step
+    eng.shutdown()
+    recs = {r.step: r for r in reader.steps()}
+    assert recs[last].sync_fallback is SyncFallback.SHUTDOWN
+
+
+@pytest.mark.parametrize("async_batching", [False, True])
+def test_input_wait_is_inside_the_step_and_async_inputs_wait_for_the_device(
+        model_dir, prompts, async_batching):
+    """The inputs' wait runs from the H2D copy's end to the compute's start. In async mode the
+    next step's inputs are on the device while the step before it still computes."""
+    eng = make_engine(model_dir, async_batching=async_batching, num_slots=2)
+    eng.streams.compute.delay_s = 0.004
+    try:
+        recs = run(eng, prompts)
+    finally:
+        eng.shutdown()
+    for r in recs:
+        wait = r.input_wait_ns
+        assert wait is not None and wait >= 0
+        assert lane(r, "h2d").end_ns + wait == lane(r, "compute").start_ns
+        first = min(s.start_ns for s in r.spans)
+        assert wait <= r.end_ns - first
+    waited = [r for r in recs if r.input_wait_ns > 1_000_000]  # > 1 ms: behind a compute
+    if async_batching:
+        assert len(waited) >= len(recs) // 2, f"{len(waited)} of {len(recs)}"
+    else:
+        # Sync mode launches a step only after the last one's results were read: its inputs
+        # wait only for the compute thread to wake (a loaded machine may delay a few).
+        assert len(waited) <= len(recs) // 4, f"{len(waited)} of {len(recs)}"
+
+
+def test_records_without_slot_facts_still_build():
+    """Recordings and wire rows made before records carried slot facts: defaults."""
+    rec = StepRecord(step=0, mode="async", slot=1, num_requests=1, prefill_tokens=0,
+                     decode_tokens=1)
+    assert rec.slot_wait_ns == 0 and rec.sync_fallback is None and rec.input_wait_ns is None
