@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,41 +135,6 @@ def one_read_seconds(nbytes: float, curve: BandwidthCurve | None = None) -> floa
     """One read of ``nbytes`` at the curve's bandwidth for that size; None without a curve
     (so not named floor_seconds, which bench.harness.floor's callers expect a float of)."""
     return separate_kernel_seconds([nbytes], curve)
-
-
-@dataclass(frozen=True, slots=True)
-class FloorFigures:
-    """A time against the peak-copy floor (all bytes at the peak: the limit) and against the
-    separate-kernel reference (each read a lone cold kernel: no limit)."""
-
-    seconds: float
-    peak_floor_s: float
-    separate_kernel_reference_s: float | None
-
-    @property
-    def x_peak(self) -> float:
-        return self.seconds / self.peak_floor_s if self.peak_floor_s else float("nan")
-
-    @property
-    def x_separate_kernel_reference(self) -> float | None:
-        if not self.separate_kernel_reference_s:
-            return None
-        return self.seconds / self.separate_kernel_reference_s
-
-    def text(self) -> str:
-        ref = self.x_separate_kernel_reference
-        return (f"{self.x_peak:.2f}x peak-copy floor, "
-                + (f"{ref:.2f}x separate-kernel reference" if ref is not None
-                   else "separate-kernel reference n/a"))
-
-
-def floor_figures(seconds: float, reads: Sequence[float], peak_bw: float,
-                  curve: BandwidthCurve | None) -> FloorFigures:
-    """``seconds`` spent reading ``reads`` (bytes per read) against the peak-copy floor and
-    the separate-kernel reference."""
-    total = float(sum(reads))
-    ref = separate_kernel_seconds(reads, curve) if curve is not None else None
-    return FloorFigures(seconds, total / peak_bw if peak_bw else 0.0, ref)
 
 
 # The separate-kernel reference's keys in figures written before it had its name (the shipped
