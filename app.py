@@ -40,13 +40,14 @@ def main() -> None:
         st.Page("pages/benchmark.py", title="Benchmark", icon=":material/speed:"),
         st.Page("pages/ab.py", title="A/B", icon=":material/compare:"),
         st.Page("pages/recordings.py", title="Recordings", icon=":material/folder_open:"),
+        st.Page("pages/diff.py", title="Diff", icon=":material/difference:"),
         st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
         st.Page("pages/anatomy.py", title="Step anatomy", icon=":material/biotech:"),
     ]
     page = st.navigation(pages, position="top")
     # Less empty space under the top bar, so the timeline fits a 1280x800 window unscrolled.
     st.html(f"<style>.stMainBlockContainer {{ padding-top: {TOP_PADDING}; }}</style>")
-    if page.title != "Recordings":  # recordings need no engine: they open without one
+    if page.title not in ("Recordings", "Diff"):  # recordings need no engine to open
         # A dead engine stops here, at its restart message: the Playground's conversation
         # (a reply the death cut included) stays in view under it.
         kept = show_conversation if page.title == "Playground" else None

@@ -1,7 +1,7 @@
 """Is B faster than A? The one A/B verdict, with its 95% interval, for the dashboard and bench.
 
 Owns the statistics and the words of every "is A faster than B" on screen or in a bench table:
-the Benchmark page (total time of alternated runs), the A/B and Recordings pages (decode
+the Benchmark page (total time of alternated runs), the A/B, Recordings and Diff pages (decode
 throughput and compute busy of step records) and `python -m bench ab` (every figure of a
 suite, over alternated rounds). The change of B over A comes with a 95% interval from one of
 two sources, and the text says which:
@@ -13,7 +13,8 @@ two sources, and the text says which:
 - **block bootstrap** (one window of steps per side, e.g. the two modes of a recording): the
   decode-only steps are cut into blocks of consecutive steps, blocks are drawn with
   replacement (RESAMPLES times, fixed seed), and the 2.5-97.5 percentiles of the resampled
-  change are the interval.
+  change are the interval. The Diff page's step times by kind and batch size compare their
+  medians the same way (median_change), each side's blocks redrawn within it.
 
 The words follow the interval alone: B is faster (or slower, higher, lower) when it excludes
 zero; "no measurable difference" only when it holds zero *and* stays within NEGLIGIBLE_PCT of
@@ -180,6 +181,57 @@ def runs_verdict(a: Sequence[float], b: Sequence[float], *, what: str, a_label: 
                  higher_is_better=higher_is_better, figures=figures,
                  too_few=f"{n} alternated pair{'s' if n != 1 else ''} of runs, at least "
                          f"{MIN_PAIRS} needed to judge")
+
+
+# ---------------------------------------------------------------- one figure's median
+
+
+def _resampled_medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(RESAMPLES,) medians of ``x`` (in time order) with its blocks of consecutive values
+    redrawn with replacement; the last block may be shorter (its gaps are NaN, skipped)."""
+    size = max(1, min(BLOCK_STEPS, x.size // MIN_BLOCKS))
+    n_blocks = -(-x.size // size)
+    padded = np.full(n_blocks * size, np.nan)
+    padded[:x.size] = x
+    blocks = padded.reshape(n_blocks, size)
+    out = np.empty(RESAMPLES)
+    chunk = max(1, 2_000_000 // (n_blocks * size))  # resamples at a time: bounded memory
+    for i in range(0, RESAMPLES, chunk):
+        k = min(chunk, RESAMPLES - i)
+        idx = rng.integers(0, n_blocks, size=(k, n_blocks))
+        out[i:i + k] = np.nanmedian(blocks[idx].reshape(k, -1), axis=1)
+    return out
+
+
+def median_method(n_a: int, n_b: int) -> str:
+    return (f"block bootstrap of the medians of {n_a:,} and {n_b:,} steps (blocks of up to "
+            f"{BLOCK_STEPS} consecutive steps, {RESAMPLES:,} resamples)")
+
+
+def median_change(a: Sequence[float], b: Sequence[float]) -> Interval | None:
+    """The change of B's median over A's in %, from each side's values in time order (a
+    step time per step): a block bootstrap, each side's blocks of consecutive values redrawn
+    within it (a step's time depends on its neighbours), and the 2.5-97.5 percentiles of
+    the resampled change. None with fewer than MIN_BLOCKS values a side or a value that is
+    not positive."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if xa.size < MIN_BLOCKS or xb.size < MIN_BLOCKS or not (np.all(xa > 0) and np.all(xb > 0)):
+        return None
+    rng = np.random.default_rng(SEED)
+    change = 100 * (_resampled_medians(xb, rng) / _resampled_medians(xa, rng) - 1)
+    lo, hi = np.percentile(change, [2.5, 97.5])
+    estimate = 100 * (np.median(xb) / np.median(xa) - 1)
+    return Interval(float(estimate), float(lo), float(hi), median_method(xa.size, xb.size))
+
+
+def median_verdict(a: Sequence[float], b: Sequence[float], *, what: str, a_label: str,
+                   b_label: str) -> Verdict:
+    """The verdict in words on a time (lower is faster) whose medians are compared: B's
+    median over A's with its 95% interval (median_change)."""
+    return judge(median_change(a, b), what=what, a_label=a_label, b_label=b_label,
+                 higher_is_better=False,
+                 too_few=f"{len(a)} and {len(b)} steps, at least {MIN_BLOCKS} a side needed "
+                         "to judge")
 
 
 # ---------------------------------------------------------------- decode-only step records
