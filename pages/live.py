@@ -42,6 +42,8 @@ from ui.figures.waterfall import waterfall_figure
 from ui.widgets.controls import engine_controls, load_generator, load_switch
 from ui.widgets.fragments import live_fragment, run_page
 from ui.widgets.live_plot import live_plot
+from ui.widgets.token_budget import PANEL_PERIOD_S as BUDGET_PERIOD_S
+from ui.widgets.token_budget import token_budget_panel
 
 if TYPE_CHECKING:
     from engine.process.client import EngineClient
@@ -343,6 +345,9 @@ def draw_live_page() -> None:
             )
     st.caption(ASYNC_NOTE)
     device_notice(settings, client)
+    with st.expander("Token budget: what-if, and each change predicted then measured",
+                     icon=":material/tune:"):
+        live_fragment(token_budget_panel, BUDGET_PERIOD_S)(client)
     live_fragment(controls, CONTROLS_PERIOD_S)(client)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.config import check_live_setting
+from engine.config import check_live_setting, check_token_budget
 from engine.drivers.workload import BenchmarkProgress, BenchmarkResult, default_modes, mode_label
 from engine.process.client import EngineDead
 from telemetry.anatomy import Kernel, StepKernels, summary_dict
@@ -100,6 +100,8 @@ class FakeEngineClient:
             "model_impl": "gapless",
             "max_num_seqs": 8,
             "max_model_len": 256,
+            "max_num_batched_tokens": 512,
+            "max_num_batched_tokens_range": [8, 512],
         }
         self._settings.update(settings_version=0, engine_pid=1, sentinel_sample_every=0)
         self.configured_by: list[str | None] = []
@@ -204,6 +206,7 @@ class FakeEngineClient:
         expect_version: int | None = None,
         origin: str | None = None,
         sentinel_sample_every: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> dict[str, Any]:
         self._check()
         self.configured_by.append(origin)
@@ -216,11 +219,15 @@ class FakeEngineClient:
                 check_live_setting(key, value)  # the engine's own rule and message
         if cuda_graphs and not self.graphs_available:
             raise ValueError("cuda_graphs cannot be turned on: no CUDA device")
+        if max_num_batched_tokens is not None:  # the engine's own range and message
+            check_token_budget(max_num_batched_tokens,
+                               tuple(self._settings["max_num_batched_tokens_range"]))
         for key, value in (
             ("async_batching", async_batching),
             ("num_slots", num_slots),
             ("cuda_graphs", cuda_graphs),
             ("sentinel_sample_every", sentinel_sample_every),
+            ("max_num_batched_tokens", max_num_batched_tokens),
         ):
             if value is not None and self._settings[key] != value:
                 self._settings[key] = value
@@ -345,7 +352,7 @@ def reset_shared_state() -> None:
 def control(at: Any, base: str) -> Any:
     """The settings widget ``base`` ("ctl.async", "ctl.slots", "ctl.graphs") an AppTest run
     drew: its key also names the engine's settings version (ui.widgets.controls.widget_key)."""
-    kind = "button_group" if base == "ctl.slots" else "toggle"
+    kind = {"ctl.slots": "button_group", "ctl.budget": "number_input"}.get(base, "toggle")
     found = [w for w in getattr(at, kind) if str(w.key).startswith(base + ".")]
     assert len(found) == 1, [w.key for w in getattr(at, kind)]
     return found[0]

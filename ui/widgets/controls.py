@@ -1,4 +1,5 @@
-"""Widgets that act on the running engine: batching mode, slots, CUDA graphs, load generator.
+"""Widgets that act on the running engine: batching mode, slots, CUDA graphs, the token
+budget, load generator.
 
 Owns the rule that the engine is the source of truth. Each settings widget is drawn with the
 engine's value as its default and a key that names the engine process and its settings
@@ -38,6 +39,8 @@ ASYNC_KEY = "ctl.async"
 SLOTS_KEY = "ctl.slots"
 GRAPHS_KEY = "ctl.graphs"
 SENTINEL_KEY = "ctl.sentinel"
+BUDGET_KEY = "ctl.budget"
+BUDGET_SAID_KEY = "ctl.budget_said"  # what came of this tab's last budget change
 SENTINEL_EVERY = 64  # the toggle's sampling: re-score 1 in 64 finished greedy requests
 SAID_KEY = "ctl.said"  # what came of this tab's last change, said once under the controls
 REDRAW_KEY = "ctl.redraw"  # bumped when a change was not applied: the widgets drawn anew
@@ -48,12 +51,15 @@ BENCHMARK_HOLDS = ("A benchmark holds the engine: it switches the settings itsel
 
 
 def mode_summary(settings: dict[str, Any]) -> str:
-    """One line saying what the engine runs now, e.g. "mode async · 2 slots · graphs off"."""
+    """One line saying what the engine runs now, e.g. "mode async · 2 slots · CUDA graphs
+    off · budget 512 tokens"."""
     mode = "async" if settings.get("async_batching") else "sync"
     slots = settings.get("num_slots")
     graphs = "on" if settings.get("cuda_graphs") else "off"
+    budget = settings.get("max_num_batched_tokens")
     return (
         f"mode **{mode}** · {slots} slot{'s' if slots != 1 else ''} · CUDA graphs {graphs} · "
+        + (f"budget {budget} tokens · " if budget is not None else "") +
         f"{settings.get('device', '?')} · `{settings.get('model', '?')}` "
         f"({settings.get('dtype', '?')}) · forward {settings.get('model_impl', '?')}"
         f"{' (torch.compile)' if settings.get('torch_compile') else ''}"
@@ -85,9 +91,11 @@ def _say(key: str) -> Callable[[str], None]:
     return say
 
 
-def _push(client: EngineClient, what: str, version: int | None, **change: Any) -> None:
+def _push(client: EngineClient, what: str, version: int | None, said_key: str = SAID_KEY,
+          **change: Any) -> None:
     """Send one change as a compare-and-set on ``version``; say what came of it when it was
-    not applied, and have the widgets drawn anew (at the engine's values) then."""
+    not applied (under ``said_key``, read where the widget is), and have the widgets drawn
+    anew (at the engine's values) then."""
     from ui.engine_link import REMEMBERED
     from ui.widgets.tab import tab_id
 
@@ -104,7 +112,7 @@ def _push(client: EngineClient, what: str, version: int | None, **change: Any) -
     if failed is None and answer.get("refused") and answer.get(field) != wanted:
         failed = f"{what}: not applied; {answer['refused']}."
     if failed is not None:
-        st.session_state[SAID_KEY] = failed
+        st.session_state[said_key] = failed
         st.session_state[REDRAW_KEY] = int(st.session_state.get(REDRAW_KEY, 0)) + 1
 
 
@@ -186,6 +194,45 @@ def engine_controls(client: EngineClient, settings: dict[str, Any]) -> None:
     if held:
         st.caption(f":material/speed: {BENCHMARK_HOLDS}")
     said = st.session_state.pop(SAID_KEY, None)
+    if said:
+        st.caption(f":material/sync_problem: {said}")
+
+
+def token_budget_input(client: EngineClient, settings: dict[str, Any]) -> None:
+    """The token budget (max_num_batched_tokens) in force, and a number field that changes
+    it within the engine's range, as the other settings widgets do: drawn at the engine's
+    value, keyed by its settings version, sent as a compare-and-set from on_change."""
+    version = settings.get("settings_version")
+    low, high = (int(x) for x in settings["max_num_batched_tokens_range"])
+    drawn = int(settings["max_num_batched_tokens"])
+    key = widget_key(BUDGET_KEY, settings, int(st.session_state.get(REDRAW_KEY, 0)))
+
+    def on_change() -> None:
+        value = st.session_state.get(key)
+        if value is None or value == drawn:
+            return  # the value the widget was drawn with: nobody changed it
+        if st.session_state.get(SENT_KEY) == (key, value):
+            return  # this change again: the browser resent it with a later rerun
+        st.session_state[SENT_KEY] = (key, value)
+        _push(client, "Changing the token budget", version, said_key=BUDGET_SAID_KEY,
+              max_num_batched_tokens=int(value))
+
+    st.number_input(
+        "Token budget (max_num_batched_tokens)",
+        min_value=low,
+        max_value=high,
+        value=drawn,
+        step=max(1, low),
+        key=key,
+        on_change=on_change,
+        disabled=benchmark_holds(settings),
+        help=f"Tokens one step may carry: running decodes first, then prefill chunks. From "
+             f"{low} (max_num_seqs: every running request gets a token each step) to {high} "
+             "(what the engine was started with: its buffers and CUDA graph buckets are sized "
+             "for it). Smaller cuts prompts into smaller chunks: running requests wait less "
+             "between tokens, new ones longer for their first.",
+    )
+    said = st.session_state.pop(BUDGET_SAID_KEY, None)
     if said:
         st.caption(f":material/sync_problem: {said}")
 
