@@ -90,10 +90,18 @@ class StepRecord:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     preemptions: int = 0  # preemptions made while scheduling this step
+    recomputed_tokens: int = 0  # prefill tokens that recompute what a preemption dropped
     # Prefix cache: tokens of the requests admitted in this step, looked up and found cached
     # (their prefill starts after the cached ones).
     queried_tokens: int = 0
     cached_tokens: int = 0
+    # A stall (telemetry/stalls.py): its cause ("" when the step is none), the step's interval
+    # (from the end of the step before it to its own end), the median interval of recent steps
+    # of its kind, and what named the cause. Empty in recordings made before steps had them.
+    stall: str = ""
+    stall_ns: int = 0
+    stall_baseline_ns: int = 0
+    stall_detail: str = ""
     # (request id, tokens it computed in this step, its context length after them): which
     # requests rode the step, for the request ledger. Empty when telemetry is off.
     chunks: list[tuple[str, int, int]] = field(default_factory=list)
