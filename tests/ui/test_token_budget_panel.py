@@ -39,7 +39,8 @@ def test_a_change_is_sent_once_versioned_and_shown_as_a_change(
     assert control(at, "ctl.budget").value == 64
     assert fake.settings()["settings_version"] == 1  # a redraw sends nothing
     (changes,) = [t for t in tables(at) if "change" in t.columns]
-    assert list(changes["change"]) == ["512 → 64"]
+    assert list(changes["change"]) == ["512 → 64", "512 → 64"]
+    assert list(changes["budget (tokens)"]) == ["64 (after)", "512 (before)"]
 
 
 def test_a_change_from_another_tab_is_shown_and_a_stale_one_is_refused_beside_the_control(
@@ -52,4 +53,5 @@ def test_a_change_from_another_tab_is_shown_and_a_stale_one_is_refused_beside_th
     assert control(second, "ctl.budget").value == 64
     second.run()
     (changes,) = [t for t in tables(second) if "change" in t.columns]
-    assert list(changes["change"]) == ["512 → 64"]
+    assert list(changes["change"]) == ["512 → 64", "512 → 64"]
+    assert list(changes["budget (tokens)"]) == ["64 (after)", "512 (before)"]

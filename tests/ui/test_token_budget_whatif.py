@@ -106,10 +106,15 @@ def test_a_change_keeps_its_prediction_and_shows_the_measurement_once_enough_ste
     assert trial.predicted == predicted
     assert trial.measured is not None and trial.measured.steps == len(enough)
     assert trial.measured.p99_itl_ms > 2 * predicted.p99_itl_ms  # the model was wrong here
-    row = trial_rows(watch.trials)[0]
-    assert row["change"] == "512 → 64"
-    assert row["predicted p99 ITL (ms)"] == f"{predicted.p99_itl_ms:.1f}"
-    assert row["measured p99 ITL (ms)"] == f"{trial.measured.p99_itl_ms:.1f}"
+    after, before_row = trial_rows(watch.trials)
+    assert after["change"] == before_row["change"] == "512 → 64"
+    assert after["budget (tokens)"] == "64 (after)"
+    assert after["predicted p99 ITL (ms)"] == f"{predicted.p99_itl_ms:.1f}"
+    assert after["measured p99 ITL (ms)"] == f"{trial.measured.p99_itl_ms:.1f}"
+    # The old budget's row: the same fit there, beside what the steps before measured.
+    assert before_row["budget (tokens)"] == "512 (before)"
+    assert trial.measured_before is not None
+    assert before_row["measured p99 ITL (ms)"] == f"{trial.measured_before.p99_itl_ms:.1f}"
 
     # The snapshot moves on and the oldest steps at 64 leave it: a shorter reading is not
     # taken over the longer one.

@@ -165,18 +165,23 @@ def prediction_rows(preds: Sequence[BudgetPrediction], current: int) -> list[dic
 
 
 def trial_rows(trials: Sequence[BudgetTrial]) -> list[dict[str, str]]:
-    """The changes table: per change, the prediction taken before it beside the measurement
-    after it (a dash until enough steps ran)."""
+    """The changes table: per change, a row at the new budget (the prediction taken before
+    the change beside the measurement after it, a dash until enough steps ran), then a row at
+    the old budget (the same fit's prediction there beside what its steps measured: how well
+    the model fits the steps it was made from)."""
     rows = []
     for t in trials:
-        p, m = t.predicted, t.measured
-        rows.append({
-            "change": f"{t.before} → {t.after}",
-            "predicted p99 ITL (ms)": _ms(p.p99_itl_ms if p else None),
-            "measured p99 ITL (ms)": _ms(m.p99_itl_ms if m else None),
-            "predicted tokens/s": _tps(p.tokens_per_s if p else None),
-            "measured tokens/s": _tps(m.tokens_per_s if m else None),
-            "steps measured": str(m.steps) if m else f"under {MIN_MEASURED_STEPS}",
-            "note": t.reason or (p.note if p else ""),
-        })
+        change = f"{t.before} → {t.after}"
+        for budget, p, m, when in ((t.after, t.predicted, t.measured, "after"),
+                                   (t.before, t.predicted_before, t.measured_before, "before")):
+            rows.append({
+                "change": change,
+                "budget (tokens)": f"{budget} ({when})",
+                "predicted p99 ITL (ms)": _ms(p.p99_itl_ms if p else None),
+                "measured p99 ITL (ms)": _ms(m.p99_itl_ms if m else None),
+                "predicted tokens/s": _tps(p.tokens_per_s if p else None),
+                "measured tokens/s": _tps(m.tokens_per_s if m else None),
+                "steps measured": str(m.steps) if m else f"under {MIN_MEASURED_STEPS}",
+                "note": t.reason or (p.note if p else ""),
+            })
     return rows
