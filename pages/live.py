@@ -3,9 +3,10 @@
 Owns one row of the controls that act on the running engine (async, slots, graphs, load
 on/off), then a row of history sparklines and the step timeline, all visible without
 scrolling, updated in place once a second (ui/widgets/live_plot.py keeps one Plotly div, so
-zoom, pan and hover survive), then the kernel lane and waterfall, the pause and Chrome trace
-download, the load generator's parameters and the gauges. Figures come from ui/figures/
-(pure functions); the engine is reached only through ui/engine_link.py's shared client.
+zoom, pan and hover survive), then the kernel lane, the waterfall and the steps' slots, the
+pause and Chrome trace download, the load generator's parameters and the gauges. Figures come
+from ui/figures/ (pure functions); the engine is reached only through ui/engine_link.py's
+shared client.
 
 app.py imports ``live_page`` and lists the function, where the other pages are listed by
 file: the banner app.py draws first then stays in the same element tree as the page, which
@@ -42,6 +43,7 @@ from ui.figures.waterfall import waterfall_figure
 from ui.widgets.controls import engine_controls, load_generator, load_switch
 from ui.widgets.fragments import live_fragment, run_page
 from ui.widgets.live_plot import live_plot
+from ui.widgets.slots import slots_view
 from ui.widgets.token_budget import PANEL_PERIOD_S as BUDGET_PERIOD_S
 from ui.widgets.token_budget import token_budget_panel
 
@@ -193,7 +195,8 @@ def live_view(client: EngineClient, settings: dict) -> None:
 
 
 def draw_live(client: EngineClient, settings: dict) -> None:
-    """The live view's charts: the history strip, the timeline and the kernel lane."""
+    """The live view's charts: the history strip, the timeline, the kernel lane and the
+    slots of the timeline's steps."""
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     stats = draw_history(client, settings, records)
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
@@ -204,11 +207,12 @@ def draw_live(client: EngineClient, settings: dict) -> None:
             shown = recent_window(frozen_records(client), window)
         draw_timeline(shown, window, paused=True)
         draw_kernels(shown, frozen_records(client), window, settings.get("device", "cpu"))
-        return
-    st.session_state[LAST_KEY] = records  # what a pause would freeze
-    recent = draw_timeline(records, window, paused=False)
-    draw_kernels(recent, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"),
-                 stats=stats)
+    else:
+        st.session_state[LAST_KEY] = records  # what a pause would freeze
+        shown = draw_timeline(records, window, paused=False)
+        draw_kernels(shown, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"),
+                     stats=stats)
+    slots_view(shown, key="live.slots", live=True)
 
 
 def control_bar(client: EngineClient) -> None:

@@ -2,9 +2,9 @@
 
 Owns choosing a recording (one shipped in docs/recordings/, or a JSON-lines file uploaded
 from the engine's exporter), saying where it was made, and drawing it: one row of figures
-per mode (decode-only steps, prefill apart) and the A/B view of two of its modes, whose
-verdict's interval is a block bootstrap of the decode-only steps (one run per mode). Needs
-no engine: it opens with the engine stopped, hung or on another machine.
+per mode (decode-only steps, prefill apart), the slots its steps used, and the A/B view of
+two of its modes, whose verdict's interval is a block bootstrap of the decode-only steps (one
+run per mode). Needs no engine: it opens with the engine stopped, hung or on another machine.
 
 It must never write a recording, and never run anything a file contains (ui/figures/recordings.py
 reads plain JSON values only).
@@ -21,6 +21,7 @@ from ui.figures.ab import Window
 from ui.figures.recordings import Recording, list_recordings, load_recording, parse_recording
 from ui.figures.window_stats import window_stats
 from ui.widgets.ab_view import show_ab
+from ui.widgets.slots import slots_view
 
 PICK_KEY = "rec.pick"
 UPLOAD_KEY = "rec.upload"
@@ -103,6 +104,7 @@ def main() -> None:
     st.markdown(f"**{rec.title()}**" + (f" · {meta['model']}" if meta.get("model") else ""))
     st.dataframe(mode_rows(rec), hide_index=True, key="rec.modes", column_config=MODE_COLUMNS,
                  placeholder="–")
+    slots_view(rec.steps, key="rec.slots", table=True)
     windows = rec.by_mode()
     labels = list(windows)
     if len(labels) < 2:

@@ -2,10 +2,12 @@
 
 Owns the on-disk shapes of telemetry. The trace has one process (the engine) with one named
 thread row per lane, in LANES order; every span is a complete event (``ph: "X"``) with
-``ts``/``dur`` in microseconds and its step's facts in ``args``. A second process
-("requests") has one track per request that rode the steps (the records' ``chunks``): an
-event per step it rode, over that step's compute span (its whole span when it has none), with
-the tokens it computed there; given the request events, also its time in queue and its end.
+``ts``/``dur`` in microseconds and its step's facts in ``args`` (its slot facts too); a step
+that async mode read alone has an instant event ("read alone: <reason>") where the CPU read
+it. A second process ("requests") has one track per request that rode the steps (the
+records' ``chunks``): an event per step it rode, over that step's compute span (its whole span
+when it has none), with the tokens it computed there; given the request events, also its time
+in queue and its end.
 JSON lines hold one object per record or event, with the record's field names.
 
 It must never import a UI library, never read the bus itself (callers hand over records),
@@ -134,8 +136,17 @@ def chrome_trace(records: Iterable[StepRecord],
             "decode_tokens": rec.decode_tokens,
             "padded_tokens": rec.padded_tokens,
             "graph_bucket": rec.graph_bucket,
+            "input_wait_us": None if rec.input_wait_ns is None else rec.input_wait_ns / 1000.0,
+            "slot_wait_us": rec.slot_wait_ns / 1000.0,
+            "sync_fallback": rec.sync_fallback,
         }
         name = f"step {rec.step}"
+        if rec.sync_fallback is not None and rec.spans:  # a mark where the CPU read it
+            read = [s for s in rec.spans if s.lane == "cpu.wait"] or rec.spans
+            spans.append({"ph": "i", "s": "t", "name": f"read alone: {rec.sync_fallback}",
+                          "cat": "sync_fallback", "pid": ENGINE_PID,
+                          "tid": _lane_tid(read[0].lane, extra), "ts": read[0].end_ns / 1000.0,
+                          "args": args})
         for span in rec.spans:
             spans.append(
                 {

@@ -4,11 +4,15 @@ and why the async pipeline read a step with nothing launched behind it (SyncFall
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from engine_checks import mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
+from telemetry.export import chrome_trace_json, write_jsonl
 from telemetry.records import StepRecord, SyncFallback
+from ui.figures.recordings import load_recording
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 # Blocks to spare: no preemption, so a schedule is empty only once a burst's last step is out.
@@ -158,3 +162,35 @@ def test_records_without_slot_facts_still_build():
     rec = StepRecord(step=0, mode="async", slot=1, num_requests=1, prefill_tokens=0,
                      decode_tokens=1)
     assert rec.slot_wait_ns == 0 and rec.sync_fallback is None and rec.input_wait_ns is None
+
+
+def test_the_trace_and_a_recording_carry_the_slot_facts(model_dir, prompts, tmp_path):
+    """A one-slot async run exported: the Chrome trace marks each step read alone with its
+    reason where the CPU read it, and the JSON lines read back as the same facts."""
+    eng = make_engine(model_dir, async_batching=True, num_slots=1)
+    try:
+        recs = run(eng, prompts[:3])
+    finally:
+        eng.shutdown()
+    trace = json.loads(chrome_trace_json(recs))
+    marks = [e for e in trace["traceEvents"] if e.get("cat") == "sync_fallback"]
+    assert [m["args"]["step"] for m in marks] == [r.step for r in recs]
+    assert {m["name"] for m in marks} == {"read alone: single slot",
+                                          "read alone: nothing scheduled"}
+    rows = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {rows[m["tid"]] for m in marks} == {"cpu.wait"}
+    back = load_recording(write_jsonl(tmp_path / "slots.jsonl", recs)).steps
+    assert [(r.slot, r.slot_wait_ns, r.sync_fallback, r.input_wait_ns) for r in back] == [
+        (r.slot, r.slot_wait_ns, r.sync_fallback, r.input_wait_ns) for r in recs]
+    assert all(isinstance(r.sync_fallback, SyncFallback) for r in back)
+
+
+def test_a_recording_with_an_unknown_reason_is_refused_by_name(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"type": "step", "step": 0, "mode": "async", "slot": 0,
+                                "num_requests": 1, "prefill_tokens": 0, "decode_tokens": 1,
+                                "spans": [], "sync_fallback": "tired"}) + "\n")
+    with pytest.raises(ValueError, match=r"line 1: .*sync_fallback 'tired' is none of "
+                                         r"'single slot', "):
+        load_recording(path)

@@ -98,6 +98,9 @@ def test_step_facts_are_in_args() -> None:
         "decode_tokens": 2,
         "padded_tokens": 6,
         "graph_bucket": 48,
+        "input_wait_us": 0.25,
+        "slot_wait_us": 0.0,
+        "sync_fallback": None,
     }
     assert xs[-1]["args"]["graph_bucket"] is None and xs[-1]["args"]["mode"] == "sync"
 

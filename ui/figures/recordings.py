@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry.kernels import sample_from_dict
-from telemetry.records import RequestEvent, Span, StepRecord
+from telemetry.records import RequestEvent, Span, StepRecord, SyncFallback
 
 RECORDINGS_DIR = Path(__file__).resolve().parents[2] / "docs" / "recordings"
 SUFFIX = ".jsonl"
@@ -67,12 +67,22 @@ class Recording:
         return out
 
 
+def _sync_fallback(value: Any) -> SyncFallback:
+    try:
+        return SyncFallback(value)
+    except ValueError:
+        allowed = ", ".join(repr(r.value) for r in SyncFallback)
+        raise ValueError(f"sync_fallback {value!r} is none of {allowed}") from None
+
+
 def _step(obj: dict[str, Any], line_no: int) -> StepRecord:
     try:
         spans = [Span(str(s["lane"]), int(s["start_ns"]), int(s["end_ns"])) for s in obj["spans"]]
         facts = {k: obj[k] for k in _STEP_FIELDS if k in obj}
         if facts.get("kernel_samples"):  # the kernel sampler's (telemetry/kernels.py)
             facts["kernel_samples"] = [sample_from_dict(d) for d in facts["kernel_samples"]]
+        if facts.get("sync_fallback") is not None:
+            facts["sync_fallback"] = _sync_fallback(facts["sync_fallback"])
         return StepRecord(spans=spans, **facts)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"line {line_no}: not a step record ({exc})") from None

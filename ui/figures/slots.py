@@ -1,0 +1,190 @@
+"""Slots, seen: which slot each step used, how long its inputs waited on the device, how long
+the CPU waited for a free slot, and where async mode read a step alone, and why.
+
+Owns the per-slot summary (steps, sync steps, input wait p50/p99, the CPU's slot wait, steps
+read alone by reason) and one figure: the steps on their slots, step by step, with the steps
+read alone marked by reason, beside each slot's input wait distribution. The facts are the
+step records' (slot, slot_wait_ns, sync_fallback, input_wait_ns: telemetry/records.py). A
+sync step is drawn as sync, never as a fallback: sync mode reads every step before the next
+by design. Pure functions: no streamlit, no engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from telemetry.records import StepRecord, SyncFallback
+
+SLOT_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")
+SYNC_COLOR = "#9e9e9e"
+FALLBACK_COLOR = "#d62728"
+FALLBACK_SYMBOLS: dict[SyncFallback, str] = {
+    SyncFallback.SINGLE_SLOT: "x",
+    SyncFallback.NOTHING_SCHEDULED: "circle-open",
+    SyncFallback.PREEMPTION: "triangle-up",
+    SyncFallback.LIVE_SETTINGS: "diamond",
+    SyncFallback.SHUTDOWN: "square",
+}
+# What each reason means to someone reading the chart (the engine's words are the enum's).
+FALLBACK_MEANING: dict[SyncFallback, str] = {
+    SyncFallback.SINGLE_SLOT: "one slot: the step is read before the next may reuse it",
+    SyncFallback.NOTHING_SCHEDULED: "nothing could run before its results (a burst's end)",
+    SyncFallback.PREEMPTION: "the work left waits for a preempted request's token",
+    SyncFallback.LIVE_SETTINGS: "a live-settings change drains the pipeline",
+    SyncFallback.SHUTDOWN: "the engine stopped",
+}
+
+
+@dataclass(slots=True)
+class SlotSummary:
+    """One slot's steps in a window of records."""
+
+    slot: int
+    steps: int = 0
+    sync_steps: int = 0
+    input_wait_ns: list[int] = field(default_factory=list)
+    slot_wait_ns: int = 0  # total: the CPU waited for this slot to come free
+    slot_waits: int = 0  # steps whose CPU waited for it at all
+    fallbacks: dict[SyncFallback, int] = field(default_factory=dict)
+
+    def input_wait_ms(self, q: float) -> float | None:
+        """The q-quantile (0..1) of the input wait, ms; None without timed steps."""
+        if not self.input_wait_ns:
+            return None
+        return float(np.quantile(np.asarray(self.input_wait_ns), q)) / 1e6
+
+
+def fallback_of(rec: StepRecord) -> SyncFallback | None:
+    """The step's reason as a SyncFallback (a recording read back may hold its plain value)."""
+    value = rec.sync_fallback
+    return None if value is None else SyncFallback(value)
+
+
+def slot_summaries(records: Sequence[StepRecord]) -> list[SlotSummary]:
+    """One summary per slot the records used, by slot index."""
+    out: dict[int, SlotSummary] = {}
+    for rec in records:
+        s = out.get(rec.slot)
+        if s is None:
+            s = out[rec.slot] = SlotSummary(rec.slot)
+        s.steps += 1
+        if rec.mode == "sync":
+            s.sync_steps += 1
+        wait = rec.input_wait_ns
+        if wait is not None:
+            s.input_wait_ns.append(wait)
+        if rec.slot_wait_ns:
+            s.slot_wait_ns += rec.slot_wait_ns
+            s.slot_waits += 1
+        reason = fallback_of(rec)
+        if reason is not None:
+            s.fallbacks[reason] = s.fallbacks.get(reason, 0) + 1
+    return [out[k] for k in sorted(out)]
+
+
+def fallback_counts(records: Sequence[StepRecord]) -> dict[SyncFallback, int]:
+    """Steps read alone, by reason, in SyncFallback's order; reasons never seen left out."""
+    counts = {reason: 0 for reason in SyncFallback}
+    for rec in records:
+        reason = fallback_of(rec)
+        if reason is not None:
+            counts[reason] += 1
+    return {k: v for k, v in counts.items() if v}
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def slot_rows(summaries: Sequence[SlotSummary]) -> list[dict[str, Any]]:
+    """Table rows, one per slot (times in ms)."""
+    return [{
+        "slot": s.slot,
+        "steps": s.steps,
+        "sync steps": s.sync_steps,
+        "input wait p50 ms": _ms(s.input_wait_ms(0.5)),
+        "input wait p99 ms": _ms(s.input_wait_ms(0.99)),
+        "CPU waited for it": s.slot_waits,
+        "CPU wait ms": round(s.slot_wait_ns / 1e6, 3),
+        "read alone": ", ".join(f"{n} {reason}" for reason, n in s.fallbacks.items()) or "–",
+    } for s in summaries]
+
+
+def slots_title(records: Sequence[StepRecord]) -> str:
+    slots = len({r.slot for r in records})
+    counts = fallback_counts(records)
+    alone = ", ".join(f"{n} {reason}" for reason, n in counts.items())
+    head = f"{len(records)} steps on {slots} slot{'s' if slots != 1 else ''}"
+    return f"{head} · read alone: {alone}" if counts else f"{head} · none read alone"
+
+
+def _hover(rec: StepRecord, reason: SyncFallback | None) -> str:
+    wait = rec.input_wait_ns
+    lines = [f"step {rec.step} · slot {rec.slot} · {rec.mode}",
+             "inputs waited " + ("–" if wait is None else f"{wait / 1e6:.3f} ms")]
+    if rec.slot_wait_ns:
+        lines.append(f"CPU waited {rec.slot_wait_ns / 1e6:.3f} ms for the slot")
+    if reason is not None:
+        lines.append(f"read alone: {reason} ({FALLBACK_MEANING[reason]})")
+    return "<br>".join(lines)
+
+
+def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
+                 uirevision: str | None = None) -> go.Figure:
+    """Left: every step on its slot (x: step number); async steps in their slot's colour,
+    sync steps grey, steps read alone marked by reason. Right: each slot's input wait (ms)."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.68, 0.32], horizontal_spacing=0.08,
+                        subplot_titles=("Steps by slot", "Inputs' wait for the device (ms)"))
+    groups: dict[Any, tuple[list[int], list[int], list[str]]] = {}
+    for rec in records:
+        reason = fallback_of(rec)
+        group: Any = reason if reason is not None else ("sync" if rec.mode == "sync"
+                                                        else rec.slot)
+        xs, ys, texts = groups.setdefault(group, ([], [], []))
+        xs.append(rec.step)
+        ys.append(rec.slot)
+        texts.append(_hover(rec, reason))
+    slots = sorted({r.slot for r in records})
+    for slot in slots:
+        if slot in groups:
+            xs, ys, texts = groups[slot]
+            fig.add_trace(go.Scattergl(
+                x=xs, y=ys, mode="markers", name=f"slot {slot}", text=texts,
+                hoverinfo="text", marker=dict(color=SLOT_COLORS[slot % len(SLOT_COLORS)],
+                                              size=6)), row=1, col=1)
+    if "sync" in groups:
+        xs, ys, texts = groups["sync"]
+        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="markers", name="sync step", text=texts,
+                                   hoverinfo="text", marker=dict(color=SYNC_COLOR, size=6)),
+                      row=1, col=1)
+    for reason in SyncFallback:
+        if reason in groups:
+            xs, ys, texts = groups[reason]
+            fig.add_trace(go.Scattergl(
+                x=xs, y=ys, mode="markers", name=f"read alone: {reason} ({len(xs)})",
+                text=texts, hoverinfo="text",
+                marker=dict(color=FALLBACK_COLOR, size=10, symbol=FALLBACK_SYMBOLS[reason],
+                            line=dict(width=2, color=FALLBACK_COLOR))), row=1, col=1)
+    for s in slot_summaries(records):
+        if s.input_wait_ns:
+            fig.add_trace(go.Box(
+                x=np.asarray(s.input_wait_ns) / 1e6, name=f"slot {s.slot}", boxpoints=False,
+                marker_color=SLOT_COLORS[s.slot % len(SLOT_COLORS)], showlegend=False,
+                orientation="h", hoverinfo="x"), row=1, col=2)
+    fig.update_yaxes(tickvals=slots, ticktext=[f"slot {k}" for k in slots],
+                     range=[(slots[-1] if slots else 0) + 0.6, -0.6], row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    fig.update_xaxes(title_text="step", row=1, col=1)
+    fig.update_xaxes(title_text="ms", rangemode="tozero", row=1, col=2)
+    fig.update_layout(
+        title=dict(text=slots_title(records) if records else "No steps yet", x=0, font_size=14),
+        height=height_px, margin=dict(l=10, r=10, t=60, b=10),
+        legend=dict(orientation="h", y=-0.25, x=0), uirevision=uirevision,
+    )
+    return fig

@@ -1,0 +1,44 @@
+"""The slots section of the Live and Recordings pages: the figure of ui/figures/slots.py, and
+a line saying what "read alone" means for each reason seen.
+
+Owns drawing them only. On the Live page the figure is drawn in place (ui/widgets/live_plot.py)
+so zoom survives the refreshes; on a recording it is a plain chart. It must never read the
+engine: the caller hands over the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import streamlit as st
+
+from telemetry.records import StepRecord
+from ui.figures.slots import (
+    FALLBACK_MEANING,
+    fallback_counts,
+    slot_rows,
+    slot_summaries,
+    slots_figure,
+)
+from ui.widgets.live_plot import live_plot
+
+SLOTS_HEIGHT_PX = 260
+
+
+def slots_view(records: Sequence[StepRecord], *, key: str, live: bool = False,
+               table: bool = False) -> None:
+    """The slots figure of `records`; `live`: drawn in place (a page that refreshes it);
+    `table`: the per-slot numbers under it."""
+    fig = slots_figure(records, height_px=SLOTS_HEIGHT_PX, uirevision=key)
+    if live:
+        live_plot(fig, key=key, height_px=SLOTS_HEIGHT_PX)
+    else:
+        st.plotly_chart(fig, key=key, config={"displaylogo": False})
+    counts = fallback_counts(records)
+    if counts:
+        st.caption("Read alone: async mode read the step with nothing launched behind it, so "
+                   "the device idled until the next launch. " + "; ".join(
+                       f"**{reason}**: {FALLBACK_MEANING[reason]}" for reason in counts) + ".")
+    if table and records:
+        st.dataframe(slot_rows(slot_summaries(records)), hide_index=True, key=f"{key}.table",
+                     placeholder="–")
