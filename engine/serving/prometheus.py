@@ -341,6 +341,8 @@ class _LiveGauges(Collector):
                     bool(settings.get("cuda_graphs")), labelled=False)
         yield gauge("gapless:cuda_graphs_available", "1 when CUDA graphs can be turned on.",
                     bool(settings.get("cuda_graphs_available")), labelled=False)
+        yield gauge("gapless:max_num_batched_tokens", "The token budget of a step (a live "
+                    "setting).", settings.get("max_num_batched_tokens", 0), labelled=False)
         # The async-correctness sentinel (engine/instruments/sentinel.py), while it is on: its
         # mismatch rate is rate(mismatches) / rate(checked).
         for key, metric, doc in SENTINEL_COUNTERS:

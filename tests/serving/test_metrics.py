@@ -31,6 +31,7 @@ GAPLESS_TYPES = {
     "gapless:async_batching": "gauge",
     "gapless:num_slots": "gauge",
     "gapless:cuda_graphs": "gauge",
+    "gapless:max_num_batched_tokens": "gauge",
     "gapless:kv_blocks_used": "gauge",
     "gapless:engine_up": "gauge",
 }
@@ -48,6 +49,7 @@ def test_metrics_parse_with_vllm_names_and_types(server):
     assert metric(samples, "gapless:async_batching") == 1  # config.yaml's setting
     assert metric(samples, "gapless:num_slots") == 2
     assert metric(samples, "gapless:cuda_graphs") == 0  # CPU
+    assert metric(samples, "gapless:max_num_batched_tokens") == 512  # config.yaml's budget
 
 
 def test_counters_move_by_what_a_request_used(server, oai):
