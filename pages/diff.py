@@ -14,6 +14,7 @@ telemetry bus), and never run anything a file contains.
 
 from __future__ import annotations
 
+import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,12 +70,17 @@ def recording_named(name: str) -> Recording | None:
 
 
 def live_facts() -> dict[str, str]:
-    """The live engine's device and model, as the Diff's facts."""
+    """The live engine's device and model, as the Diff's facts. A CPU is named as
+    `python -m bench record-timeline` names it in a recording (the engine runs on this
+    machine); a GPU by its device type only, as the engine's settings give it."""
     from ui.engine_link import engine_client  # only a live capture needs the engine
 
     s = engine_client().settings()
-    return {"device": f"{s.get('device', '')} ({s.get('dtype', '')})",
-            "model": str(s.get("model", "")), "workload": "live load"}
+    device = str(s.get("device", ""))
+    if device == "cpu":
+        device = f"CPU ({platform.processor() or platform.machine()})"
+    return {"device": device, "model": f"{s.get('model', '')} ({s.get('dtype', '')})",
+            "workload": "live load"}
 
 
 def capture(seconds: float) -> list[StepRecord]:
@@ -97,7 +103,7 @@ def pick_side(key: str, col_source: DeltaGenerator, col_window: DeltaGenerator,
             st.session_state.setdefault(CAPTURES_KEY, {})
         with col_window:
             st.write("")  # the button level with the selectbox beside it
-            if st.button(f"Capture {CAPTURE_S:g} s", key=f"diff.{key}.capture",
+            if st.button(f"Capture {key} ({CAPTURE_S:g} s)", key=f"diff.{key}.capture",
                          help="The live engine's steps over the next few seconds: start "
                          "the load (Live page) first, and change a setting between A and B."):
                 with st.spinner(f"Capturing {CAPTURE_S:g} s of steps..."):
