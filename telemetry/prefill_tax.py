@@ -28,14 +28,19 @@ a device-bound GPU window where the period's CPU jitter would only widen the fit
 token at context c reads c; a prefill chunk of n tokens ending at e reads e + (e-1) + ... +
 (e-n+1)): the attention's work, linear in the decode contexts and quadratic in a chunk. A term
 whose column does not vary in the window (eight streams always decoding: the decode count is
-constant) cannot be told from the intercept and is left out of the fit, with the reason; a
+constant), or varies in fewer than MIN_VARIED_STEPS steps, cannot be told from the intercept and
+is left out of the fit, with the reason; a
 window without a single prefill step has no prefill term, and every figure that needs it says
 so instead of inventing it.
 
-**The error**: the residual standard error s (RMSE with n - p degrees of freedom); a
-coefficient's 95% interval is b +- t * s * sqrt((X'X)^-1); a new step's 95% prediction
-interval is y +- t * s * sqrt(1 + x'(X'X)^-1 x), and the mean of k new steps' is
-y +- t * s * sqrt(1/k + x'(X'X)^-1 x) at their mean x (t: telemetry.verdict.t95).
+**The error**: the residual standard error s (RMSE with n - p degrees of freedom). On a shared
+machine slow stretches make neighbouring steps slow together, so the residuals' autocorrelation
+rho_j (steps j apart, up to MAX_LAG, negative as 0) widens every interval: with
+f = 1 + 2 * sum_j (1 - j/(J+1)) rho_j, a coefficient's 95% interval is
+b +- t * s * sqrt(f (X'X)^-1); a new step's 95% prediction interval is
+y +- t * s * sqrt(1 + f x'(X'X)^-1 x); the mean of a set of new steps' is
+y +- t * s * sqrt(sum_ab rho_|a-b| / k^2 + f x'(X'X)^-1 x) at their mean x (k steps, a and b
+their step numbers; k steps far apart give 1/k). t: telemetry.verdict.t95.
 
 **A step's split**: its decode share is what the step would cost without its prefill tokens
 (the intercept, the decode term and its decode tokens' context); its prefill share is the rest
@@ -64,6 +69,10 @@ Term = Literal["decode", "prefill", "context"]
 TERMS: tuple[Term, ...] = ("decode", "prefill", "context")
 WINDOW_STEPS = 256  # the sliding window: the last this many steps
 MIN_STEPS = 8  # fewer steps than this, or than terms + 3, fit nothing
+# A term fitted from one or two odd steps (the streams' own admission) is their noise: a term
+# needs this many steps whose value differs from the window's most common one.
+MIN_VARIED_STEPS = 3
+MAX_LAG = 16  # residual autocorrelation is counted up to this many steps apart
 _METHOD = "least squares over {n} steps, t-interval with {dof} degrees of freedom"
 
 
@@ -88,11 +97,12 @@ def context_tokens(rec: StepRecord) -> tuple[int, int]:
     decode = prefill = 0
     ones_left = rec.decode_tokens
     for _, n, end in rec.chunks:
+        n, end = int(n), int(end)
         if n == 1 and ones_left > 0:
-            decode += int(end)
+            decode += end
             ones_left -= 1
         else:
-            prefill += _chunk_context(int(n), int(end))
+            prefill += _chunk_context(n, end)
     return decode, prefill
 
 
@@ -175,10 +185,25 @@ class TaxFit:
     prefill_steps: int
     residuals_ns: tuple[float, ...] = field(repr=False)
     left_out: dict[str, str] = field(default_factory=dict)
+    # Autocorrelation of the residuals of steps 1..len(rho) apart, negative ones as 0: a slow
+    # stretch of a shared machine makes neighbouring steps slow together.
+    rho: tuple[float, ...] = ()
 
     @property
     def t(self) -> float:
         return t95(self.dof)
+
+    @property
+    def inflation(self) -> float:
+        """How much the residuals' autocorrelation widens the variance of anything summed over
+        many steps (the coefficients; Bartlett weights): 1 + 2 * sum_j (1 - j/(J+1)) rho_j."""
+        big_j = len(self.rho)
+        return 1.0 + 2.0 * sum((1 - j / (big_j + 1)) * r for j, r in enumerate(self.rho, 1))
+
+    def _rho(self, lag: int) -> float:
+        if lag == 0:
+            return 1.0
+        return self.rho[lag - 1] if lag <= len(self.rho) else 0.0
 
     def has(self, term: Term) -> bool:
         return term in self.terms
@@ -193,7 +218,7 @@ class TaxFit:
             return None
         i = 0 if term == "intercept" else 1 + self.terms.index(term)
         b = self.coef_ns[i]
-        half = self.t * self.rmse_ns * math.sqrt(max(self.xtx_inv[i][i], 0.0))
+        half = self.t * self.rmse_ns * math.sqrt(self.inflation * max(self.xtx_inv[i][i], 0.0))
         return Interval(b, b - half, b + half, _METHOD.format(n=self.steps, dof=self.dof))
 
     def _x(self, d: float, p: float, c: float) -> np.ndarray:
@@ -203,25 +228,33 @@ class TaxFit:
         """The model's step time at d decode tokens, p prefill tokens, c context tokens."""
         return float(self._x(d, p, c) @ np.asarray(self.coef_ns))
 
-    def predict(self, d: float, p: float, c: float, k: int = 1) -> StepPrediction:
-        """The step time at (d, p, c) with the 95% prediction interval of one new step, or of
-        the mean of ``k`` new steps whose regressors average (d, p, c)."""
-        if k < 1:
-            raise ValueError(f"k must be at least 1, got {k}")
-        x = self._x(d, p, c)
+    def _interval(self, x: np.ndarray, noise: float) -> StepPrediction:
+        """The model at x, +- t * s * sqrt(noise + inflation * x'(X'X)^-1 x)."""
         y = float(x @ np.asarray(self.coef_ns))
-        lever = float(x @ np.asarray(self.xtx_inv) @ x)
-        half = self.t * self.rmse_ns * math.sqrt(1.0 / k + max(lever, 0.0))
+        lever = max(float(x @ np.asarray(self.xtx_inv) @ x), 0.0)
+        half = self.t * self.rmse_ns * math.sqrt(noise + self.inflation * lever)
         return StepPrediction(y, y - half, y + half)
 
+    def predict(self, d: float, p: float, c: float, k: int = 1) -> StepPrediction:
+        """The step time at (d, p, c) with the 95% prediction interval of one new step, or of
+        the mean of ``k`` new steps far apart (independent) whose regressors average (d, p, c).
+        """
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        return self._interval(self._x(d, p, c), 1.0 / k)
+
     def predict_steps(self, steps: Sequence[TimedStep]) -> StepPrediction:
-        """The mean time of these (new) steps, with the interval of a mean of len(steps)."""
+        """The mean time of these (new) steps, with the 95% interval of their mean: steps
+        that follow one another share the fit's residual autocorrelation (rho), so a run of k
+        consecutive steps narrows the interval less than k steps far apart."""
         if not steps:
             raise ValueError("predict_steps needs at least one step")
         d = float(np.mean([s.decode_tokens for s in steps]))
         p = float(np.mean([s.prefill_tokens for s in steps]))
         c = float(np.mean([s.context for s in steps]))
-        return self.predict(d, p, c, k=len(steps))
+        nums = sorted(s.step for s in steps)
+        pairs = sum(self._rho(abs(a - b)) for a in nums for b in nums)
+        return self._interval(self._x(d, p, c), pairs / len(nums) ** 2)
 
     def decode_part_ns(self, s: TimedStep) -> float:
         """What the step would cost without its prefill tokens: intercept, decode term and
@@ -249,8 +282,14 @@ class NoFit:
     prefill_steps: int
 
 
-def _varies(col: np.ndarray) -> bool:
-    return col.size > 1 and float(np.ptp(col)) > 0
+def _mode(col: np.ndarray) -> float:
+    values, counts = np.unique(col, return_counts=True)
+    return float(values[int(np.argmax(counts))])
+
+
+def _varied_steps(col: np.ndarray) -> int:
+    """How many steps' values differ from the window's most common value."""
+    return int(np.sum(col != _mode(col))) if col.size else 0
 
 
 def fit_step_time(records: Sequence[StepRecord], *, window_steps: int = WINDOW_STEPS,
@@ -290,9 +329,14 @@ def fit_step_time(records: Sequence[StepRecord], *, window_steps: int = WINDOW_S
     for t in TERMS:  # prefill before context: a chunk's own tokens are the term asked about
         if t in left_out:
             continue
-        if not _varies(cols[t]):
-            left_out[t] = (f"{t} tokens did not vary in the window (always {cols[t][0]:.0f}): "
-                           "their cost is in the intercept")
+        varied = _varied_steps(cols[t])
+        if varied < MIN_VARIED_STEPS:
+            mode = _mode(cols[t])
+            left_out[t] = (f"{t} tokens were {mode:.0f} in all but {varied} of the window's "
+                           f"steps (the fit needs {MIN_VARIED_STEPS} that differ): their cost "
+                           "is in the intercept") if varied else \
+                (f"{t} tokens did not vary in the window (always {mode:.0f}): their cost is in "
+                 "the intercept")
             continue
         x = np.column_stack([np.ones(len(steps))] + [cols[k] for k in (*kept, t)])
         scaled = x / np.maximum(np.abs(x).max(axis=0), 1e-12)
@@ -311,10 +355,31 @@ def fit_step_time(records: Sequence[StepRecord], *, window_steps: int = WINDOW_S
     dof = len(steps) - p
     rmse = float(math.sqrt(float(resid @ resid) / dof))
     xtx_inv = np.linalg.pinv(x.T @ x)
+    rho = _autocorrelation(resid, np.array([s.step for s in steps]), len(steps))
     return TaxFit(source=source, terms=order, coef_ns=tuple(float(b) for b in coef),
                   xtx_inv=tuple(tuple(float(v) for v in row) for row in xtx_inv),
                   rmse_ns=rmse, dof=dof, steps=len(steps), prefill_steps=n_pre,
-                  residuals_ns=tuple(float(r) for r in resid), left_out=left_out)
+                  residuals_ns=tuple(float(r) for r in resid), left_out=left_out, rho=rho)
+
+
+def _autocorrelation(resid: np.ndarray, steps: np.ndarray, n: int) -> tuple[float, ...]:
+    """rho_j for j = 1..min(MAX_LAG, n // 4): the residuals of steps exactly j apart (steps
+    left out of the window break no pair), correlated against the residuals' variance;
+    negative values (and lags with too few pairs) count as 0."""
+    var = float(resid @ resid) / resid.size
+    if var <= 0:
+        return ()
+    where = {int(s): i for i, s in enumerate(steps)}
+    out = []
+    for lag in range(1, min(MAX_LAG, n // 4) + 1):
+        pairs = [(i, where[s + lag]) for s, i in where.items() if s + lag in where]
+        if len(pairs) < 4:
+            out.append(0.0)
+            continue
+        a = np.array([resid[i] for i, _ in pairs])
+        b = np.array([resid[j] for _, j in pairs])
+        out.append(max(float(np.mean(a * b)) / var, 0.0))
+    return tuple(out)
 
 
 @dataclass(slots=True, frozen=True)
