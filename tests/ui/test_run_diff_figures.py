@@ -1,12 +1,15 @@
 """The Diff page's figures (ui/figures/run_diff.py) on the shipped recordings: each batch's
 boxes carry the median change and its 95% interval under them, one panel per step kind,
 a log axis with readable ticks only when step times span decades, the waterfall in ms per
-step (in % of a step across machines), kernel families in their shared colours, and the
-tables' rows."""
+step (in % of a step across machines), kernel families in their shared colours, the
+tables' rows; and the page that draws them (pages/diff.py, without an engine)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from streamlit.testing.v1 import AppTest
 
 from telemetry.kernel_family import colour_of
 from telemetry.records import Span, StepRecord
@@ -119,3 +122,24 @@ def test_the_tables_say_which_groups_and_facts_the_runs_share(h200) -> None:
                       run("cpu-tiny2.jsonl", "async"))
     assert {r["verdict"] for r in group_rows(mixed.groups)} == {"one run only"}
     assert {r[""]: r["same"] for r in facet_rows(mixed)}["device"] == "no"
+
+
+PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "diff.py")
+
+
+def test_the_page_opens_on_the_h200_windows_and_refuses_a_window_against_itself() -> None:
+    at = AppTest.from_file(PAGE, default_timeout=120).run()
+    assert not at.exception
+    assert [s.value for s in at.selectbox] == ["h200-llama-1b.jsonl", "sync+graphs",
+                                               "h200-llama-1b.jsonl", "async+graphs"]
+    assert at.success[0].value.startswith("**Decode throughput: async+graphs is")
+    assert [c.value for c in at.caption if c.value.startswith("Differs")] == [
+        "Differs: mode: sync vs async. The figures below show its effect."]
+    at.selectbox(key="diff.B.window.h200-llama-1b.jsonl").set_value("sync+graphs").run()
+    assert [i.value for i in at.info] == [
+        "A and B are the same window: pick another window or run for one side."]
+    at.selectbox(key="diff.B.source").set_value("cpu-tiny2.jsonl").run()
+    assert at.warning[0].value.startswith(
+        "**Not comparable: device: NVIDIA H200 vs CPU (x86_64)")
+    assert not at.success  # across devices the verdict is information, not a finding
+    assert "h200-llama-1b sync+graphs" in at.info[0].value  # runs named by their source
