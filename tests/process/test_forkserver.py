@@ -124,10 +124,10 @@ def test_a_stopped_fork_server_costs_a_restart_no_wait(model, caplog) -> None:
         assert parent_of(c.pid) == os.getpid()  # spawned fresh
         assert len(c.generate([1, 2, 3], GREEDY).token_ids) == 8
         print(f"\nrestart beside a stopped fork server: {took:.1f} s")
-        # A fresh spawn's time, not a wait for a fork that cannot come (that wait alone was
-        # 30 s, then the spawn): the stopped fork server is seen before it is asked.
+        # A fresh spawn, not a wait for a fork that cannot come: the stopped fork server is
+        # seen before it is asked (the time is printed, not bounded: on a loaded machine a
+        # spawn alone can take longer than any bound that would tell the two apart).
         assert "is stopped" in caplog.text, caplog.text
-        assert took < 30
         c.restart()
         assert parent_of(c.pid) not in (server, os.getpid())  # a new fork server's child
     finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -96,7 +97,14 @@ def test_silent_engine_fails_its_clients_cleanly_and_aborts_their_requests(hung)
         assert whole["status"] == 503, whole
         assert whole["body"]["error"]["code"] == "engine_timeout"
         assert "restart()" not in whole["body"]["error"]["message"]
-        assert whole["t"] - stopped_at[0] >= ENGINE_TIMEOUT_S - 0.5
+        # It gave up only after the timeout's silence. The silence is read from the server's
+        # own count (in the message), not from this client's SIGSTOP: on a loaded machine
+        # the engine can fall silent before the stop (descheduled), so the answer may come
+        # less than the timeout after the stop while the silence it waited out is whole.
+        silent = float(re.search(r"sent nothing for ([0-9.]+) s",  # type: ignore[union-attr]
+                                 whole["body"]["error"]["message"]).group(1))
+        assert silent >= ENGINE_TIMEOUT_S, whole["body"]
+        assert whole["t"] > stopped_at[0]
     finally:  # never leave it stopped for the next test, whatever failed above
         if stopped_at:
             os.kill(pid, signal.SIGCONT)
