@@ -123,7 +123,8 @@ def test_config_yaml_sets_and_comments_every_knob():
 
 
 LIVE_BAD = [("async_batching", "yes"), ("num_slots", 4), ("num_slots", 2.0),
-            ("cuda_graphs", 1), ("sentinel_sample_every", -1), ("sentinel_sample_every", True)]
+            ("cuda_graphs", 1), ("sentinel_sample_every", -1), ("sentinel_sample_every", True),
+            ("max_num_batched_tokens", 0), ("max_num_batched_tokens", 64.0)]
 
 
 @pytest.fixture(scope="module")
