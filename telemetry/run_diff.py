@@ -190,6 +190,16 @@ def facets(a: Run, b: Run) -> list[Facet]:
     return [Facet(name, fa.get(name, ""), fb.get(name, "")) for name in FACETS]
 
 
+def groups_text(groups: Sequence[GroupDiff]) -> str:
+    """Groups as "decode-only 1, 9, with prefill 16" (kinds in KINDS order)."""
+    parts = []
+    for kind in KINDS:
+        batches = sorted((g.batch for g in groups if g.kind == kind), key=label_order)
+        if batches:
+            parts.append(f"{kind} {', '.join(batches)}")
+    return ", ".join(parts)
+
+
 @dataclass(slots=True, frozen=True)
 class Note:
     """One thing the diff cannot compare, in words (markdown). ``serious``: the runs' step
@@ -223,14 +233,11 @@ def comparability_notes(found: Sequence[Facet], groups: Sequence[GroupDiff]) -> 
     if context:
         what = "; ".join(f"{f.name}: {f.a} vs {f.b}" for f in context)
         notes.append(Note(False, f"Also differs: {what}."))
-    only_a = sorted({g.batch for g in groups if g.a_ms.size and not g.b_ms.size},
-                    key=label_order)
-    only_b = sorted({g.batch for g in groups if g.b_ms.size and not g.a_ms.size},
-                    key=label_order)
-    if only_a or only_b:
-        parts = [f"only in {side}: {', '.join(sizes)}" for side, sizes
-                 in (("A", only_a), ("B", only_b)) if sizes]
-        notes.append(Note(False, f"Batch sizes seen by one run only ({'; '.join(parts)}): "
+    one_run = [f"{side} only: {kinds}" for side, kinds in (
+        ("A", groups_text([g for g in groups if g.a_ms.size and not g.b_ms.size])),
+        ("B", groups_text([g for g in groups if g.b_ms.size and not g.a_ms.size]))) if kinds]
+    if one_run:
+        notes.append(Note(False, f"Seen by one run only ({'; '.join(one_run)}): "
                           "those groups have nothing to be compared with."))
     return notes
 

@@ -117,7 +117,7 @@ def test_an_h200_run_against_a_cpu_run_says_what_is_not_comparable(
     choose(page, "A: run", "h200-llama-1b.jsonl", "Not comparable: device: NVIDIA H200 vs CPU")
     text = wait_diff(page, "Not comparable: device: NVIDIA H200 vs CPU")
     assert "model: llama-1b shape, random bfloat16 weights vs tiny shape" in text
-    assert "Batch sizes seen by one run only" in text
+    assert "Seen by one run only (A only: decode-only 1, 9, 17, 24, 32" in text
     assert "Where a step's time went" in text  # what can be compared is still drawn
 
 

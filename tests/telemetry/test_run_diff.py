@@ -128,7 +128,8 @@ def test_an_h200_run_against_a_cpu_run_says_what_is_not_comparable() -> None:
     assert "model: llama-1b shape, random bfloat16 weights vs tiny shape" in first.text
     texts = " ".join(n.text for n in d.notes)
     assert "CUDA graphs: on vs off" in texts
-    assert "only in A: 1, 9, 16, 17, 24, 32; only in B: 4" in texts
+    assert ("Seen by one run only (A only: decode-only 1, 9, 17, 24, 32, with "
+            "prefill 16, 24, 32; B only: decode-only 4)") in texts
     assert all(w is not None for w in d.waterfalls)
     assert {g.batch for g in d.groups if g.b_ms.size} == {"4"}
     assert not any(g.shared for g in d.groups)
