@@ -44,7 +44,9 @@ def test_one_slot_async_run_is_marked_read_alone_step_by_step(model_dir):
     by_name = traces(fig)
     single = by_name[f"read alone: single slot ({len(recs) - 1})"]
     assert list(single.x) == [r.step for r in recs[:-1]]
-    assert "one slot" in single.text[0] and f"step {recs[0].step}" in single.text[0]
+    assert "read alone: single slot (one slot" in single.hovertemplate
+    assert [w for w, _ in single.customdata] == [r.input_wait_ns / 1e6 for r in recs[:-1]]
+    assert [s for _, s in single.customdata] == [r.slot_wait_ns / 1e6 for r in recs[:-1]]
     assert list(by_name["read alone: nothing scheduled (1)"].x) == [recs[-1].step]
     assert "slot 0" not in by_name  # every step of it is marked, none plain
     title = fig.layout.title.text

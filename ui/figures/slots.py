@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from telemetry.records import StepRecord, SyncFallback
 
@@ -124,67 +123,81 @@ def slots_title(records: Sequence[StepRecord]) -> str:
     return f"{head} · read alone: {alone}" if counts else f"{head} · none read alone"
 
 
-def _hover(rec: StepRecord, reason: SyncFallback | None) -> str:
-    wait = rec.input_wait_ns
-    lines = [f"step {rec.step} · slot {rec.slot} · {rec.mode}",
-             "inputs waited " + ("–" if wait is None else f"{wait / 1e6:.3f} ms")]
-    if rec.slot_wait_ns:
-        lines.append(f"CPU waited {rec.slot_wait_ns / 1e6:.3f} ms for the slot")
+def _hovertemplate(mode: str, reason: SyncFallback | None) -> str:
+    """One trace's hover (per point: step, slot, input wait and slot wait from customdata)."""
+    lines = ["step %{x} · slot %{y} · " + mode,
+             "inputs waited %{customdata[0]:.3f} ms",
+             "CPU waited %{customdata[1]:.3f} ms for the slot"]
     if reason is not None:
         lines.append(f"read alone: {reason} ({FALLBACK_MEANING[reason]})")
-    return "<br>".join(lines)
+    return "<br>".join(lines) + "<extra></extra>"
+
+
+LEFT_DOMAIN = (0.0, 0.64)
+RIGHT_DOMAIN = (0.72, 1.0)
 
 
 def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
                  uirevision: str | None = None) -> go.Figure:
     """Left: every step on its slot (x: step number); async steps in their slot's colour,
-    sync steps grey, steps read alone marked by reason. Right: each slot's input wait (ms)."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.68, 0.32], horizontal_spacing=0.08,
-                        subplot_titles=("Steps by slot", "Inputs' wait for the device (ms)"))
-    groups: dict[Any, tuple[list[int], list[int], list[str]]] = {}
+    sync steps grey, steps read alone marked by reason. Right: each slot's input wait (ms).
+    Built in one go (axes laid out by hand, no make_subplots): the Live page rebuilds it every
+    second, and plotly's per-call updates cost more than the data."""
+    # per group: steps, slots, input wait (ms, NaN where unknown), slot wait (ms), mode
+    groups: dict[Any, tuple[list[int], list[int], list[float], list[float], set[str]]] = {}
     for rec in records:
         reason = fallback_of(rec)
         group: Any = reason if reason is not None else ("sync" if rec.mode == "sync"
                                                         else rec.slot)
-        xs, ys, texts = groups.setdefault(group, ([], [], []))
-        xs.append(rec.step)
-        ys.append(rec.slot)
-        texts.append(_hover(rec, reason))
+        steps, slot_of, waits, slot_waits, modes = groups.setdefault(
+            group, ([], [], [], [], set()))
+        steps.append(rec.step)
+        slot_of.append(rec.slot)
+        wait = rec.input_wait_ns
+        waits.append(np.nan if wait is None else wait / 1e6)
+        slot_waits.append(rec.slot_wait_ns / 1e6)
+        modes.add(rec.mode)
     slots = sorted({r.slot for r in records})
+    data: list[dict[str, Any]] = []
+
+    def strip(group: Any, name: str, marker: dict[str, Any]) -> None:
+        if group in groups:
+            steps, slot_of, waits, slot_waits, modes = groups[group]
+            mode = "/".join(sorted(modes))
+            data.append(dict(
+                type="scattergl", x=np.asarray(steps), y=np.asarray(slot_of), mode="markers",
+                name=name, customdata=np.column_stack([waits, slot_waits]), marker=marker,
+                hovertemplate=_hovertemplate(mode, group if isinstance(group, SyncFallback)
+                                             else None)))
+
     for slot in slots:
-        if slot in groups:
-            xs, ys, texts = groups[slot]
-            fig.add_trace(go.Scattergl(
-                x=xs, y=ys, mode="markers", name=f"slot {slot}", text=texts,
-                hoverinfo="text", marker=dict(color=SLOT_COLORS[slot % len(SLOT_COLORS)],
-                                              size=6)), row=1, col=1)
-    if "sync" in groups:
-        xs, ys, texts = groups["sync"]
-        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="markers", name="sync step", text=texts,
-                                   hoverinfo="text", marker=dict(color=SYNC_COLOR, size=6)),
-                      row=1, col=1)
+        strip(slot, f"slot {slot}", dict(color=SLOT_COLORS[slot % len(SLOT_COLORS)], size=6))
+    strip("sync", "sync step", dict(color=SYNC_COLOR, size=6))
     for reason in SyncFallback:
-        if reason in groups:
-            xs, ys, texts = groups[reason]
-            fig.add_trace(go.Scattergl(
-                x=xs, y=ys, mode="markers", name=f"read alone: {reason} ({len(xs)})",
-                text=texts, hoverinfo="text",
-                marker=dict(color=FALLBACK_COLOR, size=10, symbol=FALLBACK_SYMBOLS[reason],
-                            line=dict(width=2, color=FALLBACK_COLOR))), row=1, col=1)
+        n = len(groups[reason][0]) if reason in groups else 0
+        strip(reason, f"read alone: {reason} ({n})",
+              dict(color=FALLBACK_COLOR, size=10, symbol=FALLBACK_SYMBOLS[reason],
+                   line=dict(width=2, color=FALLBACK_COLOR)))
     for s in slot_summaries(records):
         if s.input_wait_ns:
-            fig.add_trace(go.Box(
-                x=np.asarray(s.input_wait_ns) / 1e6, name=f"slot {s.slot}", boxpoints=False,
-                marker_color=SLOT_COLORS[s.slot % len(SLOT_COLORS)], showlegend=False,
-                orientation="h", hoverinfo="x"), row=1, col=2)
-    fig.update_yaxes(tickvals=slots, ticktext=[f"slot {k}" for k in slots],
-                     range=[(slots[-1] if slots else 0) + 0.6, -0.6], row=1, col=1)
-    fig.update_yaxes(autorange="reversed", row=1, col=2)
-    fig.update_xaxes(title_text="step", row=1, col=1)
-    fig.update_xaxes(title_text="ms", rangemode="tozero", row=1, col=2)
-    fig.update_layout(
-        title=dict(text=slots_title(records) if records else "No steps yet", x=0, font_size=14),
+            data.append(dict(type="box", x=np.asarray(s.input_wait_ns) / 1e6,
+                             name=f"slot {s.slot}", boxpoints=False, orientation="h",
+                             marker=dict(color=SLOT_COLORS[s.slot % len(SLOT_COLORS)]),
+                             showlegend=False, hoverinfo="x", xaxis="x2", yaxis="y2"))
+    titles = [dict(text=text, x=sum(domain) / 2, y=1.0, xref="paper", yref="paper",
+                   xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=14))
+              for text, domain in (("Each step (x: step number) on its slot", LEFT_DOMAIN),
+                                   ("Inputs' wait for the device (ms)", RIGHT_DOMAIN))]
+    layout = dict(
+        title=dict(text=slots_title(records) if records else "No steps yet", x=0,
+                   font=dict(size=14)),
         height=height_px, margin=dict(l=10, r=10, t=60, b=10),
-        legend=dict(orientation="h", y=-0.25, x=0), uirevision=uirevision,
+        legend=dict(orientation="h", y=-0.15, x=0), uirevision=uirevision,
+        annotations=titles,
+        xaxis=dict(domain=LEFT_DOMAIN, anchor="y"),
+        yaxis=dict(anchor="x", tickvals=slots, ticktext=[f"slot {k}" for k in slots],
+                   range=[(slots[-1] if slots else 0) + 0.6, -0.6]),
+        xaxis2=dict(domain=RIGHT_DOMAIN, anchor="y2", rangemode="tozero"),
+        yaxis2=dict(anchor="x2", autorange="reversed"),
     )
-    return fig
+    return go.Figure(dict(data=data, layout=layout))
