@@ -43,6 +43,7 @@ from ui.figures.waterfall import waterfall_figure
 from ui.widgets.controls import engine_controls, load_generator, load_switch
 from ui.widgets.fragments import live_fragment, run_page
 from ui.widgets.live_plot import live_plot
+from ui.widgets.prefill_tax import prefill_tax_live
 from ui.widgets.slots import slots_view
 from ui.widgets.token_budget import PANEL_PERIOD_S as BUDGET_PERIOD_S
 from ui.widgets.token_budget import token_budget_panel
@@ -353,6 +354,7 @@ def draw_live_page() -> None:
                      icon=":material/tune:"):
         live_fragment(token_budget_panel, BUDGET_PERIOD_S)(client)
     live_fragment(controls, CONTROLS_PERIOD_S)(client)
+    prefill_tax_live(client)
 
 
 def live_page() -> None:

@@ -21,6 +21,7 @@ from ui.figures.ab import Window
 from ui.figures.recordings import Recording, list_recordings, load_recording, parse_recording
 from ui.figures.window_stats import window_stats
 from ui.widgets.ab_view import show_ab
+from ui.widgets.prefill_tax import prefill_tax_recording
 from ui.widgets.slots import slots_view
 
 PICK_KEY = "rec.pick"
@@ -106,6 +107,7 @@ def main() -> None:
                  placeholder="–")
     slots_view(rec.steps, key="rec.slots", table=True)
     windows = rec.by_mode()
+    prefill_tax_recording(windows, key="rec.prefill_tax")
     labels = list(windows)
     if len(labels) < 2:
         st.info(f"This recording holds one mode ({labels[0]}): its timeline is below.")
