@@ -53,7 +53,8 @@ def default_modes(cuda_graphs: bool = False) -> list[dict[str, Any]]:
 
 
 def mode_label(mode: dict[str, Any]) -> str:
-    """"sync", "async+graphs", "async 3 slots"...; a mode's own "label" wins."""
+    """"sync", "async+graphs", "async 3 slots", "sync budget 64"...; a mode's own "label"
+    wins."""
     if mode.get("label"):
         return str(mode["label"])
     label = "async" if mode.get("async_batching", True) else "sync"
@@ -61,6 +62,8 @@ def mode_label(mode: dict[str, Any]) -> str:
         label += "+graphs"
     if mode.get("num_slots") is not None:
         label += f" {mode['num_slots']} slots"
+    if mode.get("max_num_batched_tokens") is not None:
+        label += f" budget {mode['max_num_batched_tokens']}"
     return label
 
 

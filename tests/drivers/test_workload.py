@@ -43,6 +43,8 @@ def test_default_modes_and_labels():
         "async+graphs",
     ]
     assert mode_label({"async_batching": True, "num_slots": 3}) == "async 3 slots"
+    assert mode_label({"async_batching": False, "max_num_batched_tokens": 64}) == \
+        "sync budget 64"
     assert mode_label({"label": "mine", "async_batching": False}) == "mine"
 
 
