@@ -9,7 +9,7 @@ reads the what-if table, types --budget into the token budget control, lets --af
 run, and reads the panel's row for that change: the prediction made from the steps before the
 change beside what the steps after it measured (p99 inter-token latency and tokens/s).
 
-    python -m bench token-budget                       # 512 -> 32, about two minutes on a CPU
+    python -m bench token-budget                       # 512 -> 64, about two minutes on a CPU
     python -m bench token-budget --budget 128 --before-s 60 --after-s 60
 
 Needs Debian's chromium and playwright (requirements-dev.txt). Reaches nothing beyond
@@ -66,10 +66,12 @@ READ_TABLE = """(key) => {
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--config", default=str(REPO / "config.yaml"),
                     help="the engine's settings file (default: config.yaml)")
-    ap.add_argument("--budget", type=int, default=32, help="the budget to change to")
-    ap.add_argument("--concurrency", type=int, default=4, help="load generator streams")
+    # Short outputs: prompts keep arriving, so the window before the change holds prefill
+    # steps of several sizes (the fit needs them) even when a loaded CPU runs few steps.
+    ap.add_argument("--budget", type=int, default=64, help="the budget to change to")
+    ap.add_argument("--concurrency", type=int, default=8, help="load generator streams")
     ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--before-s", type=float, default=45.0,
                     help="seconds of load before the change")
     ap.add_argument("--after-s", type=float, default=45.0,
