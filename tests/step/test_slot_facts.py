@@ -5,13 +5,15 @@ and why the async pipeline read a step with nothing launched behind it (SyncFall
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 from engine_checks import mixed_prompts
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.process.wire import decode_steps, encode_steps, pickle_frame
 from telemetry.export import chrome_trace_json, write_jsonl
-from telemetry.records import StepRecord, SyncFallback
+from telemetry.records import Span, StepRecord, SyncFallback
 from ui.figures.recordings import load_recording
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -194,3 +196,13 @@ def test_a_recording_with_an_unknown_reason_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"line 1: .*sync_fallback 'tired' is none of "
                                          r"'single slot', "):
         load_recording(path)
+
+
+def test_the_slot_facts_cross_the_process_boundary():
+    """The dashboard reads records from the engine process: the wire keeps the facts."""
+    rec = StepRecord(step=4, mode="async", slot=0, num_requests=1, prefill_tokens=0,
+                     decode_tokens=1, spans=[Span("h2d", 0, 5), Span("compute", 9, 20)],
+                     slot_wait_ns=7, sync_fallback=SyncFallback.SINGLE_SLOT)
+    (back,) = decode_steps(pickle.loads(pickle_frame(encode_steps([rec]))))
+    assert back.sync_fallback is SyncFallback.SINGLE_SLOT
+    assert (back.slot_wait_ns, back.input_wait_ns) == (7, 4)
