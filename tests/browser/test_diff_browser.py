@@ -1,11 +1,11 @@
 """The Diff page in a real browser: the shipped H200 1B recording's sync window against its
 async window, two CPU recordings, an H200 run against a CPU run, and two captures of the
-live engine; screenshots of the first two at both window sizes.
+live engine; screenshots of the first three at both window sizes.
 
-Screenshots go to artifacts/screenshots/ (ignored by git): ``diff-h200-1b-sync-async-*`` and
-``diff-cpu-tiny-cpu-tiny2-*``, each with a ``-whole-`` shot of the scrolled page; the copies
-in docs/screenshots/ are refreshed by hand from there, so running the tests never changes a
-tracked file.
+Screenshots go to artifacts/screenshots/ (ignored by git): ``diff-h200-1b-sync-async-*``,
+``diff-cpu-tiny-cpu-tiny2-*`` and ``diff-h200-against-cpu-*``, each with a ``-whole-`` shot
+of the scrolled page; the copies in docs/screenshots/ are refreshed by hand from there, so
+running the tests never changes a tracked file.
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ def test_an_h200_run_against_a_cpu_run_says_what_is_not_comparable(
     assert "model: llama-1b shape, random bfloat16 weights vs tiny shape" in text
     assert "Seen by one run only (A only: decode-only 1, 9, 17, 24, 32" in text
     assert "Where a step's time went" in text  # what can be compared is still drawn
+    shoot_both_sizes(page, "diff-h200-against-cpu")
 
 
 def wait_no_diff(page: sync_api.Page) -> None:
