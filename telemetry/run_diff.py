@@ -291,10 +291,13 @@ class FamilyTime:
 
 def family_time(records: Sequence[StepRecord]) -> FamilyTime | None:
     """Kernel time per sampled step by family (FAMILIES order, the marker left out) from the
-    kernel samples the records carry; None when they carry none (a CPU run, or a recording
-    made without the kernel sampler)."""
-    samples: list[KernelSample] = [s for r in records for s in r.kernel_samples]
-    steps = sum(1 for s in samples for st in s.steps if st.work)
+    kernel samples the records carry, over the sampled steps that are the run's own (a
+    sample rides on a later step's record, which may open the next window); None when there
+    is none (a CPU run, or a recording made without the kernel sampler)."""
+    mine = {r.step for r in records}
+    samples = [KernelSample([st for st in s.steps if st.step in mine and st.work], s.window,
+                            s.kernel_ns) for r in records for s in r.kernel_samples]
+    steps = sum(len(s.steps) for s in samples)
     if not steps:
         return None
     ns = family_time_ns(samples)

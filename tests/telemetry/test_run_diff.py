@@ -204,6 +204,10 @@ def test_kernel_time_per_sampled_step_by_family() -> None:
     got = family_time(recs)
     assert got is not None and got.sampled_steps == 2
     assert got.us_per_step == pytest.approx({"gemm": 0.7, "attention": 0.1})  # marker left out
+    # the sample rides on step 3; a window that starts there holds none of its steps
+    assert family_time(recs[3:]) is None
+    late = family_time(recs[2:])
+    assert late is not None and late.us_per_step == pytest.approx({"gemm": 0.6})
     wf = waterfall_per_step(recs)
     assert wf is not None and wf.split and "floor" in wf.parts_ms and UNSPLIT not in wf.parts_ms
 
