@@ -237,8 +237,9 @@ class StepLoop:
             preemptions=len(sched.preempted),
             cached_tokens=sched.num_cached_tokens, queried_tokens=sched.num_queried_tokens,
             token_budget=self.scheduler.max_num_batched_tokens,
-            slot_wait_ns=slot_wait_ns,
         )
+        if slot_wait_ns:  # one slot in async mode: the CPU waited for the slot's last copy
+            record.slot_wait_ns = slot_wait_ns
         if self.bus is not None:  # for the request ledger: who rode this step, and how far
             record.chunks = [(c.request.request_id, c.num_tokens, c.start + c.num_tokens)
                              for c in sched.chunks]
