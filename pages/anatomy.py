@@ -101,9 +101,14 @@ def main() -> None:
                     except (TimeoutError, RuntimeError) as e:
                         st.error(f"Step anatomy: {e}")
     summary = st.session_state.get(RESULT_KEY)
+    unmeasured = (summary or {}).get("not_measured") or []
+    if summary and not summary.get("steps") and unmeasured:
+        st.warning(f"None of the {len(unmeasured)} recorded steps was measured (the profiler "
+                   f"kept no complete kernel record: {unmeasured[0]['why']}); record again.")
     if not summary or not summary.get("steps"):
         return
-    st.subheader(f"{len(summary['steps'])} steps ({summary['device']})")
+    st.subheader(f"{len(summary['steps'])} steps ({summary['device']})"
+                 + (f", {len(unmeasured)} not measured" if unmeasured else ""))
     st.dataframe(step_rows(summary), hide_index=True, key="anatomy.steps", placeholder="–")
     st.subheader("Kernel families (per step)")
     st.dataframe(family_rows(summary), hide_index=True, key="anatomy.families",

@@ -91,3 +91,36 @@ def test_on_an_idle_engine_it_asks_for_load_instead_of_waiting(
     assert not at.exception and not at.error
     assert not asked  # no recording asked of an engine with nothing to run
     assert any("engine is idle" in w.value for w in at.warning)
+
+
+def test_a_step_the_profiler_lost_shows_as_not_measured_never_as_idle(
+    fake: FakeEngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recording's step 101 lost its kernel records: the step table keeps it, its timings
+    empty and "not measured" said, and the page counts it; when every step is lost, the page
+    says so instead of showing nothing."""
+    from telemetry.anatomy import Kernel, StepKernels, summary_dict
+
+    def recording(lost: set[int]):
+        def record(n_steps: int = 8, timeout_s: float = 30.0) -> dict:
+            steps = [StepKernels(100 + k, [] if 100 + k in lost else [
+                Kernel("nvjet_tst_gemm", "gemm", 1000.0 * k, 25.0),
+                Kernel("rms_norm_kernel", "norm", 1000.0 * k + 30, 5.0)]) for k in range(3)]
+            return summary_dict(steps, device="cuda", first_step=100)
+        return record
+
+    monkeypatch.setattr(fake, "record_anatomy", recording({101}))
+    at = AppTest.from_file(str(APP), default_timeout=30).run()
+    at.switch_page("pages/anatomy.py").run()
+    at.button(key="anatomy.record").click().run()
+    assert not at.exception and not at.error
+    table = at.dataframe[0].value
+    assert list(table["step"]) == [100, 101, 102]
+    lost = table[table["step"] == 101].iloc[0]
+    assert lost["measured"].startswith("not measured")
+    assert lost.isna()["between kernels (us)"]  # no gap that would read as idle
+    assert any("1 not measured" in h.value for h in at.subheader)
+    monkeypatch.setattr(fake, "record_anatomy", recording({100, 101, 102}))
+    at.button(key="anatomy.record").click().run()
+    assert not at.exception
+    assert any("None of the 3 recorded steps was measured" in w.value for w in at.warning)
