@@ -10,6 +10,7 @@ step boundary; a change never touches a step in flight. Never imports UI code.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import queue
@@ -40,6 +41,7 @@ from engine.instruments.floor_probe import engine_curve
 from engine.instruments.kernel_sampler import KernelSampler
 from engine.instruments.observer import Instruments
 from engine.instruments.sentinel import Sentinel
+from engine.instruments.stall_watch import StallWatch
 from engine.instruments.step_floor import live_floor
 from engine.model import loader
 from engine.model.blas import apply_blas_library
@@ -53,6 +55,7 @@ from engine.step.runner import ModelRunner
 from engine.step.streams import StreamSet
 from telemetry.bus import TelemetryBus
 from telemetry.records import SyncFallback
+from telemetry.stalls import ENGINE_COMMAND
 
 log = logging.getLogger("gapless.engine")
 
@@ -222,6 +225,14 @@ class Engine:
         # (under TP the leader's model is its shard, and each rank reads its KV share)
         self.loop.byte_floor = live_floor(model, self.kv_bytes_per_token / max(1, n_tp),
                                           self.floor_curve)
+        # Stalls: each record judged once, on the loop thread, before it is published.
+        self.stall_watch = StallWatch(compute_thread=self.streams.compute_thread()) \
+            if config.telemetry else None
+        if self.stall_watch is not None:
+            self.loop.judge_stall = self.stall_watch.observe
+            self.loop.mark = self.stall_watch.add_mark
+            if self.instruments.sentinel is not None:
+                self.instruments.sentinel.mark = self.stall_watch.add_mark
 
     # ------------------------------------------------------------------- live control
     def configure(self, async_batching: bool | None = None, num_slots: int | None = None,
@@ -453,12 +464,15 @@ class Engine:
                 self.loop.abort(arg)
             elif kind == "call":  # run_on_loop: a caller's function at a step boundary
                 assert done is not None
+                start = time.perf_counter_ns()
                 try:
                     done.set_result(arg())
                 except Exception as e:
                     done.set_exception(e)
+                self._mark_command(start, "run_on_loop")
             elif kind == "configure":
                 assert done is not None
+                start = time.perf_counter_ns()
                 try:
                     self._reconfigure(*arg)
                 except Exception as e:  # the caller is told; the engine serves on
@@ -466,6 +480,15 @@ class Engine:
                     done.set_exception(RuntimeError(f"configure failed: {describe(e)}"))
                 else:
                     done.set_result(None)
+                self._mark_command(start, "live settings: " + ", ".join(
+                    f"{k}={v}" for k, v in inspect.signature(self._reconfigure).bind(*arg)
+                    .arguments.items() if v is not None))
+
+    def _mark_command(self, start_ns: int, label: str) -> None:
+        """A command ran on the loop thread from start_ns until now: a stall it causes is
+        named for it."""
+        if self.stall_watch is not None:
+            self.stall_watch.add_mark(ENGINE_COMMAND, start_ns, time.perf_counter_ns(), label)
 
     def step(self) -> bool:
         """One step boundary: apply commands, then schedule/launch/read. For manual driving
@@ -523,6 +546,8 @@ class Engine:
         finally:
             if self.tp is not None:  # the worker ranks end with this one
                 self.tp.close()
+            if self.stall_watch is not None:
+                self.stall_watch.close()
             if self._settled:
                 self._settled = False
                 heap.release()

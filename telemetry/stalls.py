@@ -50,13 +50,13 @@ BETWEEN_PHASES = "between phases"
 WINDOW_STEPS = 64
 MIN_STEPS = 8
 RATIO = 3.0
-MADS = 6.0
+MADS = 4.0
 MIN_EXCESS_NS = 1_000_000
 # A fact names the cause when it accounts for at least this share of the excess (the
 # interval minus the median); a prefill is unusual at UNUSUAL_PREFILL times its kind's median.
 EXPLAINS = 0.5
 UNUSUAL_PREFILL = 2.0
-_MEDIAN_EVERY = 8  # appends between refreshes of a kind's cached median
+_MEDIAN_EVERY = 16  # appends between refreshes of a kind's cached median
 
 
 @dataclass(slots=True)
@@ -100,6 +100,7 @@ class _Seen:
     blocked_ns: int | None  # off-CPU, not runnable, outside its wait for the device
     record: StepRecord
     next_record: StepRecord | None
+    lanes: dict[str, int] | None = None  # lane_times(), once asked for
 
 
 class _Kind:
@@ -138,6 +139,7 @@ class StallDetector:
         self._prev_had_work = False
         self.stalls = 0
         self.longest_ns = 0
+        self.last_end_ns = 0  # the end of the latest step judged
 
     def observe(self, rec: StepRecord, facts: StepFacts) -> bool:
         """Judge ``rec``: when it is a stall, set its ``stall*`` fields and return True.
@@ -157,8 +159,10 @@ class StallDetector:
         prev_end = self._prev_end
         start = prev_end if prev_end is not None and self._prev_had_work and prev_end < end \
             else first
-        self._prev_end = end if prev_end is None else max(prev_end, end)
+        if prev_end is None or end > prev_end:
+            self._prev_end = end
         self._prev_had_work = rec.running + rec.waiting > 0
+        self.last_end_ns = end
         interval = end - start
         blocked = None
         if facts.cpu_ns is not None and facts.runqueue_ns is not None:
@@ -194,7 +198,7 @@ class StallDetector:
         if (seen.interval_ns < RATIO * median or excess < MIN_EXCESS_NS
                 or excess < MADS * 1.4826 * mad):
             return False
-        cause, detail = name_cause(seen, history, facts, excess)
+        cause, detail = name_cause(seen, history, facts, median, excess)
         rec = seen.record
         rec.stall, rec.stall_ns, rec.stall_baseline_ns = cause, seen.interval_ns, median
         rec.stall_detail = detail
@@ -203,13 +207,20 @@ class StallDetector:
         return True
 
 
-def name_cause(seen: _Seen, history: list[_Seen], facts: StepFacts,
-              excess: int) -> tuple[str, str]:
-    """The cause of a stall and what named it, in this order: a mark that accounts for at
-    least EXPLAINS of the excess (the largest); the step thread's run-queue wait or its
-    blocked time, when its growth over the kind's median does; a preemption's recompute or
-    an unusual prefill among the steps whose work fills the interval; else unexplained,
-    naming the lane that grew most."""
+def name_cause(seen: _Seen, history: list[_Seen], facts: StepFacts, median: int,
+               excess: int) -> tuple[str, str]:
+    """The cause of a stall and what named it. First the mark that overlaps the interval
+    most, when it accounts for at least EXPLAINS of the excess (the interval minus the kind's
+    median): what a mark times may show as the thread facts below too (a sleep inside a
+    command is blocked time). Then, of the facts below, the one that accounts for the most
+    of the excess, again when that is at least EXPLAINS of it (ties go to the earlier one):
+    - an unusual prefill (UNUSUAL_PREFILL times the kind's median prefill), by what the
+      median interval grows to when scaled by the prefill's size; a preemption when most of
+      it recomputes preempted requests;
+    - the step threads' run-queue wait and the step thread's blocked time, by their growth
+      over the kind's medians.
+    Else a preemption made while scheduling the step, if any; else unexplained. Each names
+    the lane that grew most."""
     lane, lane_ns = grown_lane(seen, history)
     where = f"{lane} +{_ms(lane_ns)}"
     marks = mark_overlaps(facts.marks, seen.start_ns, seen.end_ns)
@@ -218,27 +229,30 @@ def name_cause(seen: _Seen, history: list[_Seen], facts: StepFacts,
         ns, label = marks[cause]
         if ns >= EXPLAINS * excess:
             return cause, f"{label} ({_ms(ns)}); {where}"
-    threads = []
+    found: list[tuple[int, int, str, str]] = []  # (ns explained, rank for ties, cause, what)
+    rec = seen.record
+    if rec.prefill_tokens:
+        usual = max(1, _median([s.record.prefill_tokens for s in history]))
+        if rec.prefill_tokens >= UNUSUAL_PREFILL * usual:
+            ns = min(excess, int(median * (rec.prefill_tokens / usual - 1)))
+            what = f"{rec.prefill_tokens} prefill tokens (usually {usual})"
+            if 2 * rec.recomputed_tokens >= rec.prefill_tokens:
+                found.append((ns, 2, PREEMPTION, f"{rec.recomputed_tokens} tokens recomputed "
+                              f"after a preemption, {what}"))
+            else:
+                found.append((ns, 2, PREFILL_CHUNK, what))
     if seen.runqueue_ns is not None:
         grown = seen.runqueue_ns - _median([s.runqueue_ns or 0 for s in history])
-        threads.append((grown, CPU_DESCHEDULED, f"waited {_ms(grown)} more for a CPU"))
+        found.append((grown, 1, CPU_DESCHEDULED, f"waited {_ms(grown)} more for a CPU"))
     if seen.blocked_ns is not None:
         grown = seen.blocked_ns - _median([s.blocked_ns or 0 for s in history])
-        threads.append((grown, HOST_WAIT, f"blocked {_ms(grown)} more off the device wait"))
-    if threads:
-        grown, cause, label = max(threads)
-        if grown >= EXPLAINS * excess:
-            return cause, f"{label}; {where}"
-    steps = [r for r in (seen.record, seen.next_record) if r is not None]
-    recompute = sum(r.recomputed_tokens for r in steps)
-    if recompute or any(r.preemptions for r in steps):
-        what = f"{recompute} tokens recomputed" if recompute else "requests preempted"
-        return PREEMPTION, f"{what}; {where}"
-    usual = _median([max((r.prefill_tokens for r in (s.record, s.next_record) if r is not None),
-                         default=0) for s in history])
-    prefill = max(r.prefill_tokens for r in steps)
-    if prefill and prefill >= UNUSUAL_PREFILL * max(usual, 1):
-        return PREFILL_CHUNK, f"{prefill} prefill tokens (usually {usual}); {where}"
+        found.append((grown, 1, HOST_WAIT, f"blocked {_ms(grown)} more off the device wait"))
+    if found:
+        ns, _, cause, what = max(found)
+        if ns >= EXPLAINS * excess:
+            return cause, f"{what}; {where}"
+    if rec.preemptions or (seen.next_record is not None and seen.next_record.preemptions):
+        return PREEMPTION, f"requests preempted while scheduling; {where}"
     return UNEXPLAINED, where
 
 
@@ -268,8 +282,11 @@ def mark_overlaps(marks: list[Mark], start: int, end: int) -> dict[str, tuple[in
 
 def lane_times(seen: _Seen) -> dict[str, int]:
     """Time on each CPU lane inside the step's interval (its own spans and those of the step
-    launched after it), and BETWEEN_PHASES: the rest of the interval."""
-    out = dict.fromkeys(CPU_LANES, 0)
+    launched after it), and BETWEEN_PHASES: the rest of the interval. Kept on ``seen``: the
+    next stall of its kind asks again."""
+    if seen.lanes is not None:
+        return seen.lanes
+    out = seen.lanes = dict.fromkeys(CPU_LANES, 0)
     start, end = seen.start_ns, seen.end_ns
     for r in (seen.record, seen.next_record):
         if r is None:

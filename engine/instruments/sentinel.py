@@ -18,6 +18,7 @@ table, never raises into the step loop (a check that fails is counted as skipped
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from engine.config import check_live_setting
 from engine.core.request import Request
 from engine.model.hf_config import kv_cache_shape
 from engine.step.streams import Event, Stream
+from telemetry.stalls import SENTINEL_CHECK
 
 log = logging.getLogger("gapless.sentinel")
 
@@ -89,6 +91,10 @@ class Sentinel:
         self.skipped = 0  # sampled but not checked (queue full, or the check failed)
         self.last_mismatch: Mismatch | None = None
         self._queue: deque[_Check] = deque()
+        # Told of each chunk's run (cause, start ns, end ns, label) where it runs on the host
+        # (host-emulated streams), so a step it delays is named for it (engine.instruments.
+        # stall_watch); on CUDA the run only queues the work. None: nobody listens.
+        self.mark: Callable[[str, int, int, str], None] | None = None
 
     # ----------------------------------------------------------------------- intake
     @property
@@ -153,10 +159,14 @@ class Sentinel:
         event = self.new_event()
 
         def run() -> None:
+            t0 = time.perf_counter_ns()
             with torch.inference_mode():
                 gap, expected = self._score(check, start, end)
             check.gaps.append(gap)
             check.expected.append(expected)
+            if self.mark is not None:
+                self.mark(SENTINEL_CHECK, t0, time.perf_counter_ns(),
+                          f"sentinel re-scored {end - start} tokens of {check.request_id}")
 
         self.stream.submit(run)
         self.stream.record(event)

@@ -18,7 +18,9 @@ first token, aborted requests left out of the finished-request series). Ours:
 gapless:requests_aborted_total, gapless:requests_failed_total{reason} (a request that an engine
 death ended counts as reason="engine_dead"), gapless:step_busy_seconds_total,
 gapless:device_idle_seconds_total{cause}, gapless:steps_total{mode,cuda_graph},
-gapless:padded_tokens_total, gapless:discarded_tokens_total, gapless:kv_blocks_used / _total,
+gapless:padded_tokens_total, gapless:discarded_tokens_total, gapless:stalls_total{cause} and
+gapless:stall_max_seconds (the engine names each stall; its record carries the verdict),
+gapless:kv_blocks_used / _total,
 gapless:async_batching, gapless:num_slots, gapless:cuda_graphs(_available), gapless:engine_up,
 gapless:telemetry_dropped_records_total, and with a GPU NVML's gapless:gpu_utilization_percent,
 gapless:gpu_memory_used_bytes / _total_bytes, gapless:gpu_sm_clock_mhz, gapless:gpu_power_watts,
@@ -43,7 +45,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -51,6 +53,7 @@ from engine.serving import metric_names as mn
 from engine.serving.request_metrics import RequestMetrics
 from telemetry.metrics import busy_intervals
 from telemetry.records import StepRecord
+from telemetry.stalls import STALL_CAUSE_NAMES
 from telemetry.waterfall import WaterfallMeter
 
 log = logging.getLogger("gapless.http")
@@ -112,6 +115,15 @@ class EngineMetrics:
             self._components.labels(component)
         self._padded = Counter("gapless:padded_tokens", "Tokens added to reach a CUDA graph's "
                                "bucket.", registry=r)
+        # Stalls (telemetry/stalls.py): the engine judges each step once and its record
+        # carries the verdict; this counts the verdicts it reads, by cause.
+        self._stalls = Counter("gapless:stalls", "Steps much slower than recent steps of their "
+                               "kind, by cause (docs/stalls.md).", ["cause"], registry=r)
+        for cause in STALL_CAUSE_NAMES:
+            self._stalls.labels(cause)
+        self._stall_max = Gauge("gapless:stall_max_seconds", "The longest stall's interval "
+                                "(from the step before it to its end), seconds.", registry=r)
+        self._stall_max_ns = 0
         self._dropped = Counter("gapless:telemetry_dropped_records", "Telemetry records this "
                                 "server read too late to see (metrics from telemetry miss "
                                 "them).", registry=r)
@@ -206,6 +218,11 @@ class EngineMetrics:
             self._steps.labels(rec.mode, "true" if rec.graph_bucket is not None else "false").inc()
             if rec.padded_tokens:
                 self._padded.inc(rec.padded_tokens)
+            if rec.stall:
+                self._stalls.labels(rec.stall).inc()
+                if rec.stall_ns > self._stall_max_ns:
+                    self._stall_max_ns = rec.stall_ns
+                    self._stall_max.set(rec.stall_ns / 1e9)
             compute = [s for s in rec.spans if s.lane == "compute"]
             if not compute:
                 continue

@@ -46,6 +46,7 @@ from engine.step.runner import ModelRunner
 from engine.step.streams import StreamSet
 from engine.step.text import RequestText, stop_reason
 from telemetry.records import RequestEvent, Span, StepRecord, SyncFallback
+from telemetry.stalls import GRAPH_CAPTURE
 
 log = logging.getLogger("gapless.loop")
 now = time.perf_counter_ns
@@ -77,6 +78,11 @@ class StepLoop:
         # A step's byte floor (ns) from its total context, set by the engine on a GPU
         # (engine.instruments.step_floor.live_floor); None: records carry floor_ns 0.
         self.byte_floor: Callable[[int], int] | None = None
+        # Stalls (engine.instruments.stall_watch, set by the engine with telemetry on): judge
+        # a record before it is published, told the step launched after it; mark what may
+        # stall a step (cause, start ns, end ns, label). None: no verdicts, no marks.
+        self.judge_stall: Callable[[StepRecord, StepRecord | None], None] | None = None
+        self.mark: Callable[[str, int, int, str], None] | None = None
         self.scheduler = scheduler
         self.streams = streams
         self.settings = settings
@@ -191,8 +197,11 @@ class StepLoop:
             views.append((slot.index, slot.dev))
         if self.followers is not None:
             self.followers.on_capture([index for index, _ in views])
+        start = now()
         with torch.inference_mode():
             ok = self.graphs.capture_all(views)
+        if self.mark is not None:
+            self.mark(GRAPH_CAPTURE, start, now(), f"CUDA graphs captured for {len(views)} slots")
         if not ok:
             self.settings.cuda_graphs = False
 
@@ -245,6 +254,10 @@ class StepLoop:
                              for c in sched.chunks]
             if self.byte_floor is not None:
                 record.floor_ns = self.byte_floor(sum(c[2] for c in record.chunks))
+            if sched.num_prefill_tokens:  # a preempted request's prefill computes it again
+                record.recomputed_tokens = sum(
+                    c.num_tokens for c in sched.chunks
+                    if c.request.num_preemptions and c.start < c.table_from)
         if slot.inflight is not None:
             # One slot in async mode: the slot's last step must be read before reuse.
             self._complete(slot.inflight, SyncFallback.SINGLE_SLOT)
@@ -326,6 +339,8 @@ class StepLoop:
             rec.running, rec.waiting = len(sch.running), len(sch.waiting)
             rec.kv_blocks_used = sch.allocator.num_used
             rec.kv_blocks_total = sch.allocator.num_blocks
+            if self.judge_stall is not None:
+                self.judge_stall(rec, None if self.inflight is None else self.inflight.record)
             self.bus.publish_step(rec)
 
     def _fail(self, step: InflightStep, error: BaseException) -> None:

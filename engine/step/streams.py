@@ -115,6 +115,11 @@ class HostStream:
         self._thread = threading.Thread(target=self._run, name=f"gapless-{name}", daemon=True)
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The worker thread's native id (its CPU times: /proc/self/task/<id>/schedstat)."""
+        return self._thread.native_id
+
     def _run(self) -> None:
         with torch.inference_mode():
             while True:
@@ -305,6 +310,11 @@ class StreamSet:
 
     def event(self) -> Event:
         return torch.cuda.Event() if self.is_cuda else HostEvent()
+
+    def compute_thread(self) -> int | None:
+        """The native id of the thread that runs compute on the host (host streams); None
+        on CUDA, where the device runs it."""
+        return None if self.is_cuda else self.compute.thread_id  # type: ignore[attr-defined]
 
     def reanchor(self) -> None:
         if self.clock is not None:

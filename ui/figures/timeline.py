@@ -235,6 +235,39 @@ def _hover_texts(bars: LaneBars, facts: np.ndarray, records: Sequence[StepRecord
     return np.array(texts, dtype=str)
 
 
+STALL_COLOUR = "#d62728"
+STALL_ROW = -0.35  # stall marks sit at the top of the first lane's row
+
+
+def stall_marks(records: Sequence[StepRecord], lo: int, hi: int
+                ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The stalls (telemetry/stalls.py) among ``records`` that end within [lo, hi]: each
+    one's end and its interval's length in ms relative to ``hi``, and its hover text."""
+    ends, lengths, texts = [], [], []
+    for rec in records:
+        end = rec.end_ns
+        if not rec.stall or end is None or not lo <= end <= hi:
+            continue
+        ends.append((end - hi) / 1e6)
+        lengths.append(rec.stall_ns / 1e6)
+        texts.append(f"<b>stall: {rec.stall}</b> {rec.stall_ns / 1e6:.1f} ms "
+                     f"(usually {rec.stall_baseline_ns / 1e6:.1f} ms)<br>"
+                     f"{rec.stall_detail}<br>{step_facts(rec)}")
+    return np.array(ends, dtype=float), np.array(lengths, dtype=float), texts
+
+
+def _stall_trace(records: Sequence[StepRecord], lo: int, hi: int, legend: bool) -> go.Scatter:
+    """A mark at each stalled step's end, its interval drawn back to the step before it."""
+    x, length, texts = stall_marks(records, lo, hi)
+    return go.Scatter(
+        x=x, y=np.full(len(x), STALL_ROW), mode="markers", name="stall (cause on hover)",
+        marker={"symbol": "triangle-down", "size": 11, "color": STALL_COLOUR},
+        error_x={"type": "data", "symmetric": False, "array": np.zeros(len(x)),
+                 "arrayminus": length, "color": STALL_COLOUR, "thickness": 2, "width": 0},
+        hovertext=texts, hoverinfo="text", showlegend=legend,
+    )
+
+
 FADED_OPACITY = 0.18  # spans of other steps, while one request's steps are highlighted
 
 
@@ -326,6 +359,10 @@ def timeline_figure(
                 showlegend=legend,
             )
         )
+    # Stalls: a mark on each flagged step, its cause on hover (no trace while there is none).
+    stalls = _stall_trace(records, lo, hi, legend)
+    if len(stalls.x):
+        fig.add_trace(stalls)
     if window_ms is not None:
         x_range = [-float(window_ms), 0.0]
     else:

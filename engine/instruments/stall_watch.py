@@ -1,0 +1,175 @@
+"""The engine-side facts that name a stall, and the one place each step is judged.
+
+Owns `StallWatch`: it times garbage collections (gc.callbacks, whichever thread runs them),
+keeps the marks other parts of the engine leave (an engine command, a CUDA graph capture, a
+sentinel check), reads the step thread's CPU time and run-queue wait from
+/proc/self/task/<tid>/schedstat (Linux; elsewhere those facts are unknown), and runs
+telemetry.stalls.StallDetector on every step record before the loop publishes it, so that
+every reader (the dashboard, /metrics, a recording) sees the one verdict the record carries.
+
+Marks may come from any thread (a deque append is atomic); observe() runs on the loop's
+thread only. It never decides what runs, never waits, and never raises into the loop.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from telemetry.records import StepRecord
+from telemetry.stalls import GC, Mark, StallDetector, StepFacts
+
+log = logging.getLogger("gapless.stalls")
+now = time.perf_counter_ns
+
+MAX_MARKS = 512  # marks kept for the steps not judged yet; older ones are dropped
+GC_MIN_NS = 100_000  # shorter collections (most young ones) leave no mark
+
+
+class StallWatch:
+    """Facts for telemetry.stalls, gathered in the engine process. close() at shutdown."""
+
+    def __init__(self, detector: StallDetector | None = None,
+                 compute_thread: int | None = None) -> None:
+        """``compute_thread``: the native id of the thread that runs compute on the host
+        (host-emulated streams), whose run-queue wait delays a step as the loop's does."""
+        self.detector = detector or StallDetector()
+        self.marks: deque[Mark] = deque(maxlen=MAX_MARKS)
+        self._gc_start = 0
+        self._tid: int | None = None
+        self._fd: int | None = None
+        self._cpu = self._runqueue = 0
+        self._worker = _ThreadStat(compute_thread) if compute_thread is not None else None
+        self._floor = 0  # marks that ended before this can overlap no step still to judge
+        self._last_end = 0
+        gc.callbacks.append(self._on_gc)
+
+    # ------------------------------------------------------------------------- marks
+    def add_mark(self, cause: str, start_ns: int, end_ns: int, label: str = "") -> None:
+        """Something that ran over [start_ns, end_ns] and may stall a step (any thread)."""
+        self.marks.append(Mark(cause, start_ns, end_ns, label))
+
+    @contextmanager
+    def marked(self, cause: str, label: str = "") -> Iterator[None]:
+        """Mark the time the block takes."""
+        start = now()
+        try:
+            yield
+        finally:
+            self.marks.append(Mark(cause, start, now(), label))
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = now()
+            return
+        end = now()
+        if end - self._gc_start >= GC_MIN_NS:
+            self.marks.append(Mark(GC, self._gc_start, end,
+                                   f"generation {info.get('generation')} GC"))
+
+    # ----------------------------------------------------------------------- the step
+    def observe(self, rec: StepRecord, next_record: StepRecord | None) -> None:
+        """Judge ``rec`` (on the loop's thread, before it is published); ``next_record`` is
+        the step launched after it, if any. A flagged record carries its stall fields."""
+        cpu, runqueue = self._thread_times()
+        marks = self.marks
+        floor = self._floor
+        while marks and marks[0].end_ns < floor:
+            marks.popleft()
+        worker = self._worker.runqueue() if self._worker is not None else None
+        facts = StepFacts(list(marks) if marks else [], cpu, runqueue, next_record, worker)
+        try:
+            self.detector.observe(rec, facts)
+        except Exception:  # a bug here must cost the verdict, never the step
+            log.exception("stall detection failed for step %d", rec.step)
+        end = self.detector.last_end_ns
+        self._floor, self._last_end = min(self._last_end, end), end
+
+    def _thread_times(self) -> tuple[int | None, int | None]:
+        """CPU time and run-queue wait of the calling thread since the previous call."""
+        tid = threading.get_ident()
+        if tid != self._tid:  # the first step of this thread: its times start now
+            self._tid = tid
+            self._open(threading.get_native_id())
+            return None, None
+        if self._fd is None:
+            return None, None
+        try:
+            cpu_s, rq_s, _ = os.pread(self._fd, 96, 0).split()
+            cpu, rq = int(cpu_s), int(rq_s)
+        except (OSError, ValueError):
+            self.close_fd()
+            return None, None
+        d_cpu, d_rq = cpu - self._cpu, rq - self._runqueue
+        self._cpu, self._runqueue = cpu, rq
+        return d_cpu, d_rq
+
+    def _open(self, native_id: int) -> None:
+        self.close_fd()
+        try:
+            self._fd = os.open(f"/proc/self/task/{native_id}/schedstat", os.O_RDONLY)
+            cpu_s, rq_s, _ = os.pread(self._fd, 96, 0).split()
+            self._cpu, self._runqueue = int(cpu_s), int(rq_s)
+        except (OSError, ValueError):
+            self.close_fd()
+
+    def close_fd(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def stats(self) -> dict[str, Any]:
+        return {"stalls": self.detector.stalls,
+                "stall_longest_s": self.detector.longest_ns / 1e9}
+
+    def close(self) -> None:
+        """Stop timing collections and let the thread's stat file go (at shutdown)."""
+        try:
+            gc.callbacks.remove(self._on_gc)
+        except ValueError:
+            pass
+        self.close_fd()
+        if self._worker is not None:
+            self._worker.close()
+
+
+class _ThreadStat:
+    """Another thread's run-queue wait, read from its schedstat file (kept open)."""
+
+    def __init__(self, tid: int) -> None:
+        self.last = 0
+        try:
+            self.fd: int | None = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = None
+        self.runqueue()
+
+    def runqueue(self) -> int | None:
+        """Run-queue wait since the previous call (None: unknown)."""
+        if self.fd is None:
+            return None
+        try:
+            rq = int(os.pread(self.fd, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            self.close()
+            return None
+        delta, self.last = rq - self.last, rq
+        return delta
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
