@@ -22,7 +22,7 @@ own BudgetWatch (ui/figures/token_budget.py, pure), then the same table, and ``-
 writes the steps as a recording the Recordings page opens, one window per budget:
 
     python -m bench token-budget --headless --preset llama-8b --budget-from 2048 --budget 256 \
-        --concurrency 32 --prompt-len 1024 --max-tokens 256 \
+        --concurrency 16 --prompt-len 512 --max-tokens 256 --before-s 60 --after-s 60 \
         --record docs/recordings/h200-llama-8b-budget.jsonl
 """
 
