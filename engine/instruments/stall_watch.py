@@ -31,6 +31,7 @@ now = time.perf_counter_ns
 
 MAX_MARKS = 512  # marks kept for the steps not judged yet; older ones are dropped
 GC_MIN_NS = 100_000  # shorter collections (most young ones) leave no mark
+RESCAN_STEPS = 512  # steps between looks for the compute thread's pool
 
 
 class StallWatch:
@@ -39,14 +40,20 @@ class StallWatch:
     def __init__(self, detector: StallDetector | None = None,
                  compute_thread: int | None = None) -> None:
         """``compute_thread``: the native id of the thread that runs compute on the host
-        (host-emulated streams), whose run-queue wait delays a step as the loop's does."""
+        (host-emulated streams), whose run-queue wait (and its pool's) delays a step as the
+        loop's does."""
         self.detector = detector or StallDetector()
         self.marks: deque[Mark] = deque(maxlen=MAX_MARKS)
         self._gc_start = 0
         self._tid: int | None = None
         self._fd: int | None = None
         self._cpu = self._runqueue = 0
-        self._worker = _ThreadStat(compute_thread) if compute_thread is not None else None
+        # The compute thread and the threads it started (torch's intra-op pool, which takes
+        # its name), found again every RESCAN_STEPS steps: the pool starts with the first
+        # parallel work.
+        self._compute = compute_thread
+        self._workers: dict[int, _ThreadStat] = {}
+        self._until_rescan = 0
         self._floor = 0  # marks that ended before this can overlap no step still to judge
         self._last_end = 0
         gc.callbacks.append(self._on_gc)
@@ -83,7 +90,7 @@ class StallWatch:
         floor = self._floor
         while marks and marks[0].end_ns < floor:
             marks.popleft()
-        worker = self._worker.runqueue() if self._worker is not None else None
+        worker = self._workers_runqueue() if self._compute is not None else None
         facts = StepFacts(list(marks) if marks else [], cpu, runqueue, next_record, worker)
         try:
             self.detector.observe(rec, facts)
@@ -111,6 +118,37 @@ class StallWatch:
         self._cpu, self._runqueue = cpu, rq
         return d_cpu, d_rq
 
+    def _workers_runqueue(self) -> int | None:
+        """Run-queue wait of the compute thread and its pool since the previous call."""
+        if self._until_rescan <= 0:
+            self._until_rescan = RESCAN_STEPS
+            self._find_workers()
+        self._until_rescan -= 1
+        total, known = 0, False
+        for stat in self._workers.values():
+            rq = stat.runqueue()
+            if rq is not None:
+                total, known = total + rq, True
+        return total if known else None
+
+    def _find_workers(self) -> None:
+        try:
+            with open(f"/proc/self/task/{self._compute}/comm") as f:
+                name = f.read()
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            return
+        for tid in tids:
+            if tid in self._workers:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read() != name:
+                        continue
+            except OSError:  # ended meanwhile
+                continue
+            self._workers[tid] = _ThreadStat(tid)
+
     def _open(self, native_id: int) -> None:
         self.close_fd()
         try:
@@ -128,10 +166,6 @@ class StallWatch:
                 pass
             self._fd = None
 
-    def stats(self) -> dict[str, Any]:
-        return {"stalls": self.detector.stalls,
-                "stall_longest_s": self.detector.longest_ns / 1e9}
-
     def close(self) -> None:
         """Stop timing collections and let the thread's stat file go (at shutdown)."""
         try:
@@ -139,8 +173,9 @@ class StallWatch:
         except ValueError:
             pass
         self.close_fd()
-        if self._worker is not None:
-            self._worker.close()
+        for stat in self._workers.values():
+            stat.close()
+        self._workers = {}
 
 
 class _ThreadStat:

@@ -4,13 +4,11 @@ records, and on a real `engine serve` whose step threads are kept off their CPU.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
+from descheduling import keep_off_cpu
 from prometheus_client.parser import text_string_to_metric_families
 from serve_process import MODEL, metric, wait_idle, wait_scrape
 
@@ -81,13 +79,13 @@ def engine_threads(pid: int) -> list[int]:
 
 
 def test_serve_counts_a_stall_of_its_engine(server, oai):
-    """A stream runs; for a second the engine's step threads share one CPU with three busy
-    processes, so its steps wait in the run queue: /metrics counts cpu_descheduled stalls."""
+    """A stream runs; for a second the engine's step threads are kept off their CPU
+    (tests/descheduling.py), so its steps wait in the run queue: /metrics counts
+    cpu_descheduled stalls."""
     before = wait_idle(server.url)
     was = metric(before, "gapless:stalls_total", cause=CPU_DESCHEDULED)
     threads = engine_threads(server.engine_pid())
     assert len(threads) >= 2, threads
-    cpu = min(os.sched_getaffinity(0))
     done = threading.Event()
 
     def stream() -> None:
@@ -102,21 +100,7 @@ def test_serve_counts_a_stall_of_its_engine(server, oai):
     wait_scrape(server.url, lambda s: metric(s, "vllm:num_requests_running") >= 1,
                 "the stream running")
     time.sleep(0.5)  # steps of its kind to judge against
-    saved = {tid: os.sched_getaffinity(tid) for tid in threads}
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                             preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-            for _ in range(3)]
-    try:
-        time.sleep(0.2)
-        for tid in threads:
-            os.sched_setaffinity(tid, {cpu})
-        time.sleep(1.0)
-    finally:
-        for tid, cpus in saved.items():
-            os.sched_setaffinity(tid, cpus)
-        for p in hogs:
-            p.kill()
-            p.wait()
+    keep_off_cpu(threads, 1.0)
     assert done.wait(120)
     after = wait_scrape(server.url, lambda s: metric(s, "gapless:stalls_total",
                                                      cause=CPU_DESCHEDULED) > was,
