@@ -75,18 +75,26 @@ def test_input_wait_boxes_and_rows_per_slot(model_dir):
         assert list(box.x) == [w / 1e6 for w in summary.input_wait_ns]
         assert min(box.x) >= 0
     rows = slot_rows(slot_summaries(recs))
-    assert [r["slot"] for r in rows] == [0, 1]
+    assert [(r["slot"], r["mode"]) for r in rows] == [(0, "async"), (1, "async")]
     assert sum(r["steps"] for r in rows) == len(recs)
     assert all(r["input wait p50 ms"] <= r["input wait p99 ms"] for r in rows)
     assert any("nothing scheduled" in r["read alone"] for r in rows)
 
 
-def test_a_recording_made_before_slot_facts_draws_its_slots():
-    rec = load_recording(RECORDINGS_DIR / "cpu-tiny.jsonl")
+@pytest.mark.parametrize("name", ["cpu-tiny.jsonl", "h200-llama-1b.jsonl"])
+def test_a_recording_made_before_slot_facts_draws_its_slots_mode_by_mode(name):
+    """Its input waits come from the spans; its async steps' inputs wait for the step before
+    (the overlap), its sync steps' only for the copy: one box per slot and mode."""
+    rec = load_recording(RECORDINGS_DIR / name)
     assert all(r.sync_fallback is None and r.slot_wait_ns == 0 for r in rec.steps)
     fig = slots_figure(rec.steps)
     assert fig.layout.title.text.endswith("none read alone")
-    assert [t for t in fig.data if t.type == "box"], "input waits come from the spans"
+    boxes = [t.name for t in fig.data if t.type == "box"]
+    assert boxes == ["slot 0 · async", "slot 0 · sync", "slot 1 · async", "slot 1 · sync"]
+    p50 = {(r["slot"], r["mode"]): r["input wait p50 ms"]
+           for r in slot_rows(slot_summaries(rec.steps))}
+    for slot in (0, 1):
+        assert p50[slot, "async"] > 10 * p50[slot, "sync"]
 
 
 def test_a_hand_built_record_with_a_plain_reason_reads_as_the_reason():

@@ -1,7 +1,7 @@
 """Slots, seen: which slot each step used, how long its inputs waited on the device, how long
 the CPU waited for a free slot, and where async mode read a step alone, and why.
 
-Owns the per-slot summary (steps, sync steps, input wait p50/p99, the CPU's slot wait, steps
+Owns the per-slot summary, mode by mode (steps, input wait p50/p99, the CPU's slot wait, steps
 read alone by reason) and one figure: the steps on their slots, step by step, with the steps
 read alone marked by reason, beside each slot's input wait distribution. The facts are the
 step records' (slot, slot_wait_ns, sync_fallback, input_wait_ns: telemetry/records.py). A
@@ -42,11 +42,12 @@ FALLBACK_MEANING: dict[SyncFallback, str] = {
 
 @dataclass(slots=True)
 class SlotSummary:
-    """One slot's steps in a window of records."""
+    """One slot's steps of one mode in a window of records (a sync step's inputs wait for
+    nothing but the copy, an async step's for the step before it: kept apart)."""
 
     slot: int
+    mode: str
     steps: int = 0
-    sync_steps: int = 0
     input_wait_ns: list[int] = field(default_factory=list)
     slot_wait_ns: int = 0  # total: the CPU waited for this slot to come free
     slot_waits: int = 0  # steps whose CPU waited for it at all
@@ -66,15 +67,14 @@ def fallback_of(rec: StepRecord) -> SyncFallback | None:
 
 
 def slot_summaries(records: Sequence[StepRecord]) -> list[SlotSummary]:
-    """One summary per slot the records used, by slot index."""
-    out: dict[int, SlotSummary] = {}
+    """One summary per slot and mode the records used, by slot index, async first."""
+    out: dict[tuple[int, str], SlotSummary] = {}
     for rec in records:
-        s = out.get(rec.slot)
+        key = (rec.slot, rec.mode)
+        s = out.get(key)
         if s is None:
-            s = out[rec.slot] = SlotSummary(rec.slot)
+            s = out[key] = SlotSummary(rec.slot, rec.mode)
         s.steps += 1
-        if rec.mode == "sync":
-            s.sync_steps += 1
         wait = rec.input_wait_ns
         if wait is not None:
             s.input_wait_ns.append(wait)
@@ -84,7 +84,7 @@ def slot_summaries(records: Sequence[StepRecord]) -> list[SlotSummary]:
         reason = fallback_of(rec)
         if reason is not None:
             s.fallbacks[reason] = s.fallbacks.get(reason, 0) + 1
-    return [out[k] for k in sorted(out)]
+    return [out[k] for k in sorted(out, key=lambda k: (k[0], k[1] != "async"))]
 
 
 def fallback_counts(records: Sequence[StepRecord]) -> dict[SyncFallback, int]:
@@ -102,11 +102,11 @@ def _ms(value: float | None) -> float | None:
 
 
 def slot_rows(summaries: Sequence[SlotSummary]) -> list[dict[str, Any]]:
-    """Table rows, one per slot (times in ms)."""
+    """Table rows, one per slot and mode (times in ms)."""
     return [{
         "slot": s.slot,
+        "mode": s.mode,
         "steps": s.steps,
-        "sync steps": s.sync_steps,
         "input wait p50 ms": _ms(s.input_wait_ms(0.5)),
         "input wait p99 ms": _ms(s.input_wait_ms(0.99)),
         "CPU waited for it": s.slot_waits,
@@ -178,11 +178,15 @@ def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
         strip(reason, f"read alone: {reason} ({n})",
               dict(color=FALLBACK_COLOR, size=10, symbol=FALLBACK_SYMBOLS[reason],
                    line=dict(width=2, color=FALLBACK_COLOR)))
-    for s in slot_summaries(records):
+    summaries = slot_summaries(records)
+    mixed = len({s.mode for s in summaries}) > 1
+    for s in summaries:
         if s.input_wait_ns:
             data.append(dict(type="box", x=np.asarray(s.input_wait_ns) / 1e6,
-                             name=f"slot {s.slot}", boxpoints=False, orientation="h",
-                             marker=dict(color=SLOT_COLORS[s.slot % len(SLOT_COLORS)]),
+                             name=f"slot {s.slot} · {s.mode}" if mixed else f"slot {s.slot}",
+                             boxpoints=False, orientation="h",
+                             marker=dict(color=SYNC_COLOR if s.mode == "sync" else
+                                         SLOT_COLORS[s.slot % len(SLOT_COLORS)]),
                              showlegend=False, hoverinfo="x", xaxis="x2", yaxis="y2"))
     titles = [dict(text=text, x=sum(domain) / 2, y=1.0, xref="paper", yref="paper",
                    xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=14))
