@@ -186,6 +186,11 @@ def gapless_panels(exported: set[str]) -> list[dict[str, Any]]:
               "and tokens computed one step late for a finished request, per second.",
               [(f"rate(gapless:padded_tokens_total{RATE})", "padded"),
                (f"rate(gapless:discarded_tokens_total{RATE})", "discarded")]),
+        panel("Stalls by cause", "Steps much slower than recent steps of their kind, per "
+              "second, by the cause the engine named (docs/stalls.md), and the longest "
+              "stall's interval in seconds.",
+              [(f"sum by(cause) (rate(gapless:stalls_total{RATE}))", "{{cause}}"),
+               ("gapless:stall_max_seconds", "longest stall (s)")]),
     ]
     if "gapless_step_seconds_total" in exported:  # the step waterfall
         panels.append(panel(
