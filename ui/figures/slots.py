@@ -133,8 +133,8 @@ def _hovertemplate(mode: str, reason: SyncFallback | None) -> str:
     return "<br>".join(lines) + "<extra></extra>"
 
 
-LEFT_DOMAIN = (0.0, 0.64)
-RIGHT_DOMAIN = (0.72, 1.0)
+LEFT_DOMAIN = (0.0, 0.62)
+RIGHT_DOMAIN = (0.67, 1.0)
 
 
 def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
@@ -202,6 +202,6 @@ def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
         yaxis=dict(anchor="x", tickvals=slots, ticktext=[f"slot {k}" for k in slots],
                    range=[(slots[-1] if slots else 0) + 0.6, -0.6]),
         xaxis2=dict(domain=RIGHT_DOMAIN, anchor="y2", rangemode="tozero"),
-        yaxis2=dict(anchor="x2", autorange="reversed"),
+        yaxis2=dict(anchor="x2", autorange="reversed", side="right", automargin=True),
     )
     return go.Figure(dict(data=data, layout=layout))
