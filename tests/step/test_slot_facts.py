@@ -206,3 +206,24 @@ def test_the_slot_facts_cross_the_process_boundary():
     (back,) = decode_steps(pickle.loads(pickle_frame(encode_steps([rec]))))
     assert back.sync_fallback is SyncFallback.SINGLE_SLOT
     assert (back.slot_wait_ns, back.input_wait_ns) == (7, 4)
+
+
+def test_a_preempted_request_waiting_for_its_token_is_named_preemption(model_dir, prompts):
+    """The only request is preempted while its token is in flight (what the scheduler does
+    when blocks run out): nothing can be scheduled until that token is read."""
+    eng = make_engine(model_dir, async_batching=True, num_slots=2)
+    reader = eng.bus.reader()
+    h = eng.submit(prompts[1], SamplingParams(max_tokens=10, **GREEDY))
+    try:
+        for _ in range(4):
+            eng.step()
+        in_flight = eng.loop.inflight.step
+        req = eng.scheduler.running[0]
+        assert req.num_pending == 1
+        eng.scheduler._preempt(req)
+        drive(eng)
+        assert h.result(1).finish_reason == "length"
+    finally:
+        eng.shutdown()
+    recs = {r.step: r for r in reader.steps()}
+    assert recs[in_flight].sync_fallback is SyncFallback.PREEMPTION
