@@ -40,7 +40,18 @@ f = 1 + 2 * sum_j (1 - j/(J+1)) rho_j, a coefficient's 95% interval is
 b +- t * s * sqrt(f (X'X)^-1); a new step's 95% prediction interval is
 y +- t * s * sqrt(1 + f x'(X'X)^-1 x); the mean of a set of new steps' is
 y +- t * s * sqrt(sum_ab rho_|a-b| / k^2 + f x'(X'X)^-1 x) at their mean x (k steps, a and b
-their step numbers; k steps far apart give 1/k). t: telemetry.verdict.t95.
+their step numbers; k steps far apart give 1/k). t: telemetry.verdict.t95. A step's own noise
+grows with its length on a shared machine (a slow stretch stretches a long step more), so the
+noise term of a step with a prefill chunk is the RMSE of such steps, and of a decode-only step
+that of decode-only steps, where the window holds MIN_KIND_STEPS of them: over all the window's
+steps of that kind, stalls included (the band is the spread a request meets).
+
+**Stalls**: a step slower than the fit by OUTLIER_SCALES robust SDs (1.4826 x the residuals'
+median absolute deviation) and by OUTLIER_FRACTION of its predicted time is a stall (a GC pause,
+a descheduled thread: what a shared machine does), not the cost of its tokens: the fit is made
+again without it (up to OUTLIER_PASSES times) and names it in ``outliers``. Only slow steps are
+left out, and only far slower ones: a GPU's steady decodes give a tiny scale, and a chunk the
+linear model fits a few percent off must stay in.
 
 **A step's split**: its decode share is what the step would cost without its prefill tokens
 (the intercept, the decode term and its decode tokens' context); its prefill share is the rest
@@ -73,6 +84,12 @@ MIN_STEPS = 8  # fewer steps than this, or than terms + 3, fit nothing
 # needs this many steps whose value differs from the window's most common one.
 MIN_VARIED_STEPS = 3
 MAX_LAG = 16  # residual autocorrelation is counted up to this many steps apart
+# A step slower than the fit by this many robust SDs and by this share of its predicted time
+# is a stall (a GC pause, a descheduled thread), not the cost of its tokens: left out.
+OUTLIER_SCALES = 4.0
+OUTLIER_FRACTION = 1.0
+OUTLIER_PASSES = 3
+MIN_KIND_STEPS = 3  # steps of a kind for a residual scale of its own
 _METHOD = "least squares over {n} steps, t-interval with {dof} degrees of freedom"
 
 
@@ -188,6 +205,14 @@ class TaxFit:
     # Autocorrelation of the residuals of steps 1..len(rho) apart, negative ones as 0: a slow
     # stretch of a shared machine makes neighbouring steps slow together.
     rho: tuple[float, ...] = ()
+    robust_scale_ns: float = 0.0  # of the residuals (1.4826 x their MAD)
+    kind_rmse_ns: dict[str, float] = field(default_factory=dict)  # "decode", "prefill"
+    outliers: tuple[int, ...] = ()  # steps far slower than the fit: left out of it
+
+    def is_outlier(self, time_ns: float, predicted_ns: float) -> bool:
+        """Whether a step of this time, where the fit predicts ``predicted_ns``, is one the fit
+        leaves out (a stall, not a token's cost)."""
+        return _outlier(time_ns - predicted_ns, predicted_ns, self.robust_scale_ns)
 
     @property
     def t(self) -> float:
@@ -228,11 +253,20 @@ class TaxFit:
         """The model's step time at d decode tokens, p prefill tokens, c context tokens."""
         return float(self._x(d, p, c) @ np.asarray(self.coef_ns))
 
-    def _interval(self, x: np.ndarray, noise: float) -> StepPrediction:
-        """The model at x, +- t * s * sqrt(noise + inflation * x'(X'X)^-1 x)."""
+    def scale_ns(self, prefill: bool) -> float:
+        """The residual scale of steps of that kind (with a prefill chunk, or without): a
+        step's noise on a shared machine grows with its length, so a chunk step's is its kind's
+        RMSE where the window holds MIN_KIND_STEPS of them, else the whole fit's. A fit without
+        the prefill term knows no kinds: the whole fit's."""
+        if not self.has("prefill"):
+            return self.rmse_ns
+        return self.kind_rmse_ns.get("prefill" if prefill else "decode", self.rmse_ns)
+
+    def _interval(self, x: np.ndarray, noise: float, scale: float) -> StepPrediction:
+        """The model at x, +- t * sqrt(scale^2 * noise + s^2 * inflation * x'(X'X)^-1 x)."""
         y = float(x @ np.asarray(self.coef_ns))
         lever = max(float(x @ np.asarray(self.xtx_inv) @ x), 0.0)
-        half = self.t * self.rmse_ns * math.sqrt(noise + self.inflation * lever)
+        half = self.t * math.sqrt(scale**2 * noise + self.rmse_ns**2 * self.inflation * lever)
         return StepPrediction(y, y - half, y + half)
 
     def predict(self, d: float, p: float, c: float, k: int = 1) -> StepPrediction:
@@ -241,7 +275,7 @@ class TaxFit:
         """
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
-        return self._interval(self._x(d, p, c), 1.0 / k)
+        return self._interval(self._x(d, p, c), 1.0 / k, self.scale_ns(p > 0))
 
     def predict_steps(self, steps: Sequence[TimedStep]) -> StepPrediction:
         """The mean time of these (new) steps, with the 95% interval of their mean: steps
@@ -254,7 +288,7 @@ class TaxFit:
         c = float(np.mean([s.context for s in steps]))
         nums = sorted(s.step for s in steps)
         pairs = sum(self._rho(abs(a - b)) for a in nums for b in nums)
-        return self._interval(self._x(d, p, c), pairs / len(nums) ** 2)
+        return self._interval(self._x(d, p, c), pairs / len(nums) ** 2, self.scale_ns(p > 0))
 
     def decode_part_ns(self, s: TimedStep) -> float:
         """What the step would cost without its prefill tokens: intercept, decode term and
@@ -350,16 +384,61 @@ def fit_step_time(records: Sequence[StepRecord], *, window_steps: int = WINDOW_S
         return NoFit(f"{len(steps)} timed steps for {p} coefficients; the fit needs {p + 3}",
                      len(steps), n_pre)
     x = np.column_stack([np.ones(len(steps))] + [cols[t] for t in order])
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    resid = y - x @ coef
-    dof = len(steps) - p
+    keep = np.ones(len(steps), dtype=bool)
+    for _ in range(OUTLIER_PASSES):
+        coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
+        pred = x @ coef
+        scale = _robust_scale(y[keep] - pred[keep])
+        slow = np.array([_outlier(float(e), float(q), scale) for e, q in zip(y - pred, pred,
+                                                                             strict=True)])
+        if int(np.sum(~slow)) < p + 3 or np.array_equal(~slow, keep):
+            break
+        keep = ~slow
+    coef, *_ = np.linalg.lstsq(x[keep], y[keep], rcond=None)
+    resid = y[keep] - x[keep] @ coef
+    dof = int(keep.sum()) - p
     rmse = float(math.sqrt(float(resid @ resid) / dof))
-    xtx_inv = np.linalg.pinv(x.T @ x)
-    rho = _autocorrelation(resid, np.array([s.step for s in steps]), len(steps))
+    xtx_inv = np.linalg.pinv(x[keep].T @ x[keep])
+    nums = np.array([s.step for s in steps])
+    rho = _autocorrelation(resid, nums[keep], int(keep.sum()))
     return TaxFit(source=source, terms=order, coef_ns=tuple(float(b) for b in coef),
                   xtx_inv=tuple(tuple(float(v) for v in row) for row in xtx_inv),
-                  rmse_ns=rmse, dof=dof, steps=len(steps), prefill_steps=n_pre,
-                  residuals_ns=tuple(float(r) for r in resid), left_out=left_out, rho=rho)
+                  rmse_ns=rmse, dof=dof, steps=int(keep.sum()),
+                  prefill_steps=sum(1 for s, k in zip(steps, keep, strict=True)
+                                    if k and s.prefill_tokens > 0),
+                  residuals_ns=tuple(float(r) for r in resid), left_out=left_out, rho=rho,
+                  robust_scale_ns=_robust_scale(resid),
+                  outliers=tuple(int(n) for n in nums[~keep]),
+                  kind_rmse_ns=_kind_rmse(y - x @ coef, cols["prefill"] > 0, dof + int(
+                      (~keep).sum())))
+
+
+def _kind_rmse(resid: np.ndarray, prefill: np.ndarray, dof: int) -> dict[str, float]:
+    """The RMSE of the steps with a prefill chunk and of those without, each with the fit's
+    degrees-of-freedom correction; a kind with fewer than MIN_KIND_STEPS steps has none. Over
+    every step of the window, stalls too: the fit leaves them out of its coefficients, but a
+    prediction's band is the spread of step times a request meets."""
+    out = {}
+    for kind, mask in (("prefill", prefill), ("decode", ~prefill)):
+        if int(mask.sum()) >= MIN_KIND_STEPS:
+            e = resid[mask]
+            out[kind] = float(math.sqrt(float(e @ e) / mask.sum() * resid.size / dof))
+    return out
+
+
+def _robust_scale(resid: np.ndarray) -> float:
+    """1.4826 x the median absolute deviation: the residuals' SD were they normal, unmoved by
+    a few stalls."""
+    if resid.size == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(resid - np.median(resid))))
+
+
+def _outlier(resid_ns: float, predicted_ns: float, scale_ns: float) -> bool:
+    """A step far slower than the fit: OUTLIER_SCALES robust SDs and OUTLIER_FRACTION of
+    its predicted time above it. Both, so that a GPU's steady decodes (a tiny scale) do not
+    make a chunk that the linear model fits a few percent off into an outlier."""
+    return resid_ns > max(OUTLIER_SCALES * scale_ns, OUTLIER_FRACTION * max(predicted_ns, 0.0))
 
 
 def _autocorrelation(resid: np.ndarray, steps: np.ndarray, n: int) -> tuple[float, ...]:

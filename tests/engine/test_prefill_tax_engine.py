@@ -25,29 +25,35 @@ def scenario():
 
 def test_the_long_prompts_chunks_cost_the_streams_what_the_fit_predicts(scenario):
     check = penalty_check(scenario)
-    assert check.steps >= 12  # 3 rounds of a 1000-token prompt in 256-token chunks
+    assert check.chunk_steps >= 16  # 4 rounds of a 1000-token prompt in 256-token chunks
     assert "prefill" in check.terms
-    # the measured ITL of the streams in the held-out chunk steps is inside the fit's interval
+    # the streams' measured ITL in the held-out chunk steps lies inside the fit's own 95%
+    # prediction interval, step by step (a 95% interval leaves one in twenty out)
     assert check.holds, check
-    # and the tax is there: even the interval's low end is above the same steps without chunks
-    assert check.lo_ms > check.baseline_ms, check
-    assert check.measured_penalty_ms > 0
+    # and the tax is there: the predicted chunk steps stand far above the same steps without
+    # their chunk, as the measured ones do
+    assert check.lo_ms > check.baseline_ms + 3 * check.rmse_ms or \
+        check.predicted_penalty_ms > 2 * check.baseline_ms, check
+    assert check.measured_penalty_ms > check.predicted_penalty_ms / 2, check
 
 
 def test_a_fit_that_ignores_the_chunks_mispredicts_them(scenario):
     """The negative control: the intercept alone (a step time from throughput) puts the
-    streams' ITL during the chunks above its interval."""
+    streams' ITL during the chunks above its intervals."""
     flat = penalty_check(scenario, terms=("decode",))
-    assert flat.terms == () or flat.terms == ("decode",)
-    assert not flat.holds and flat.measured_itl_ms > flat.hi_ms, flat
+    assert "prefill" not in flat.terms
+    assert not flat.holds, flat
+    assert flat.measured_itl_ms > flat.hi_ms, flat
 
 
-def test_the_streams_see_slower_steps_with_a_chunk_and_the_what_if_follows(scenario):
+def test_the_streams_see_slower_steps_with_a_chunk_and_the_what_if_reads_the_run(scenario):
     recs = scenario.records
     itl = itl_by_kind(recs, window_steps=len(recs))
     assert itl.with_prefill.count >= 12 and itl.decode_only.count >= 20
     assert itl.with_prefill.p50 > itl.decode_only.p50
     fit = fit_step_time(recs, window_steps=len(recs))
     assert isinstance(fit, TaxFit) and fit.has("prefill")
-    small, own = what_if(fit, recs, [STREAMS + 32, STREAMS + 256])
-    assert small.p99_itl_ms < own.p99_itl_ms
+    none, own = what_if(fit, recs, [STREAMS, STREAMS + 256])
+    assert "no room" in none.note
+    # at its own budget the run served its prompts: the what-if says the demand is met
+    assert own.note == "" and own.tokens_per_s > 0 and own.p99_itl_ms > 0
