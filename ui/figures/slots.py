@@ -195,13 +195,15 @@ def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
     layout = dict(
         title=dict(text=slots_title(records) if records else "No steps yet", x=0,
                    font=dict(size=14)),
-        height=height_px, margin=dict(l=10, r=10, t=60, b=10),
+        height=height_px, margin=dict(l=60, r=70, t=60, b=10),
         legend=dict(orientation="h", y=-0.15, x=0), uirevision=uirevision,
         annotations=titles,
         xaxis=dict(domain=LEFT_DOMAIN, anchor="y"),
-        yaxis=dict(anchor="x", tickvals=slots, ticktext=[f"slot {k}" for k in slots],
+        # margins for the tick labels set by hand: the Live page's plotly.js leaves them out
+        yaxis=dict(anchor="x", tickmode="array", tickvals=slots,
+                   ticktext=[f"slot {k}" for k in slots],
                    range=[(slots[-1] if slots else 0) + 0.6, -0.6]),
         xaxis2=dict(domain=RIGHT_DOMAIN, anchor="y2", rangemode="tozero"),
-        yaxis2=dict(anchor="x2", autorange="reversed", side="right", automargin=True),
+        yaxis2=dict(anchor="x2", autorange="reversed", side="right"),
     )
     return go.Figure(dict(data=data, layout=layout))
