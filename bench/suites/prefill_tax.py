@@ -8,8 +8,8 @@ minus the 8 decode tokens. The step-time fit (telemetry/prefill_tax.py) is made 
 run's steps after the warm-up *without* the long prompt's chunk steps, and predicts those: the
 streams' measured inter-token latency during the long prompt's chunks (from their token
 events) against the fit's prediction with its 95% interval for the mean of those steps. A fit
-that knows nothing of the chunks (the intercept alone: a step time from throughput) is the
-control that must miss.
+of the decode-only steps (what a step time measured between prefills says) is the control that
+must miss.
 
     python -m bench prefill-tax --file docs/recordings/cpu-prefill-tax.jsonl
 
@@ -125,13 +125,12 @@ def run_scenario(model: str = DEFAULT_MODEL, *, rounds: int = ROUNDS,
 class PenaltyCheck:
     """The long prompt's chunk steps: the streams' measured ITL against the fit's prediction
     (ms). Per step: how many of the ``chunk_steps`` lie inside their own 95% prediction interval
-    (``inside``; a stall is outside). Over them: the mean measured ITL of the steps that are not
-    stalls against the fit's mean with its 95% interval; ``baseline_ms`` is the fit's time of
-    the same steps without their chunk, so the penalties are each ITL minus it."""
+    (``inside``). Over them: the mean measured ITL (stalls included, as the band's spread
+    includes them) against the fit's mean with its 95% interval; ``baseline_ms`` is the fit's
+    time of the same steps without their chunk, so the penalties are each ITL minus it."""
 
     chunk_steps: int
     inside: int
-    steps: int  # the chunk steps that are not stalls: the mean's steps
     measured_itl_ms: float
     predicted_itl_ms: float
     lo_ms: float
@@ -140,7 +139,7 @@ class PenaltyCheck:
     fit_steps: int
     rmse_ms: float
     terms: tuple[str, ...]
-    outliers: int = 0  # chunk steps left out of the mean as stalls
+    outliers: int = 0  # chunk steps that are stalls by the fit's rule
     fit_outliers: int = 0  # steps the fit itself left out
 
     @property
@@ -157,14 +156,15 @@ class PenaltyCheck:
 
     @property
     def mean_holds(self) -> bool:
-        """The mean measured ITL lies in the interval of the mean."""
+        """The mean measured ITL lies in the interval of the mean of those steps."""
         return self.lo_ms <= self.measured_itl_ms <= self.hi_ms
 
     @property
     def holds(self) -> bool:
         """At least two thirds of the chunk steps lie inside their own 95% prediction intervals
         (a 95% interval leaves one in twenty out, and a shared machine's slow stretches take
-        several neighbours out together; stalls count as out)."""
+        neighbours out together). Step by step, as the band is a step's: the mean of a few
+        steps that hold a stall of twice their time is the stall's more than the model's."""
         return self.inside * 3 >= self.chunk_steps * 2
 
 
@@ -190,11 +190,15 @@ def stream_itl_at_steps(records: Sequence[StepRecord], events: Sequence[RequestE
     return out
 
 
-def penalty_check(run: ScenarioRun, terms: Sequence[Term] = TERMS) -> PenaltyCheck:
-    """Fit on the run's steps without the long prompt's chunks; predict those steps."""
+def penalty_check(run: ScenarioRun, terms: Sequence[Term] = TERMS,
+                  decode_only: bool = False) -> PenaltyCheck:
+    """Fit on the run's steps without the long prompt's chunks; predict those steps. With
+    ``decode_only`` the fit sees only the steps without a prefill chunk (the control: what a
+    step time measured between prefills says)."""
     long_steps = {r.step for r in run.records
                   if any(c[0] in run.long_ids and c[1] > 1 for c in r.chunks)}
-    fit_recs = [r for r in run.records if r.step >= run.first_step and r.step not in long_steps]
+    fit_recs = [r for r in run.records if r.step >= run.first_step and r.step not in long_steps
+                and not (decode_only and r.prefill_tokens > 0)]
     fit = fit_step_time(fit_recs, window_steps=len(run.records), terms=terms)
     if isinstance(fit, NoFit):
         raise RuntimeError(f"the scenario's fit failed: {fit.reason}")
@@ -206,18 +210,15 @@ def penalty_check(run: ScenarioRun, terms: Sequence[Term] = TERMS) -> PenaltyChe
     for s in chunk_steps:
         one = fit.predict(s.decode_tokens, s.prefill_tokens, s.context)
         inside += one.lo_ns <= float(np.mean(itl[s.step])) * 1e6 <= one.hi_ns
-    # a stall in a chunk step is the fit's outlier there as anywhere: said, not averaged in
-    held = [s for s in chunk_steps if not fit.is_outlier(
+    stalls = sum(1 for s in chunk_steps if fit.is_outlier(
         float(np.mean(itl[s.step])) * 1e6, fit.mean_ns(s.decode_tokens, s.prefill_tokens,
-                                                       s.context))]
-    judged = held or chunk_steps  # all of them outliers: the fit misses them all
-    pred = fit.predict_steps(judged)
-    measured = float(np.mean([np.mean(itl[s.step]) for s in judged]))
-    base = float(np.mean([fit.decode_part_ns(s) for s in judged])) / 1e6
-    return PenaltyCheck(len(chunk_steps), inside, len(held), measured, pred.mean_ns / 1e6,
+                                                       s.context)))
+    pred = fit.predict_steps(chunk_steps)
+    measured = float(np.mean([np.mean(itl[s.step]) for s in chunk_steps]))
+    base = float(np.mean([fit.decode_part_ns(s) for s in chunk_steps])) / 1e6
+    return PenaltyCheck(len(chunk_steps), inside, measured, pred.mean_ns / 1e6,
                         pred.lo_ns / 1e6, pred.hi_ns / 1e6, base, fit.steps, fit.rmse_ns / 1e6,
-                        fit.terms,
-                        outliers=len(chunk_steps) - len(held), fit_outliers=len(fit.outliers))
+                        fit.terms, outliers=stalls, fit_outliers=len(fit.outliers))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -244,15 +245,19 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                         threads=args.threads)
     wall = time.perf_counter() - t0
     full = penalty_check(scen)
+    blind = penalty_check(scen, terms=("decode",), decode_only=True)
+    no_prefill = penalty_check(scen, terms=("decode", "context"))
     flat = penalty_check(scen, terms=("decode",))
     print(f"{len(scen.records)} steps in {wall:.1f} s; fit terms {full.terms}, "
           f"{full.fit_steps} steps")
-    print("| fit | chunk steps in their 95% PI | mean ITL ms (not stalls) | predicted mean ms "
-          "[95%] | measured penalty ms | predicted penalty ms | fit RMSE ms | stalls left out "
-          "(fit / chunk steps) | holds |")
+    print("| fit | chunk steps in their 95% PI | mean ITL ms | predicted mean ms [95%] | "
+          "measured penalty ms | predicted penalty ms | fit RMSE ms | stalls (fit / chunk "
+          "steps) | holds |")
     print("|---|---|---|---|---|---|---|---|---|")
     print(_row("decode + prefill + context", full))
-    print(_row("intercept only (control)", flat))
+    print(_row("decode + context, no prefill term", no_prefill))
+    print(_row("intercept of the decode-only steps (control)", blind))
+    print(_row("intercept only", flat))
     machine = args.machine or f"CPU ({platform.processor() or platform.machine()})"
     first, last = scen.records[0].step, scen.records[-1].step
     meta = {"type": "meta", "machine": machine, "date": time.strftime("%Y-%m-%d"),
@@ -272,7 +277,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
     def d(c: PenaltyCheck) -> dict:
-        return {"chunk_steps": c.chunk_steps, "inside": c.inside, "steps": c.steps,
+        return {"chunk_steps": c.chunk_steps, "inside": c.inside,
                 "mean_holds": c.mean_holds, "measured_itl_ms": c.measured_itl_ms,
                 "predicted_itl_ms": c.predicted_itl_ms, "lo_ms": c.lo_ms, "hi_ms": c.hi_ms,
                 "measured_penalty_ms": c.measured_penalty_ms,
@@ -280,4 +285,5 @@ def run(args: argparse.Namespace, out: Path) -> dict:
                 "holds": c.holds, "terms": list(c.terms), "outliers": c.outliers,
                 "fit_outliers": c.fit_outliers}
 
-    return {"file": str(path), "wall_s": wall, "fit": d(full), "control": d(flat)}
+    return {"file": str(path), "wall_s": wall, "fit": d(full), "control": d(blind),
+            "intercept_only": d(flat), "no_prefill_term": d(no_prefill)}

@@ -48,7 +48,7 @@ def draw_prefill_tax(records: Sequence[StepRecord], *, key: str,
         fig.update_layout(uirevision=key)
         live_plot(fig, key=key, height_px=HEIGHT_PX)
     else:
-        st.plotly_chart(fig, key=key, use_container_width=True)
+        st.plotly_chart(fig, key=key, config={"displaylogo": False})
     st.caption(fit_caption(tax))
 
 
