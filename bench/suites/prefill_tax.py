@@ -262,8 +262,8 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     first, last = scen.records[0].step, scen.records[-1].step
     meta = {"type": "meta", "machine": machine, "date": time.strftime("%Y-%m-%d"),
             "commit": short_commit(), "model": f"{Path(args.model).name}, float32",
-            "workload": (f"{STREAMS} streams decoding; {args.rounds} rounds of prompts "
-                         f"{', '.join(map(str, FIT_PROMPTS))} and a long prompt of "
+            "workload": (f"{STREAMS} streams decoding; after a warm-up prefill, {args.rounds} "
+                         f"rounds of a {args.long_prompt}-token twin and the long prompt of "
                          f"{args.long_prompt} tokens, chunked at budget {CHUNK + STREAMS}"),
             "graphs": False, "torch": torch.__version__,
             "windows": [{"label": "sync", "first_step": first, "last_step": last,
