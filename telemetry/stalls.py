@@ -20,6 +20,7 @@ or ui/ code; the engine calls it once per step on its loop thread, so each call 
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -77,15 +78,16 @@ class StepFacts:
     ``marks``: the marks that may overlap it. ``cpu_ns`` / ``runqueue_ns``: the step
     thread's CPU time and its time runnable but waiting for a CPU, since the previous step's
     facts (None where the platform does not say). ``next_record``: the step launched after it,
-    whose CPU phases ran inside its interval (async mode), or None. ``worker_runqueue_ns``:
-    the run-queue wait of the thread that runs compute on the host (host-emulated streams;
-    None on a GPU).
+    whose CPU phases ran inside its interval (async mode), or None. ``worker_cpu_ns`` /
+    ``worker_runqueue_ns``: the same two of the threads that run compute on the host
+    (host-emulated streams; None on a GPU).
     """
 
     marks: list[Mark] = field(default_factory=list)
     cpu_ns: int | None = None
     runqueue_ns: int | None = None
     next_record: StepRecord | None = None
+    worker_cpu_ns: int | None = None
     worker_runqueue_ns: int | None = None
 
 
@@ -96,7 +98,8 @@ class _Seen:
     interval_ns: int
     start_ns: int
     end_ns: int
-    runqueue_ns: int | None  # the step thread's and the host compute thread's
+    cpu_ns: int | None  # the step threads' CPU time: the loop's and the host compute's
+    runqueue_ns: int | None  # the step threads' run-queue wait
     blocked_ns: int | None  # off-CPU, not runnable, outside its wait for the device
     record: StepRecord
     next_record: StepRecord | None
@@ -169,10 +172,11 @@ class StallDetector:
             device_wait = 0 if wait is None else max(0, min(wait.end_ns, end)
                                                      - max(wait.start_ns, start))
             blocked = max(0, interval - facts.cpu_ns - facts.runqueue_ns - device_wait)
-        runqueue = facts.runqueue_ns
-        if runqueue is not None and facts.worker_runqueue_ns is not None:
+        cpu, runqueue = facts.cpu_ns, facts.runqueue_ns
+        if cpu is not None and runqueue is not None and facts.worker_runqueue_ns is not None:
+            cpu += facts.worker_cpu_ns or 0
             runqueue += facts.worker_runqueue_ns
-        seen = _Seen(interval, start, end, runqueue, blocked, rec, facts.next_record)
+        seen = _Seen(interval, start, end, cpu, runqueue, blocked, rec, facts.next_record)
         key = kind_of(rec)
         keys = (key, key[:3], key[2:3])
         kinds = self._kinds
@@ -213,12 +217,14 @@ def name_cause(seen: _Seen, history: list[_Seen], facts: StepFacts, median: int,
     most, when it accounts for at least EXPLAINS of the excess (the interval minus the kind's
     median): what a mark times may show as the thread facts below too (a sleep inside a
     command is blocked time). Then, of the facts below, the one that accounts for the most
-    of the excess, again when that is at least EXPLAINS of it (ties go to the earlier one):
+    of the excess (at most all of it), again when that is at least EXPLAINS of it (ties go to
+    the earlier one):
     - an unusual prefill (UNUSUAL_PREFILL times the kind's median prefill), by what the
       median interval grows to when scaled by the prefill's size; a preemption when most of
       it recomputes preempted requests;
-    - the step threads' run-queue wait and the step thread's blocked time, by their growth
-      over the kind's medians.
+    - the loop thread's blocked time beyond its kind's median (measured on that one thread);
+    - the step threads' run-queue wait beyond what their CPU time usually waits (the kind's
+      median wait per CPU-second; summed over threads).
     Else a preemption made while scheduling the step, if any; else unexplained. Each names
     the lane that grew most."""
     lane, lane_ns = grown_lane(seen, history)
@@ -237,18 +243,25 @@ def name_cause(seen: _Seen, history: list[_Seen], facts: StepFacts, median: int,
             ns = min(excess, int(median * (rec.prefill_tokens / usual - 1)))
             what = f"{rec.prefill_tokens} prefill tokens (usually {usual})"
             if 2 * rec.recomputed_tokens >= rec.prefill_tokens:
-                found.append((ns, 2, PREEMPTION, f"{rec.recomputed_tokens} tokens recomputed "
+                found.append((ns, 3, PREEMPTION, f"{rec.recomputed_tokens} tokens recomputed "
                               f"after a preemption, {what}"))
             else:
-                found.append((ns, 2, PREFILL_CHUNK, what))
-    if seen.runqueue_ns is not None:
-        grown = seen.runqueue_ns - _median([s.runqueue_ns or 0 for s in history])
-        found.append((grown, 1, CPU_DESCHEDULED, f"waited {_ms(grown)} more for a CPU"))
+                found.append((ns, 3, PREFILL_CHUNK, what))
+    if seen.runqueue_ns is not None and seen.cpu_ns is not None:
+        # A step with more work waits longer for a CPU on a busy host: only the wait beyond
+        # its kind's usual wait per CPU-second of work names the cause.
+        share = statistics.median([s.runqueue_ns / s.cpu_ns for s in history
+                                   if s.runqueue_ns is not None and s.cpu_ns] or [0.0])
+        grown = seen.runqueue_ns - int(share * seen.cpu_ns)
+        found.append((grown, 1, CPU_DESCHEDULED, f"waited {_ms(grown)} more for a CPU than "
+                      "its work usually does"))
     if seen.blocked_ns is not None:
         grown = seen.blocked_ns - _median([s.blocked_ns or 0 for s in history])
-        found.append((grown, 1, HOST_WAIT, f"blocked {_ms(grown)} more off the device wait"))
+        found.append((grown, 2, HOST_WAIT, f"blocked {_ms(grown)} more off the device wait"))
     if found:
-        ns, _, cause, what = max(found)
+        # Each fact explains at most the whole excess (the run-queue waits of several threads
+        # add up past the wall time): where two explain all of it, the step's own wins.
+        ns, _, cause, what = max((min(ns, excess), rank, c, w) for ns, rank, c, w in found)
         if ns >= EXPLAINS * excess:
             return cause, f"{what}; {where}"
     if rec.preemptions or (seen.next_record is not None and seen.next_record.preemptions):

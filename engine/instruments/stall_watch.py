@@ -90,8 +90,8 @@ class StallWatch:
         floor = self._floor
         while marks and marks[0].end_ns < floor:
             marks.popleft()
-        worker = self._workers_runqueue() if self._compute is not None else None
-        facts = StepFacts(list(marks) if marks else [], cpu, runqueue, next_record, worker)
+        w_cpu, w_rq = self._workers_times() if self._compute is not None else (None, None)
+        facts = StepFacts(list(marks) if marks else [], cpu, runqueue, next_record, w_cpu, w_rq)
         try:
             self.detector.observe(rec, facts)
         except Exception:  # a bug here must cost the verdict, never the step
@@ -118,18 +118,20 @@ class StallWatch:
         self._cpu, self._runqueue = cpu, rq
         return d_cpu, d_rq
 
-    def _workers_runqueue(self) -> int | None:
-        """Run-queue wait of the compute thread and its pool since the previous call."""
+    def _workers_times(self) -> tuple[int | None, int | None]:
+        """CPU time and run-queue wait of the compute thread and its pool since the previous
+        call."""
         if self._until_rescan <= 0:
             self._until_rescan = RESCAN_STEPS
             self._find_workers()
         self._until_rescan -= 1
-        total, known = 0, False
+        cpu = rq = 0
+        known = False
         for stat in self._workers.values():
-            rq = stat.runqueue()
-            if rq is not None:
-                total, known = total + rq, True
-        return total if known else None
+            got = stat.times()
+            if got is not None:
+                cpu, rq, known = cpu + got[0], rq + got[1], True
+        return (cpu, rq) if known else (None, None)
 
     def _find_workers(self) -> None:
         try:
@@ -179,26 +181,29 @@ class StallWatch:
 
 
 class _ThreadStat:
-    """Another thread's run-queue wait, read from its schedstat file (kept open)."""
+    """Another thread's CPU time and run-queue wait, read from its schedstat file (kept
+    open)."""
 
     def __init__(self, tid: int) -> None:
-        self.last = 0
+        self.cpu = self.rq = 0
         try:
             self.fd: int | None = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
         except OSError:
             self.fd = None
-        self.runqueue()
+        self.times()
 
-    def runqueue(self) -> int | None:
-        """Run-queue wait since the previous call (None: unknown)."""
+    def times(self) -> tuple[int, int] | None:
+        """CPU time and run-queue wait since the previous call (None: unknown)."""
         if self.fd is None:
             return None
         try:
-            rq = int(os.pread(self.fd, 96, 0).split()[1])
-        except (OSError, ValueError, IndexError):
+            cpu_s, rq_s, _ = os.pread(self.fd, 96, 0).split()
+            cpu, rq = int(cpu_s), int(rq_s)
+        except (OSError, ValueError):
             self.close()
             return None
-        delta, self.last = rq - self.last, rq
+        delta = (cpu - self.cpu, rq - self.rq)
+        self.cpu, self.rq = cpu, rq
         return delta
 
     def close(self) -> None:

@@ -58,12 +58,12 @@ class Steps:
         self.n += 1
         return rec
 
-    def run(self, n: int, **kw) -> list[StepRecord]:
+    def run(self, n: int, facts: dict | None = None, **kw) -> list[StepRecord]:
         """n usual steps, each with the thread facts of a step that ran as usual."""
         out = []
         for _ in range(n):
             rec = self.record(**kw)
-            self.det.observe(rec, self.usual_facts())
+            self.det.observe(rec, self.usual_facts(**(facts or {})))
             out.append(rec)
         return out
 
@@ -166,6 +166,27 @@ def test_a_prefill_of_unusual_size(steps):
     rec = steps.stalled(Steps.usual_facts(cpu_ns=80 * MS), prefill=512,
                         lanes={"cpu.wait": 80})
     assert rec.stall == PREFILL_CHUNK and "512 prefill tokens (usually 16)" in rec.stall_detail
+
+
+def test_a_big_prefill_on_a_busy_host_waits_longer_for_a_cpu_and_is_still_the_prefill(steps):
+    """On a busy host a step with ten times the work also waits ten times as long in the run
+    queue: that wait is the prefill's, not a descheduling."""
+    busy = {"runqueue_ns": 4 * MS}  # as long in the run queue as on a CPU, each step
+    steps.run(30, busy, prefill=16, lanes={"cpu.wait": 10})
+    rec = steps.stalled(Steps.usual_facts(cpu_ns=40 * MS, runqueue_ns=40 * MS,
+                                          worker_cpu_ns=160 * MS, worker_runqueue_ns=160 * MS),
+                        prefill=512, lanes={"cpu.wait": 190})
+    assert rec.stall == PREFILL_CHUNK, rec.stall_detail
+
+
+def test_a_big_prefill_that_was_also_descheduled_is_named_for_the_prefill(steps):
+    """Both the prefill and a long run-queue wait (several threads' waits add up past the
+    wall time) account for the whole excess: the step's own fact names it."""
+    steps.run(20, prefill=16, lanes={"cpu.wait": 10})
+    rec = steps.stalled(Steps.usual_facts(runqueue_ns=100 * MS, worker_cpu_ns=40 * MS,
+                                          worker_runqueue_ns=600 * MS),
+                        prefill=512, lanes={"cpu.wait": 400})
+    assert rec.stall == PREFILL_CHUNK, rec.stall_detail
 
 
 def test_a_recompute_after_a_preemption(steps):
