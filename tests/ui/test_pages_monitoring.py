@@ -168,11 +168,27 @@ def test_recordings_page_opens_the_shipped_recording_without_an_engine(
 ) -> None:
     assert (RECORDINGS_DIR / "cpu-tiny.jsonl").is_file()
     at = recordings_page(monkeypatch, timeout_s=30)
+    at.selectbox(key="rec.pick").set_value("cpu-tiny.jsonl").run()
     assert not at.exception, at.exception
     assert list(at.dataframe[0].value["mode"]) == ["sync", "async"]
     assert any("CPU" in m.value and "commit" in m.value for m in at.markdown)
     specs = [c.proto.spec for c in at.get("plotly_chart")]
     assert len([s for s in specs if "cpu.prepare" in s and "ms before the window" in s]) == 2
+
+
+def test_recordings_page_draws_the_prefill_tax_of_a_one_mode_recording(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shipped prefill-tax recording (sync only: its timeline drawn once per side) opens
+    with its prefill tax: the headline, the fit's terms, the three panels."""
+    at = recordings_page(monkeypatch, timeout_s=60)
+    at.selectbox(key="rec.pick").set_value("cpu-prefill-tax.jsonl").run()
+    assert not at.exception, at.exception
+    assert any(m.value.startswith("**Each 1,000 prefill tokens add") for m in at.markdown)
+    assert any("prefill" in c.value and "per 1,000 prefill tokens" in c.value
+               for c in at.caption)
+    specs = [c.proto.spec for c in at.get("plotly_chart")]
+    assert any("95% band" in s and "ITL of running requests" in s for s in specs)
 
 
 def test_recordings_page_names_the_h200_async_gain_with_its_interval(

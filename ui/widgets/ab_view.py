@@ -72,9 +72,10 @@ def show_ab(a: Window, b: Window, *, key: str, judge: bool = True) -> None:
     default = min(choices, key=lambda s: abs(s - min(250, longest)))
     span = st.select_slider("Timeline span shown (the last ms of each window, same scale)",
                             choices, value=default, key=f"{key}.span")
-    for s, w in ((sa, a), (sb, b)):
+    for side, s, w in (("a", sa, a), ("b", sb, b)):  # one window shown twice: two keys
         fig = timeline_figure(w.records, window_ms=float(span), end_ns=s.end_ns,
                               height_px=300, legend=True,
                               title=f"{s.label}: the last {span} ms of the window",
                               x_title="ms before the window's end")
-        st.plotly_chart(fig, key=f"{key}.timeline.{s.label}", config={"displaylogo": False})
+        st.plotly_chart(fig, key=f"{key}.timeline.{side}.{s.label}",
+                        config={"displaylogo": False})
