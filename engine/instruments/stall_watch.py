@@ -2,7 +2,8 @@
 
 Owns `StallWatch`: it times garbage collections (gc.callbacks, whichever thread runs them),
 keeps the marks other parts of the engine leave (an engine command, a CUDA graph capture, a
-sentinel check), reads the step thread's CPU time and run-queue wait from
+sentinel check), reads the CPU time and run-queue wait of the step threads (the loop thread;
+on the CPU also the thread that runs compute and its intra-op pool) from
 /proc/self/task/<tid>/schedstat (Linux; elsewhere those facts are unknown), and runs
 telemetry.stalls.StallDetector on every step record before the loop publishes it, so that
 every reader (the dashboard, /metrics, a recording) sees the one verdict the record carries.
@@ -19,8 +20,6 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from telemetry.records import StepRecord
@@ -62,15 +61,6 @@ class StallWatch:
     def add_mark(self, cause: str, start_ns: int, end_ns: int, label: str = "") -> None:
         """Something that ran over [start_ns, end_ns] and may stall a step (any thread)."""
         self.marks.append(Mark(cause, start_ns, end_ns, label))
-
-    @contextmanager
-    def marked(self, cause: str, label: str = "") -> Iterator[None]:
-        """Mark the time the block takes."""
-        start = now()
-        try:
-            yield
-        finally:
-            self.marks.append(Mark(cause, start, now(), label))
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
