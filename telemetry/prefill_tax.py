@@ -29,9 +29,8 @@ token at context c reads c; a prefill chunk of n tokens ending at e reads e + (e
 (e-n+1)): the attention's work, linear in the decode contexts and quadratic in a chunk. A term
 whose column does not vary in the window (eight streams always decoding: the decode count is
 constant), or varies in fewer than MIN_VARIED_STEPS steps, cannot be told from the intercept and
-is left out of the fit, with the reason; a
-window without a single prefill step has no prefill term, and every figure that needs it says
-so instead of inventing it.
+is left out of the fit, with the reason; a window without a single prefill step has no prefill
+term, and every figure that needs it says so instead of inventing it.
 
 **The error**: the residual standard error s (RMSE with n - p degrees of freedom). On a shared
 machine slow stretches make neighbouring steps slow together, so the residuals' autocorrelation
