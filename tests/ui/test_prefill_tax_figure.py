@@ -1,8 +1,16 @@
-"""The prefill tax figure says what it measures, and says why in place of what it cannot show:
-no fit yet (too few steps), no prefill in the window."""
+"""The prefill tax figure says what it measures, and says why in place of what it cannot show
+(no fit yet: too few steps; no prefill in the window); the Live page draws it from the engine's
+last steps."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from fake_engine import FakeEngineClient
+from streamlit.testing.v1 import AppTest
+
+from telemetry.bus import TelemetryBus
 from telemetry.prefill_tax import prefill_tax
 from telemetry.records import Span, StepRecord
 from ui.figures.prefill_tax import fit_caption, headline, prefill_tax_figure
@@ -64,3 +72,17 @@ def test_too_few_steps_say_there_is_no_fit_yet():
     tax = prefill_tax(recs)
     assert headline(tax).startswith("**No fit yet**") and "needs 8" in headline(tax)
     assert "No fit" in texts(prefill_tax_figure(tax, recs))
+
+
+def test_the_live_page_draws_the_prefill_tax_of_the_last_steps(fake: FakeEngineClient) -> None:
+    """The Live page's section fits the steps the engine published: the headline in words and
+    the figure in place (a live_plot keyed live.prefill_tax)."""
+    fake.bus = TelemetryBus()  # these steps alone, not the stand-in's own decode steps
+    for rec in eight_streams_and_a_long_prompt():
+        fake.bus.publish_step(rec)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
+                           default_timeout=30).run()
+    assert not at.exception, at.exception
+    assert any(m.value.startswith("**Each 1,000 prefill tokens add") for m in at.markdown)
+    keys = [json.loads(el.proto.json_args)["key"] for el in at.get("component_instance")]
+    assert "live.prefill_tax" in keys
