@@ -43,11 +43,12 @@ their step numbers; k steps far apart give 1/k). t: telemetry.verdict.t95. A ste
 grows with its length on a shared machine (a slow stretch stretches a long step more), so the
 noise term of a step with a prefill chunk is the RMSE of such steps, and of a decode-only step
 that of decode-only steps, where the window holds MIN_KIND_STEPS of them: over all the window's
-steps of that kind, stalls included (the band is the spread a request meets).
+steps of that kind, outliers included (the band is the spread a request meets).
 
-**Stalls**: a step slower than the fit by OUTLIER_SCALES robust SDs (1.4826 x the residuals'
-median absolute deviation) and by OUTLIER_FRACTION of its predicted time is a stall (a GC pause,
-a descheduled thread: what a shared machine does), not the cost of its tokens: the fit is made
+**Outliers**: a step slower than the fit by OUTLIER_SCALES robust SDs (1.4826 x the residuals'
+median absolute deviation) and by OUTLIER_FRACTION of its predicted time is an outlier (a GC
+pause, a descheduled thread: what a shared machine does; telemetry/stalls.py names the causes of
+slow steps), not the cost of its tokens: the fit is made
 again without it (up to OUTLIER_PASSES times) and names it in ``outliers``. Only slow steps are
 left out, and only far slower ones: a GPU's steady decodes give a tiny scale, and a chunk the
 linear model fits a few percent off must stay in.
@@ -84,7 +85,7 @@ MIN_STEPS = 8  # fewer steps than this, or than terms + 3, fit nothing
 MIN_VARIED_STEPS = 3
 MAX_LAG = 16  # residual autocorrelation is counted up to this many steps apart
 # A step slower than the fit by this many robust SDs and by this share of its predicted time
-# is a stall (a GC pause, a descheduled thread), not the cost of its tokens: left out.
+# is an outlier (a GC pause, a descheduled thread), not the cost of its tokens: left out.
 OUTLIER_SCALES = 4.0
 OUTLIER_FRACTION = 1.0
 OUTLIER_PASSES = 3
@@ -210,7 +211,7 @@ class TaxFit:
 
     def is_outlier(self, time_ns: float, predicted_ns: float) -> bool:
         """Whether a step of this time, where the fit predicts ``predicted_ns``, is one the fit
-        leaves out (a stall, not a token's cost)."""
+        leaves out (an outlier, not a token's cost)."""
         return _outlier(time_ns - predicted_ns, predicted_ns, self.robust_scale_ns)
 
     @property
@@ -415,7 +416,7 @@ def fit_step_time(records: Sequence[StepRecord], *, window_steps: int = WINDOW_S
 def _kind_rmse(resid: np.ndarray, prefill: np.ndarray, dof: int) -> dict[str, float]:
     """The RMSE of the steps with a prefill chunk and of those without, each with the fit's
     degrees-of-freedom correction; a kind with fewer than MIN_KIND_STEPS steps has none. Over
-    every step of the window, stalls too: the fit leaves them out of its coefficients, but a
+    every step of the window, outliers too: the fit leaves them out of its coefficients, but a
     prediction's band is the spread of step times a request meets."""
     out = {}
     for kind, mask in (("prefill", prefill), ("decode", ~prefill)):
@@ -427,7 +428,7 @@ def _kind_rmse(resid: np.ndarray, prefill: np.ndarray, dof: int) -> dict[str, fl
 
 def _robust_scale(resid: np.ndarray) -> float:
     """1.4826 x the median absolute deviation: the residuals' SD were they normal, unmoved by
-    a few stalls."""
+    a few outliers."""
     if resid.size == 0:
         return 0.0
     return float(1.4826 * np.median(np.abs(resid - np.median(resid))))

@@ -125,7 +125,7 @@ def run_scenario(model: str = DEFAULT_MODEL, *, rounds: int = ROUNDS,
 class PenaltyCheck:
     """The long prompt's chunk steps: the streams' measured ITL against the fit's prediction
     (ms). Per step: how many of the ``chunk_steps`` lie inside their own 95% prediction interval
-    (``inside``). Over them: the mean measured ITL (stalls included, as the band's spread
+    (``inside``). Over them: the mean measured ITL (outliers included, as the band's spread
     includes them) against the fit's mean with its 95% interval; ``baseline_ms`` is the fit's
     time of the same steps without their chunk, so the penalties are each ITL minus it."""
 
@@ -139,7 +139,7 @@ class PenaltyCheck:
     fit_steps: int
     rmse_ms: float
     terms: tuple[str, ...]
-    outliers: int = 0  # chunk steps that are stalls by the fit's rule
+    outliers: int = 0  # chunk steps that are outliers by the fit's rule
     fit_outliers: int = 0  # steps the fit itself left out
 
     @property
@@ -164,7 +164,7 @@ class PenaltyCheck:
         """At least two thirds of the chunk steps lie inside their own 95% prediction intervals
         (a 95% interval leaves one in twenty out, and a shared machine's slow stretches take
         neighbours out together). Step by step, as the band is a step's: the mean of a few
-        steps that hold a stall of twice their time is the stall's more than the model's."""
+        steps that hold an outlier of twice their time is the outlier's more than the model's."""
         return self.inside * 3 >= self.chunk_steps * 2
 
 
@@ -210,7 +210,7 @@ def penalty_check(run: ScenarioRun, terms: Sequence[Term] = TERMS,
     for s in chunk_steps:
         one = fit.predict(s.decode_tokens, s.prefill_tokens, s.context)
         inside += one.lo_ns <= float(np.mean(itl[s.step])) * 1e6 <= one.hi_ns
-    stalls = sum(1 for s in chunk_steps if fit.is_outlier(
+    slow = sum(1 for s in chunk_steps if fit.is_outlier(
         float(np.mean(itl[s.step])) * 1e6, fit.mean_ns(s.decode_tokens, s.prefill_tokens,
                                                        s.context)))
     pred = fit.predict_steps(chunk_steps)
@@ -218,7 +218,7 @@ def penalty_check(run: ScenarioRun, terms: Sequence[Term] = TERMS,
     base = float(np.mean([fit.decode_part_ns(s) for s in chunk_steps])) / 1e6
     return PenaltyCheck(len(chunk_steps), inside, measured, pred.mean_ns / 1e6,
                         pred.lo_ns / 1e6, pred.hi_ns / 1e6, base, fit.steps, fit.rmse_ns / 1e6,
-                        fit.terms, outliers=stalls, fit_outliers=len(fit.outliers))
+                        fit.terms, outliers=slow, fit_outliers=len(fit.outliers))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -251,7 +251,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     print(f"{len(scen.records)} steps in {wall:.1f} s; fit terms {full.terms}, "
           f"{full.fit_steps} steps")
     print("| fit | chunk steps in their 95% PI | mean ITL ms | predicted mean ms [95%] | "
-          "measured penalty ms | predicted penalty ms | fit RMSE ms | stalls (fit / chunk "
+          "measured penalty ms | predicted penalty ms | fit RMSE ms | outliers (fit / chunk "
           "steps) | holds |")
     print("|---|---|---|---|---|---|---|---|---|")
     print(_row("decode + prefill + context", full))

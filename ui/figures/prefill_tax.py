@@ -196,8 +196,8 @@ def fit_caption(tax: PrefillTax) -> str:
            f"residual RMSE {fit.rmse_ns / 1e6:.2f} ms, 95% intervals (t, {fit.dof} degrees of "
            "freedom).")
     if fit.outliers:
-        out += (f" {len(fit.outliers)} steps far slower than the fit (stalls: a GC pause, a "
-                "descheduled thread) are left out of it.")
+        out += (f" {len(fit.outliers)} steps at least twice the fit's time (outliers: a GC pause, "
+                "a descheduled thread) are left out of its coefficients.")
     if fit.left_out:
         out += " Not fitted: " + "; ".join(f"{k}: {v}" for k, v in fit.left_out.items()) + "."
     return out
