@@ -24,7 +24,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from telemetry.records import CPU_LANES, StepRecord
+from telemetry.records import CPU_LANES, DEVICE_LANES, StepRecord
 
 GC = "gc"
 GRAPH_CAPTURE = "graph_capture"
@@ -227,8 +227,7 @@ def name_cause(seen: _Seen, history: list[_Seen], facts: StepFacts, median: int,
       median wait per CPU-second; summed over threads).
     Else a preemption made while scheduling the step, if any; else unexplained. Each names
     the lane that grew most."""
-    lane, lane_ns = grown_lane(seen, history)
-    where = f"{lane} +{_ms(lane_ns)}"
+    where = grown_lane(seen, history)
     marks = mark_overlaps(facts.marks, seen.start_ns, seen.end_ns)
     if marks:
         cause = max(marks, key=lambda c: marks[c][0])
@@ -294,12 +293,12 @@ def mark_overlaps(marks: list[Mark], start: int, end: int) -> dict[str, tuple[in
 
 
 def lane_times(seen: _Seen) -> dict[str, int]:
-    """Time on each CPU lane inside the step's interval (its own spans and those of the step
-    launched after it), and BETWEEN_PHASES: the rest of the interval. Kept on ``seen``: the
-    next stall of its kind asks again."""
+    """Time on each CPU lane and device lane inside the step's interval (its own spans and
+    those of the step launched after it), and BETWEEN_PHASES: the rest of the interval off
+    the CPU lanes. Kept on ``seen``: the next stall of its kind asks again."""
     if seen.lanes is not None:
         return seen.lanes
-    out = seen.lanes = dict.fromkeys(CPU_LANES, 0)
+    out = seen.lanes = dict.fromkeys(CPU_LANES + DEVICE_LANES, 0)
     start, end = seen.start_ns, seen.end_ns
     for r in (seen.record, seen.next_record):
         if r is None:
@@ -309,20 +308,30 @@ def lane_times(seen: _Seen) -> dict[str, int]:
                 ns = min(s.end_ns, end) - max(s.start_ns, start)
                 if ns > 0:
                     out[s.lane] += ns
-    out[BETWEEN_PHASES] = max(0, seen.interval_ns - sum(out.values()))
+    out[BETWEEN_PHASES] = max(0, seen.interval_ns - sum(out[lane] for lane in CPU_LANES))
     return out
 
 
-def grown_lane(seen: _Seen, history: list[_Seen]) -> tuple[str, int]:
-    """The lane whose time in the interval grew most over its median among ``history``."""
+def grown_lane(seen: _Seen, history: list[_Seen]) -> str:
+    """The lane whose time in the interval grew most over its median among ``history`` (a
+    CPU lane or BETWEEN_PHASES) and by how much, as "cpu.post +300.0 ms". When that is the
+    CPU's wait for the device, the device lane that grew most follows in brackets
+    ("cpu.wait +9.9 ms (compute +9.8 ms)"): what the CPU waited for."""
     mine = lane_times(seen)
     past = [lane_times(s) for s in history]
-    best, best_ns = BETWEEN_PHASES, -1
-    for lane, ns in mine.items():
-        grown = ns - _median([p[lane] for p in past])
-        if grown > best_ns:
-            best, best_ns = lane, grown
-    return best, max(0, best_ns)
+
+    def grown(lanes: tuple[str, ...]) -> tuple[str, int]:
+        out = {lane: mine[lane] - _median([p[lane] for p in past]) for lane in lanes}
+        best = max(out, key=out.__getitem__)
+        return best, out[best]
+
+    lane, ns = grown((*CPU_LANES, BETWEEN_PHASES))
+    where = f"{lane} +{_ms(max(0, ns))}"
+    if lane == "cpu.wait":
+        device, device_ns = grown(DEVICE_LANES)
+        if device_ns > 0:
+            where += f" ({device} +{_ms(device_ns)})"
+    return where
 
 
 def _median(values: list[int]) -> int:

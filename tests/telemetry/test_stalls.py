@@ -50,6 +50,8 @@ class Steps:
         for lane, ms in {**self.USUAL, **(lanes or {})}.items():
             spans.append(Span(lane, t, t + int(ms * MS)))
             t += int(ms * MS)
+        wait = next(sp for sp in spans if sp.lane == "cpu.wait")
+        spans.append(Span("compute", wait.start_ns, wait.end_ns - MS // 10))  # what it waits for
         self.t = t
         rec = StepRecord(step=self.n, mode="sync", slot=0, num_requests=requests,
                          prefill_tokens=prefill, decode_tokens=requests, spans=spans,
@@ -199,6 +201,12 @@ def test_a_recompute_after_a_preemption(steps):
 def test_unexplained_names_the_lane_that_grew(steps):
     rec = steps.stalled(Steps.usual_facts(cpu_ns=44 * MS), lanes={"cpu.schedule": 41})
     assert rec.stall == UNEXPLAINED and rec.stall_detail == "cpu.schedule +40.0 ms"
+
+
+def test_a_slow_device_step_names_what_the_cpu_waited_for(steps):
+    rec = steps.stalled(lanes={"cpu.wait": 56})  # the CPU blocked on the device, as usual
+    assert rec.stall == UNEXPLAINED
+    assert rec.stall_detail == "cpu.wait +50.0 ms (compute +50.0 ms)"
 
 
 def test_unknown_thread_times_fall_through_to_the_lanes(steps):
