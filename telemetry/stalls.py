@@ -2,7 +2,7 @@
 
 Owns the rule that flags a stall and the attribution of its cause, from a step's record and
 the facts the engine saw over that step's interval (`StepFacts`): timestamped marks (a GC
-pause, a CUDA graph capture, a sentinel check, an engine command), the step thread's CPU time
+pause, a CUDA graph capture, a sentinel check, an engine command), the step threads' CPU time
 and run-queue wait, the step's prefill and recompute tokens. A flagged record carries the
 verdict in its ``stall*`` fields (telemetry/records.py); docs/stalls.md says what each cause
 means and how it is known.
