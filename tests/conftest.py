@@ -46,7 +46,7 @@ SESSION_FOLDERS = ("serving", "browser")
 OWN_SERVER_MODULES = tuple(f"tests/serving/{m}.py" for m in (
     "test_background_server", "test_client_death", "test_engine_death", "test_engine_silence",
     "test_metrics_sentinel", "test_model_names", "test_orphan", "test_serve_attach",
-    "test_serve_cli"))
+    "test_serve_cli", "test_token_budget_serve"))
 # Handed out first under xdist, in this order (a worker takes the next unit when it runs
 # dry): the longest units, longest first, so that no long one starts last. The browser tests
 # run in a phase of their own in scripts/test.sh (a plain `-n 2 --dist loadgroup` run puts
@@ -59,6 +59,7 @@ FIRST = (
     "tests/process/test_client.py",
     "tests/model/test_smollm2.py",
     "tests/serving/test_engine_silence.py",
+    "tests/engine/test_stalls_engine.py",
     "tests/model/test_compiled_generic.py",
     "tests/process/test_process_hung.py",
     "tests/ui/test_pages_engine.py",
