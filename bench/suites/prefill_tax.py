@@ -45,7 +45,7 @@ STREAMS = 8
 CHUNK = 256  # prefill tokens a step beside the 8 decodes: the budget is CHUNK + STREAMS
 FIT_PROMPTS = (1000,)  # a twin of the long prompt, beside it in time
 LONG_PROMPT = 1000
-ROUNDS = 4
+ROUNDS = 6
 SETTLE_STEPS = 3  # decode-only steps after each prompt
 
 
