@@ -183,7 +183,8 @@ def test_requests_page_lists_the_requests(page: sync_api.Page) -> None:
     shoot_whole_page(page, "requests")
 
 
-PAGES = ("Live", "Playground", "Benchmark", "A/B", "Recordings", "Requests", "Step anatomy")
+PAGES = ("Live", "Playground", "Benchmark", "A/B", "Recordings", "Diff", "Requests",
+         "Step anatomy")
 SIZES = (WIDE, SMALL)
 
 
