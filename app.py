@@ -4,7 +4,7 @@ Owns the page list (st.navigation, in the top bar so the pages keep the full wid
 Live page first) and what every page shows before its own content: the banner
 (ui/widgets/banner.py: the engine's actual settings, a hung engine, a running benchmark),
 drawn over the one engine process the dashboard shares (ui/engine_link.py). A dead engine's
-page stops at its restart message. The pages themselves live in pages/.
+page stops at its restart message. The pages themselves live in ui/pages/.
 
 It must never draw from a thread other than the script's, and never reach the engine except
 through ui/engine_link.py.
@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas  # noqa: F401
 import streamlit as st
 
-from pages.live import live_page
 from ui.engine_link import engine_client
+from ui.pages.live import live_page
 from ui.widgets.banner import status_banner
 from ui.widgets.conversation import show_conversation
 from ui.widgets.fragments import run_page
@@ -36,13 +36,13 @@ def main() -> None:
     st.set_page_config(page_title="gapless", page_icon=str(FAVICON), layout="wide")
     pages = [
         st.Page(live_page, title="Live", icon=":material/monitoring:", default=True),
-        st.Page("pages/playground.py", title="Playground", icon=":material/chat:"),
-        st.Page("pages/benchmark.py", title="Benchmark", icon=":material/speed:"),
-        st.Page("pages/ab.py", title="A/B", icon=":material/compare:"),
-        st.Page("pages/recordings.py", title="Recordings", icon=":material/folder_open:"),
-        st.Page("pages/diff.py", title="Diff", icon=":material/difference:"),
-        st.Page("pages/requests.py", title="Requests", icon=":material/list:"),
-        st.Page("pages/anatomy.py", title="Step anatomy", icon=":material/biotech:"),
+        st.Page("ui/pages/playground.py", title="Playground", icon=":material/chat:"),
+        st.Page("ui/pages/benchmark.py", title="Benchmark", icon=":material/speed:"),
+        st.Page("ui/pages/ab.py", title="A/B", icon=":material/compare:"),
+        st.Page("ui/pages/recordings.py", title="Recordings", icon=":material/folder_open:"),
+        st.Page("ui/pages/diff.py", title="Diff", icon=":material/difference:"),
+        st.Page("ui/pages/requests.py", title="Requests", icon=":material/list:"),
+        st.Page("ui/pages/anatomy.py", title="Step anatomy", icon=":material/biotech:"),
     ]
     page = st.navigation(pages, position="top")
     # Less empty space under the top bar, so the timeline fits a 1280x800 window unscrolled.

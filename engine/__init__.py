@@ -1,6 +1,6 @@
 """gapless engine: continuous batching over a paged KV cache, sync or async steps.
 
-engine/ never imports streamlit, plotly or anything under ui/ or pages/. The names below are
+engine/ never imports streamlit, plotly or anything under ui/. The names below are
 loaded lazily, so `from engine.process.client import EngineClient` (the dashboard's only door into
 the engine) does not import torch or transformers into the dashboard process.
 """

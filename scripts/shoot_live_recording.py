@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--height", type=int, default=1500)
     ap.add_argument("--wait-s", type=float, default=20.0)
     args = ap.parse_args()
-    launcher = REPO / ".shoot_live_app.py"  # beside app.py: its pages/ paths resolve
+    launcher = REPO / ".shoot_live_app.py"  # beside app.py: its ui/pages/ paths resolve
     launcher.write_text(LAUNCHER.format(repo=str(REPO), path=str(Path(args.recording).resolve()),
                                         mode=args.mode, last=args.last,
                                         app=str(REPO / "app.py")))

@@ -1,6 +1,6 @@
 """The layers of docs/design.md, enforced: engine/ and telemetry/ never import UI code;
 telemetry/ imports nothing of ours; engine/core/ never imports torch (not even transitively);
-the dashboard (ui/, pages/, app.py) reaches the engine only through the client, the shared
+the dashboard (ui/, app.py) reaches the engine only through the client, the shared
 restart policy, the config, the env registry and the drivers' value types, and importing
 those pulls no torch into its process; the engine process itself only through ui/engine_link.py;
 ui/figures/ never imports streamlit; engine/step never imports the instruments."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-UI = ("streamlit", "plotly", "ui", "pages", "app")
+UI = ("streamlit", "plotly", "ui", "app")
 # What the dashboard may import of the engine (the process boundary and value types).
 DASHBOARD_DOORS = {
     "engine.process.client",
@@ -61,7 +61,7 @@ def test_no_ui_imports(package):
 
 def test_telemetry_depends_on_nothing_of_ours():
     for path in py_files("telemetry"):
-        ours = imported_roots(path) & {"engine", "ui", "pages", "bench", "training"}
+        ours = imported_roots(path) & {"engine", "ui", "bench", "training"}
         assert not ours, f"{path.relative_to(ROOT)} imports {sorted(ours)}"
 
 
@@ -71,7 +71,7 @@ def test_core_never_imports_torch_directly():
 
 
 def test_the_dashboard_reaches_the_engine_only_through_its_doors():
-    for path in py_files("ui", "pages", "app.py"):
+    for path in py_files("ui", "app.py"):
         engine_mods = {m for m in imported_modules(path) if m.split(".")[0] == "engine"}
         bad = engine_mods - DASHBOARD_DOORS
         assert not bad, (
@@ -107,7 +107,7 @@ def runtime_imports(path: Path) -> set[str]:
 
 
 def test_the_dashboard_reaches_the_engine_process_only_through_the_engine_link():
-    for path in py_files("ui", "pages", "app.py"):
+    for path in py_files("ui", "app.py"):
         process = {m for m in imported_modules(path) if m.startswith("engine.process.")}
         beyond = process - {"engine.process.client", "engine.process.supervision"}
         assert not beyond, f"{path.relative_to(ROOT)} imports {sorted(beyond)}"

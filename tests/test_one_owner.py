@@ -9,7 +9,7 @@ Owns the check for three concepts whose copies would disagree on screen:
 - the A/B verdict with its 95% interval (owner telemetry/verdict.py): the verdict's words
   ("no measurable difference", "not settled"), the interval's quantiles (1.96, a t table,
   the 2.5 and 97.5 percentiles, a ``ppf``) or a "negligible" threshold.
-The product is engine/, telemetry/, ui/, pages/, bench/ (its old results left out), app.py and
+The product is engine/, telemetry/, ui/, bench/ (its old results left out), app.py and
 scripts/; docstrings are prose and are not read. It reads files and never writes one; its own
 samples show that each rule can fail.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("engine", "telemetry", "ui", "pages", "bench", "app.py", "scripts")
+PRODUCT = ("engine", "telemetry", "ui", "bench", "app.py", "scripts")
 NOT_PRODUCT = ("bench/results/",)
 
 KERNEL_FAMILY = "telemetry/kernel_family.py"

@@ -45,6 +45,7 @@ from bench.harness.headless_chromium import (
     wait_healthy,
 )
 from bench.harness.shapes import PRESETS
+from engine import envs
 
 DESCRIPTION = ("a token budget change made live through the dashboard: the what-if's p99 ITL "
                "and tokens/s predicted before it beside those measured after it")
@@ -172,7 +173,7 @@ def run_dashboard(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     args.out_dir = out
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "GAPLESS_CONFIG": str(Path(args.config).resolve())}
+    env = {**os.environ, envs.GAPLESS_CONFIG: str(Path(args.config).resolve())}
     log = open(out / "dashboard.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"),

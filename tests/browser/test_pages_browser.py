@@ -103,6 +103,23 @@ def test_a_shipped_recording_opens(page: sync_api.Page) -> None:
     shoot_whole_page(page, "recordings")
 
 
+def test_a_page_opened_by_its_url_has_the_navigation(server, browser) -> None:
+    """A page's URL opened in a new tab runs through app.py's navigation: the top bar with
+    every page, and no list of a folder's files in a sidebar. (Streamlit also serves the
+    scripts of a top-level pages/ folder as pages of their own: such a tab showed a sidebar
+    of file names, and the page without the navigation or its layout.)"""
+    tab = new_tab(browser, server[0])
+    try:
+        tab.goto(server[0].rstrip("/") + "/diff")
+        tab.wait_for_function(
+            "() => [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === 'Diff')",
+            timeout=60_000)
+        tab.get_by_role("link", name="Playground").first.wait_for(timeout=30_000)
+        assert tab.locator('[data-testid="stSidebarNav"]').count() == 0
+    finally:
+        tab.close()
+
+
 def test_the_h200_1b_recording_names_the_async_gain_with_its_interval(
     page: sync_api.Page,
 ) -> None:

@@ -178,7 +178,7 @@ def test_live_keys_and_slot_counts_are_written_once():
     from engine.config import NUM_SLOTS
 
     found = []
-    for part in ("engine", "ui", "pages", "app.py", "bench"):
+    for part in ("engine", "ui", "app.py", "bench"):
         root = ROOT / part
         for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
             if path == ROOT / "engine" / "config.py":

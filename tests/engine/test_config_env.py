@@ -12,7 +12,7 @@ import pytest
 from engine import envs
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("engine", "telemetry", "ui", "pages", "app.py", "bench", "scripts")
+PRODUCT = ("engine", "telemetry", "ui", "app.py", "bench", "scripts")
 NAME = re.compile(r"\bGAPLESS_[A-Z0-9_]*[A-Z0-9]\b")
 
 

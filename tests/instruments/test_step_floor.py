@@ -116,7 +116,7 @@ def test_the_separate_kernel_reference_has_one_name():
     root = Path(__file__).resolve().parents[2]
     former = re.compile(r"size[-_ ]aware", re.IGNORECASE)
     allowed = {"telemetry/floor.py", "tests/instruments/test_step_floor.py"}
-    files = subprocess.run(["git", "ls-files", "bench", "telemetry", "engine", "ui", "pages",
+    files = subprocess.run(["git", "ls-files", "bench", "telemetry", "engine", "ui",
                             "docs", "tests", "README.md", "config.yaml"], cwd=root,
                            capture_output=True, text=True, check=True).stdout.split()
     found = []

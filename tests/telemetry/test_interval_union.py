@@ -11,7 +11,7 @@ from pathlib import Path
 from telemetry.metrics import union_length
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("engine", "telemetry", "ui", "pages", "bench", "scripts")
+PRODUCT = ("engine", "telemetry", "ui", "bench", "scripts")
 OWNER = "telemetry/metrics.py"
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECOND_DEFINITION = re.compile(
     r"max\(\s*\w+\.end_ns\s+for\s+(\w+\s+in\s+\w+\s+for\s+)?\w+\s+in\s+\w+\.spans\b")
 # Where the scan looks: everything that reads steps.
-SCANNED = ("telemetry", "engine", "bench", "ui", "pages")
+SCANNED = ("telemetry", "engine", "bench", "ui")
 
 
 def _rec(step: int, spans: list[tuple[str, int, int]]) -> StepRecord:

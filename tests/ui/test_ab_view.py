@@ -97,7 +97,7 @@ def test_each_sides_header_counts_each_figure_over_what_it_covers(fake) -> None:
     from test_pages_fake import app
 
     at = app().run()
-    at.switch_page("pages/ab.py").run()
+    at.switch_page("ui/pages/ab.py").run()
     at.select_slider(key="ab.seconds").set_value(1)
     at.button(key="ab.one_click").click().run()
     headers = [m.value for m in at.markdown

@@ -51,7 +51,7 @@ def cpu_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeEngineClient]:
 
 def test_page_records_on_click_and_shows_tables_and_timeline(fake: FakeEngineClient) -> None:
     at = AppTest.from_file(str(APP), default_timeout=30).run()
-    at.switch_page("pages/anatomy.py").run()
+    at.switch_page("ui/pages/anatomy.py").run()
     assert not at.exception
     assert len(at.dataframe) == 0  # nothing recorded until asked
     at.number_input(key="anatomy.n").set_value(4).run()
@@ -68,7 +68,7 @@ def test_on_a_cpu_it_says_there_are_no_kernels_and_shows_the_shipped_h200_anatom
     asked: list[int] = []
     monkeypatch.setattr(cpu_fake, "record_anatomy", lambda *a, **k: asked.append(1))
     at = AppTest.from_file(str(APP), default_timeout=30).run()
-    at.switch_page("pages/anatomy.py").run()
+    at.switch_page("ui/pages/anatomy.py").run()
     assert not at.exception
     assert any("no GPU kernels" in m.value for m in at.info)
     assert not [b for b in at.button if b.key == "anatomy.record"]  # nothing to record
@@ -86,7 +86,7 @@ def test_on_an_idle_engine_it_asks_for_load_instead_of_waiting(
     monkeypatch.setattr(fake, "record_anatomy", lambda *a, **k: asked.append(1))
     monkeypatch.setattr(fake, "stats", lambda: {"running": 0, "waiting": 0, "unfinished": 0})
     at = AppTest.from_file(str(APP), default_timeout=30).run()
-    at.switch_page("pages/anatomy.py").run()
+    at.switch_page("ui/pages/anatomy.py").run()
     at.button(key="anatomy.record").click().run()
     assert not at.exception and not at.error
     assert not asked  # no recording asked of an engine with nothing to run
@@ -111,7 +111,7 @@ def test_a_step_the_profiler_lost_shows_as_not_measured_never_as_idle(
 
     monkeypatch.setattr(fake, "record_anatomy", recording({101}))
     at = AppTest.from_file(str(APP), default_timeout=30).run()
-    at.switch_page("pages/anatomy.py").run()
+    at.switch_page("ui/pages/anatomy.py").run()
     at.button(key="anatomy.record").click().run()
     assert not at.exception and not at.error
     table = at.dataframe[0].value

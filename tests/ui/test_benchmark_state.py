@@ -87,7 +87,7 @@ def test_the_run_button_is_redrawn_every_second_and_follows_the_load(
     monkeypatch.setattr(st, "fragment", spy)
     fake.start_load(None)
     at = app().run()
-    at.switch_page("pages/benchmark.py").run()
+    at.switch_page("ui/pages/benchmark.py").run()
     assert at.button(key="bench.run").disabled
     assert ("run_controls", 1.0) in seen  # re-read every second, not only on a reload
     fake.stop_load()  # from another tab

@@ -81,7 +81,7 @@ def test_the_memory_bandwidth_tile_says_why_it_cannot_measure() -> None:
 
 def test_the_anatomy_page_on_a_cpu_asks_for_no_load(fake: FakeEngineClient) -> None:
     at = app().run()
-    at.switch_page("pages/anatomy.py").run()
+    at.switch_page("ui/pages/anatomy.py").run()
     said = " ".join(c.value for c in at.caption) + " ".join(i.value for i in at.info)
     assert "load generator" not in said, said
     assert "needs an engine on a GPU" in said

@@ -15,7 +15,7 @@ from fake_engine import FakeEngineClient
 from streamlit.testing.v1 import AppTest
 from test_pages_fake import app, texts
 
-PAUSE_KEY = "live.pause"  # pages/live.py's (a page script, not imported here)
+PAUSE_KEY = "live.pause"  # ui/pages/live.py's (a page script, not imported here)
 DEAD = "The engine is not running: engine process exited with code -9 (SIGKILL)."
 
 
@@ -80,7 +80,7 @@ def stored_fragments(at: AppTest) -> int:
     return len(at._fragment_storage._fragments)
 
 
-@pytest.mark.parametrize("page", [None, "pages/benchmark.py", "pages/requests.py"])
+@pytest.mark.parametrize("page", [None, "ui/pages/benchmark.py", "ui/pages/requests.py"])
 def test_a_dead_page_keeps_no_fragment_of_the_page_it_replaced(
         fake: FakeEngineClient, page: str | None) -> None:
     """After a kill each page is replaced by the dead-engine page: the fragments of the page
@@ -102,7 +102,7 @@ def test_a_death_inside_the_benchmark_controls_shows_the_dead_page_at_the_top(
     call): the whole app runs again and stops at the top, never a dead page (with its own
     timed watch) drawn inside the fragment, under the page's title."""
     at = app().run()
-    at.switch_page("pages/benchmark.py").run()
+    at.switch_page("ui/pages/benchmark.py").run()
     assert [t.value for t in at.title] == ["Benchmark"]
     alive_load_running = fake.load_running
 

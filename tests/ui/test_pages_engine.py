@@ -151,7 +151,7 @@ def test_load_generator_drives_the_engine(engine: EngineClient) -> None:
 
 
 def test_playground_prompt_gets_an_answer(engine: EngineClient) -> None:
-    at = page("pages/playground.py")
+    at = page("ui/pages/playground.py")
     at.slider(key="play.max_tokens").set_value(24)
     at.slider(key="play.temperature").set_value(0.0)
     at.chat_input(key="play.prompt").set_value("def fibonacci(n):").run()
@@ -163,7 +163,7 @@ def test_playground_prompt_gets_an_answer(engine: EngineClient) -> None:
 
 
 def test_playground_rejected_prompt_shows_the_engines_message(engine: EngineClient) -> None:
-    at = page("pages/playground.py")
+    at = page("ui/pages/playground.py")
     too_long = "x = 1\n" * 4000  # far beyond max_model_len tokens
     at.chat_input(key="play.prompt").set_value(too_long).run()
     assert not at.exception
@@ -174,7 +174,7 @@ def test_playground_rejected_prompt_shows_the_engines_message(engine: EngineClie
 
 
 def test_benchmark_page_completes_on_the_default_model(engine: EngineClient) -> None:
-    at = page("pages/benchmark.py")
+    at = page("ui/pages/benchmark.py")
     at.number_input(key="bench.repetitions").set_value(2)
     at.button(key="bench.run").click().run()
     run = ui.widgets.bench_runner.RUNS.current
@@ -195,7 +195,7 @@ def test_benchmark_page_completes_on_the_default_model(engine: EngineClient) -> 
 
 def test_requests_page_lists_requests_with_latencies(engine: EngineClient) -> None:
     out = engine.generate("import os\n", {"max_tokens": 8, "temperature": 0.0})
-    at = page("pages/requests.py")
+    at = page("ui/pages/requests.py")
     assert not at.exception and not at.error
     table = at.dataframe[0].value
     row = table[table["request"] == out.request_id].iloc[0]
@@ -218,7 +218,7 @@ def test_dead_engine_shows_the_reason_and_restarts(engine: EngineClient) -> None
 
 
 def test_ab_one_click_judges_decode_steps_over_alternated_pairs(engine: EngineClient) -> None:
-    at = page("pages/ab.py")
+    at = page("ui/pages/ab.py")
     at.select_slider(key="ab.seconds").set_value(3).run()
     at.button(key="ab.one_click").click().run()
     assert not at.exception and not at.error, [e.value for e in at.error]

@@ -193,7 +193,7 @@ def test_graphs_toggle_is_enabled_with_a_gpu(monkeypatch: pytest.MonkeyPatch) ->
 def test_playground_prompt_gets_an_answer_with_figures(fake: FakeEngineClient) -> None:
     at = app()
     at.run()
-    at.switch_page("pages/playground.py").run()
+    at.switch_page("ui/pages/playground.py").run()
     at.chat_input(key="play.prompt").set_value("def add").run()
     assert not at.exception
     assert fake.submitted[-1][0] == "def add"
@@ -206,7 +206,7 @@ def test_playground_prompt_gets_an_answer_with_figures(fake: FakeEngineClient) -
 def test_playground_rejected_prompt_shows_the_engines_message(fake: FakeEngineClient) -> None:
     at = app()
     at.run()
-    at.switch_page("pages/playground.py").run()
+    at.switch_page("ui/pages/playground.py").run()
     at.chat_input(key="play.prompt").set_value("x" * 3000).run()
     assert not at.exception
     assert "max_model_len" in at.error[0].value
@@ -215,7 +215,7 @@ def test_playground_rejected_prompt_shows_the_engines_message(fake: FakeEngineCl
 def test_benchmark_page_runs_every_mode_and_compares(fake: FakeEngineClient) -> None:
     at = app()
     at.run()
-    at.switch_page("pages/benchmark.py").run()
+    at.switch_page("ui/pages/benchmark.py").run()
     at.button(key="bench.run").click().run()
     run = ui.widgets.bench_runner.RUNS.current
     assert run is not None
@@ -243,7 +243,7 @@ def test_requests_page_lists_requests_with_latencies(fake: FakeEngineClient) -> 
         list(fake.stream(rid))
     at = app()
     at.run()
-    at.switch_page("pages/requests.py").run()
+    at.switch_page("ui/pages/requests.py").run()
     assert not at.exception
     table = at.dataframe[0].value
     assert len(table) == 3
@@ -286,7 +286,7 @@ def test_tables_show_a_figure_that_does_not_apply_as_a_dash_not_none(
     """The Benchmark table's async prediction of an async run and the Requests table's
     end-to-end time of a request still running have no value: a dash, not "None"."""
     at = app().run()
-    at.switch_page("pages/benchmark.py").run()
+    at.switch_page("ui/pages/benchmark.py").run()
     at.number_input(key="bench.repetitions").set_value(1)
     at.button(key="bench.run").click().run()
     run = ui.widgets.bench_runner.RUNS.current
@@ -297,7 +297,7 @@ def test_tables_show_a_figure_that_does_not_apply_as_a_dash_not_none(
     assert table.value["predicted async s (median)"].isna().any()
     assert table.proto.placeholder == "–"
     fake.submit("a request still running")
-    at.switch_page("pages/requests.py").run()
+    at.switch_page("ui/pages/requests.py").run()
     requests = at.dataframe[0]
     assert requests.value["e2e ms"].isna().any()
     assert all(d.proto.placeholder == "–" for d in at.dataframe)

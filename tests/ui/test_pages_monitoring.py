@@ -25,7 +25,8 @@ import ui.engine_link
 import ui.widgets.bench_runner
 from ui.figures.recordings import RECORDINGS_DIR
 
-PAGES = ("pages/playground.py", "pages/benchmark.py", "pages/ab.py", "pages/requests.py")
+PAGES = ("ui/pages/playground.py", "ui/pages/benchmark.py", "ui/pages/ab.py",
+         "ui/pages/requests.py")
 # AppTest keeps only a file page's own elements, not those app.py draws before running it
 # (the banner): the banner on those pages is checked in the browser test.
 
@@ -123,7 +124,7 @@ def test_a_running_benchmark_is_announced_in_the_banner(fake: FakeEngineClient) 
 def test_playground_widgets_refuse_what_the_engine_would(
     fake: FakeEngineClient, widget: str, value: object, message: str
 ) -> None:
-    at = on_page("pages/playground.py")
+    at = on_page("ui/pages/playground.py")
     if widget == "play.seed":
         at.text_input(key=widget).set_value(value).run()
     else:
@@ -133,7 +134,7 @@ def test_playground_widgets_refuse_what_the_engine_would(
 
 
 def test_ab_one_click_captures_sync_then_async_and_restores(fake: FakeEngineClient) -> None:
-    at = on_page("pages/ab.py")
+    at = on_page("ui/pages/ab.py")
     at.select_slider(key="ab.seconds").set_value(1).run()
     at.button(key="ab.one_click").click().run()
     assert not at.exception
@@ -160,7 +161,7 @@ def recordings_page(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> AppTes
     monkeypatch.setattr(ui.engine_link, "make_client", no_engine)
     at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
                            default_timeout=timeout_s)
-    return at.switch_page("pages/recordings.py").run()
+    return at.switch_page("ui/pages/recordings.py").run()
 
 
 def test_recordings_page_opens_the_shipped_recording_without_an_engine(

@@ -68,7 +68,7 @@ def engine() -> Iterator[tuple[EngineClient, list[str]]]:
 def playground() -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.run()
-    at.switch_page("pages/playground.py").run()
+    at.switch_page("ui/pages/playground.py").run()
     at.slider(key="play.max_tokens").set_value(48)  # the other settings: the page's defaults
     return at
 

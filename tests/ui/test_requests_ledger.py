@@ -39,7 +39,7 @@ def plotly_array(value: object) -> list:
 
 
 def test_the_live_pages_state_names_are_the_ones_it_uses():
-    text = (APP.parent / "pages" / "live.py").read_text()
+    text = (APP.parent / "ui" / "pages" / "live.py").read_text()
     assert f'PAUSE_KEY = "{LIVE_PAUSE_KEY}"' in text
     assert f'FROZEN_KEY = "{LIVE_FROZEN_KEY}"' in text
     assert f'WINDOW_KEY = "{LIVE_WINDOW_KEY}"' in text
@@ -99,7 +99,7 @@ def test_requests_page_shows_the_ledger_and_opens_the_timeline_on_a_request(
     steps, _ = ride(fake)
     at = AppTest.from_file(str(APP), default_timeout=30)
     at.run()
-    at.switch_page("pages/requests.py").run()
+    at.switch_page("ui/pages/requests.py").run()
     assert not at.exception
     tiles = {m.label: m.value for m in at.metric}
     assert (tiles["finished"], tiles["aborted"]) == ("2", "1")
@@ -132,7 +132,7 @@ def test_the_ledger_of_a_request_on_the_real_engine(engine) -> None:  # noqa: F8
     prompt = "import os\nimport sys\n" * 4
     engine.generate(prompt, {"max_tokens": 6, "temperature": 0.0})
     out = engine.generate(prompt, {"max_tokens": 6, "temperature": 0.0})
-    at = page("pages/requests.py")
+    at = page("ui/pages/requests.py")
     assert not at.exception and not at.error
     ledger = at.dataframe[1].value
     row = ledger[ledger["request"] == out.request_id].iloc[0]

@@ -2,7 +2,7 @@
 boxes carry the median change and its 95% interval under them, one panel per step kind,
 a log axis with readable ticks only when step times span decades, the waterfall in ms per
 step (in % of a step across machines), kernel families in their shared colours, the
-tables' rows; and the page that draws them (pages/diff.py, without an engine)."""
+tables' rows; and the page that draws them (ui/pages/diff.py, without an engine)."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_the_tables_say_which_groups_and_facts_the_runs_share(h200) -> None:
     assert {r[""]: r["same"] for r in facet_rows(mixed)}["device"] == "no"
 
 
-PAGE = str(Path(__file__).resolve().parents[2] / "pages" / "diff.py")
+PAGE = str(Path(__file__).resolve().parents[2] / "ui" / "pages" / "diff.py")
 
 
 def test_the_page_opens_on_the_h200_windows_and_refuses_a_window_against_itself() -> None:

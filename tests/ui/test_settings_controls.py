@@ -84,7 +84,7 @@ def test_a_refused_click_is_said_beside_the_control_and_the_control_shows_the_en
     assert len(captions) == 1 and captions[0].startswith(
         ":material/sync_problem: Changing the slot count: not applied"), captions
     assert control(second, "ctl.slots").value == 3  # the engine's, by the first tab
-    second.switch_page("pages/playground.py").run()
+    second.switch_page("ui/pages/playground.py").run()
     assert not second.error, [e.value for e in second.error]  # nothing left to pile up
 
 

@@ -79,7 +79,7 @@ def test_changes_made_by_a_restart_are_logged_by_the_tab(fake: FakeEngineClient)
 def test_changes_made_by_the_ab_comparison_are_logged_by_the_tab(
         fake: FakeEngineClient) -> None:
     at = app().run()
-    at.switch_page("pages/ab.py").run()
+    at.switch_page("ui/pages/ab.py").run()
     at.select_slider(key="ab.seconds").set_value(1)
     at.button(key="ab.one_click").click().run()
     assert fake.configured_by and all(
@@ -91,7 +91,7 @@ def test_a_benchmark_is_logged_with_the_tab_that_started_it(
         fake: FakeEngineClient, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="gapless.ui")
     at = app().run()
-    at.switch_page("pages/benchmark.py").run()
+    at.switch_page("ui/pages/benchmark.py").run()
     at.number_input(key="bench.repetitions").set_value(1)
     at.button(key="bench.run").click().run()
     run = ui.widgets.bench_runner.RUNS.current

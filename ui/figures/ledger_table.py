@@ -16,7 +16,7 @@ from typing import Any
 from telemetry.ledger import LedgerEntry, steps_of
 from telemetry.records import StepRecord
 
-# The Live page's (pages/live.py): its pause toggle, its frozen snapshot, its window slider
+# The Live page's (ui/pages/live.py): its pause toggle, its frozen snapshot, its window slider
 # and choices, and the steps it highlights.
 LIVE_PAUSE_KEY = "live.pause"
 LIVE_FROZEN_KEY = "live.frozen"
