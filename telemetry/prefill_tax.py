@@ -62,7 +62,7 @@ on the decodes that share its step. Both are scaled to the step's measured time.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -328,20 +328,24 @@ def _varied_steps(col: np.ndarray) -> int:
 
 def fit_step_time(records: Sequence[StepRecord], *, window_steps: int = WINDOW_STEPS,
                   source: TimeSource = "period",
-                  terms: Sequence[Term] = TERMS) -> TaxFit | NoFit:
+                  terms: Sequence[Term] = TERMS,
+                  exclude: Collection[int] = ()) -> TaxFit | NoFit:
     """Least-squares fit of step time over the last ``window_steps`` timed steps.
 
     ``terms`` picks the terms that may enter (a control fit leaves one out); a term whose
     column does not vary, or that the others already explain (collinear), is left out with its
-    reason in ``left_out``. Returns NoFit, with the reason, when fewer than MIN_STEPS steps (or
-    than the terms + 3) are timed.
+    reason in ``left_out``. ``exclude``: step numbers left out of the fit after every step is
+    timed, so a neighbour's period is still timed against them (in async mode the step after
+    a left-out one starts during it). Returns NoFit, with the reason, when fewer than
+    MIN_STEPS steps (or than the terms + 3) are timed.
     """
     if window_steps < 1:
         raise ValueError(f"window_steps must be at least 1, got {window_steps}")
     bad = [t for t in terms if t not in TERMS]
     if bad:
         raise ValueError(f"terms must be among {TERMS}, got {bad}")
-    steps = timed_steps(records, source)[-window_steps:]
+    steps = [s for s in timed_steps(records, source)
+             if s.step not in exclude][-window_steps:]
     n_pre = sum(1 for s in steps if s.prefill_tokens > 0)
     if len(steps) < MIN_STEPS:
         return NoFit(f"{len(steps)} timed steps in the window; the fit needs {MIN_STEPS}",

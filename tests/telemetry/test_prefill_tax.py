@@ -262,3 +262,22 @@ def test_what_if_a_larger_budget_raises_p99_itl_and_drains_a_saturated_queue():
     assert by[256].p99_itl_ms > 0.8 * chunk_ms
     assert by[24].tokens_per_s < by[256].tokens_per_s
     assert all(math.isfinite(p.tokens_per_s) for p in preds)
+
+
+def test_a_step_left_out_still_times_the_step_after_it():
+    """In async mode a step starts (its scheduling) while the one before it computes; a fit
+    that leaves that one out (``exclude``) times the next from its end, as a request riding
+    both waited, where fitting the records without it would add most of it to the next."""
+    recs = varied_run()
+    out = set(range(10, len(recs) - 1, 7))
+    for i in out:
+        cur, nxt = recs[i], recs[i + 1]
+        assert cur.end_ns is not None
+        start = cur.spans[0].start_ns + (cur.end_ns - cur.spans[0].start_ns) // 3
+        nxt.spans[0] = Span(nxt.spans[0].lane, start, nxt.spans[0].end_ns)
+    good = fit_step_time(recs, window_steps=len(recs), exclude=out)
+    bad = fit_step_time([r for r in recs if r.step not in out], window_steps=len(recs))
+    assert isinstance(good, TaxFit) and isinstance(bad, TaxFit)
+    assert good.steps == len(recs) - 1 - len(out) and not good.outliers
+    assert good.rmse_ns < 1.5 * 200_000.0  # the runs' noise
+    assert bad.rmse_ns > 2 * good.rmse_ns, (bad.rmse_ns, good.rmse_ns)
