@@ -1,7 +1,13 @@
 """Stop lists cannot slow other requests down: with fifteen neighbours each carrying the
 most stop strings a request may have (of the longest length, never matching), a bystander
-finishes within 1.2x of its time beside the same neighbours with none. Rounds alternate, and
-each side counts its best round: the machine's own load only ever adds time."""
+finishes within 1.2x of its time beside the same neighbours carrying one stop string of that
+length, the median of five alternated pairs.
+
+Both sides carry a stop string of the longest length, so both hold back as much text: a
+neighbour's stream shows nothing until its text outgrows the longest stop string, and the
+bystander starts once every neighbour has streamed something. Against neighbours with no stop
+list it started a few dozen tokens earlier in their lives, and the comparison measured that,
+not the matching."""
 
 from __future__ import annotations
 
@@ -58,12 +64,15 @@ async def _bystander_time(url: str, stop: list[str] | None) -> float:
 def test_a_bystander_is_not_slowed_by_its_neighbours_stop_lists(server):
     plain, stopped = [], []
     for _ in range(5):
-        for stop, times in ((None, plain), (STOPS, stopped)):
+        for stop, times in ((STOPS[:1], plain), (STOPS, stopped)):
             wait_idle(server.url)
             times.append(asyncio.run(_bystander_time(server.url, stop)))
-    ratio = min(stopped) / min(plain)
-    print(f"\nbystander: {min(plain):.2f} s beside plain neighbours, {min(stopped):.2f} s "
+    # Each round's pair (one string, then sixteen, alternated): the median of the pairs'
+    # ratios, so load that comes and goes hits both sides of a pair alike.
+    ratio = statistics.median(b / a for a, b in zip(plain, stopped, strict=True))
+    print(f"\nbystander: {min(plain):.2f} s beside neighbours with one stop string, "
+          f"{min(stopped):.2f} s "
           f"beside {NEIGHBOURS} x {MAX_STOP_STRINGS} stop strings of {MAX_STOP_CHARS} "
-          f"characters ({ratio:.2f}x; medians {statistics.median(plain):.2f} s and "
-          f"{statistics.median(stopped):.2f} s)")
+          f"characters (median pair ratio {ratio:.2f}x; medians "
+          f"{statistics.median(plain):.2f} s and {statistics.median(stopped):.2f} s)")
     assert ratio < 1.2
