@@ -100,7 +100,7 @@ def test_live_page_reports_the_engines_settings(engine: EngineClient) -> None:
     # A CPU engine runs no kernels: no kernel lane (the waterfall's title says so).
     kernels = {"live.kernels"} if settings.get("device") == "cuda" else set()
     assert set(live_figures(at)) == {"live.history", "live.timeline", "live.waterfall",
-                                     "live.slots", "live.prefill_tax", "live.gauges"} | kernels
+                                     "live.prefill_tax", "live.gauges"} | kernels
     assert not at.get("plotly_chart")  # every Live chart is drawn in place
 
 

@@ -3,7 +3,7 @@
 Owns one row of the controls that act on the running engine (async, slots, graphs, load
 on/off), then a row of history sparklines and the step timeline, all visible without
 scrolling, updated in place once a second (ui/widgets/live_plot.py keeps one Plotly div, so
-zoom, pan and hover survive), then the kernel lane, the waterfall and the steps' slots, the
+zoom, pan and hover survive), then the kernel lane and the waterfall, the
 pause and Chrome trace download, the load generator's parameters and the gauges. Figures come
 from ui/figures/ (pure functions); the engine is reached only through ui/engine_link.py's
 shared client.
@@ -44,7 +44,6 @@ from ui.widgets.controls import engine_controls, load_generator, load_switch
 from ui.widgets.fragments import live_fragment, run_page
 from ui.widgets.live_plot import live_plot
 from ui.widgets.prefill_tax import prefill_tax_live
-from ui.widgets.slots import slots_view
 from ui.widgets.token_budget import PANEL_PERIOD_S as BUDGET_PERIOD_S
 from ui.widgets.token_budget import token_budget_panel
 
@@ -197,7 +196,8 @@ def live_view(client: EngineClient, settings: dict) -> None:
 
 def draw_live(client: EngineClient, settings: dict) -> None:
     """The live view's charts: the history strip, the timeline, the kernel lane and the
-    slots of the timeline's steps."""
+    waterfall. (The slots figure is the Recordings page's: drawn here, the paused timeline
+    and the charts beside it kept their live figures in Chromium.)"""
     records = client.telemetry().snapshot_steps(SNAPSHOT_STEPS)
     stats = draw_history(client, settings, records)
     window = float(st.session_state.get(WINDOW_KEY, DEFAULT_WINDOW_MS))
@@ -213,7 +213,6 @@ def draw_live(client: EngineClient, settings: dict) -> None:
         shown = draw_timeline(records, window, paused=False)
         draw_kernels(shown, records[-SAMPLE_SCAN_STEPS:], window, settings.get("device", "cpu"),
                      stats=stats)
-    slots_view(shown, key="live.slots", live=True)
 
 
 def control_bar(client: EngineClient) -> None:
