@@ -141,8 +141,8 @@ def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
                  uirevision: str | None = None) -> go.Figure:
     """Left: every step on its slot (x: step number); async steps in their slot's colour,
     sync steps grey, steps read alone marked by reason. Right: each slot's input wait (ms).
-    Built in one go (axes laid out by hand, no make_subplots): the Live page rebuilds it every
-    second, and plotly's per-call updates cost more than the data."""
+    Built in one go (axes laid out by hand, no make_subplots): plotly's per-call updates cost
+    more than the data on a long recording."""
     # per group: steps, slots, input wait (ms, NaN where unknown), slot wait (ms), mode
     groups: dict[Any, tuple[list[int], list[int], list[float], list[float], set[str]]] = {}
     for rec in records:
@@ -199,7 +199,7 @@ def slots_figure(records: Sequence[StepRecord], *, height_px: int = 260,
         legend=dict(orientation="h", y=-0.15, x=0), uirevision=uirevision,
         annotations=titles,
         xaxis=dict(domain=LEFT_DOMAIN, anchor="y"),
-        # margins for the tick labels set by hand: the Live page's plotly.js leaves them out
+        # margins for the tick labels set by hand: some plotly.js builds leave them out
         yaxis=dict(anchor="x", tickmode="array", tickvals=slots,
                    ticktext=[f"slot {k}" for k in slots],
                    range=[(slots[-1] if slots else 0) + 0.6, -0.6]),

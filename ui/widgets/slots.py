@@ -1,9 +1,7 @@
-"""The slots section of the Live and Recordings pages: the figure of ui/figures/slots.py, and
-a line saying what "read alone" means for each reason seen.
+"""The slots section of the Recordings page: the figure of ui/figures/slots.py, a line saying
+what "read alone" means for each reason seen, and the per-slot numbers.
 
-Owns drawing them only. On the Live page the figure is drawn in place (ui/widgets/live_plot.py)
-so zoom survives the refreshes; on a recording it is a plain chart. It must never read the
-engine: the caller hands over the records.
+Owns drawing them only. It must never read the engine: the caller hands over the records.
 """
 
 from __future__ import annotations
@@ -20,20 +18,14 @@ from ui.figures.slots import (
     slot_summaries,
     slots_figure,
 )
-from ui.widgets.live_plot import live_plot
 
 SLOTS_HEIGHT_PX = 260
 
 
-def slots_view(records: Sequence[StepRecord], *, key: str, live: bool = False,
-               table: bool = False) -> None:
-    """The slots figure of `records`; `live`: drawn in place (a page that refreshes it);
-    `table`: the per-slot numbers under it."""
+def slots_view(records: Sequence[StepRecord], *, key: str, table: bool = False) -> None:
+    """The slots figure of `records`; `table`: the per-slot numbers under it."""
     fig = slots_figure(records, height_px=SLOTS_HEIGHT_PX, uirevision=key)
-    if live:
-        live_plot(fig, key=key, height_px=SLOTS_HEIGHT_PX)
-    else:
-        st.plotly_chart(fig, key=key, config={"displaylogo": False})
+    st.plotly_chart(fig, key=key, config={"displaylogo": False})
     counts = fallback_counts(records)
     if counts:
         st.caption("Read alone: async mode read the step with nothing launched behind it, so "
