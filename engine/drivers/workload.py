@@ -209,6 +209,7 @@ def _run(engine: Engine, spec: BenchmarkSpec, modes: list[dict[str, Any]],
             try:
                 handles = _submit(engine, prompts, params, prefix)
                 yield from _wait(engine, handles, True, spec.timeout_s, cancel, label)
+                _await_last_steps(collector, handles, prompts)
             finally:
                 collector.stop()
             result = _result(label, settings, handles, collector.records, collector.events,
@@ -217,6 +218,26 @@ def _run(engine: Engine, spec: BenchmarkSpec, modes: list[dict[str, Any]],
             yield result
     finally:
         engine.configure(**original)
+
+
+LAST_STEP_WAIT_S = 5.0  # a step's record is published within a step of its tokens
+
+
+def _await_last_steps(collector: StepCollector, handles: list[RequestHandle],
+                      prompts: list[list[int]]) -> None:
+    """Wait until the collector holds the step that sampled each request's last token. A
+    request finishes when its tokens are delivered, which is before its step's record is
+    published (the post phase and the instruments come first): stopping the collector at
+    once could leave the run's last step out of its records."""
+    want = {h.request_id: len(p) + len(h.result().token_ids) - 1
+            for h, p in zip(handles, prompts, strict=True)}
+    deadline = time.monotonic() + LAST_STEP_WAIT_S
+    while time.monotonic() < deadline:
+        reached = {rid for rec in list(collector.records) for rid, _n, ctx in rec.chunks
+                   if rid in want and ctx >= want[rid]}
+        if len(reached) == len(want):
+            return
+        time.sleep(collector.period_s)
 
 
 def _submit(engine: Engine, prompts: list[list[int]], params: SamplingParams,
