@@ -9,6 +9,7 @@ import pickle
 
 import pytest
 from engine_checks import mixed_prompts
+from test_async_pipeline import drive
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.process.wire import decode_steps, encode_steps, pickle_frame
@@ -26,20 +27,11 @@ def make_engine(model_dir, **kw) -> Engine:
     return Engine(EngineConfig(model=str(model_dir), **{**ROOMY, **kw}), start=False)
 
 
-def drive(eng: Engine, on_step=None, max_steps: int = 5000) -> None:
-    for n in range(max_steps):
-        if on_step is not None:
-            on_step(n)
-        if not eng.step() and not eng.scheduler.num_unfinished and eng.loop.inflight is None:
-            return
-    raise AssertionError("workload did not finish")
-
-
 def run(eng: Engine, prompts: list[list[int]], max_tokens: int = 10,
         on_step=None) -> list[StepRecord]:
     reader = eng.bus.reader()
     hs = [eng.submit(p, SamplingParams(max_tokens=max_tokens, **GREEDY)) for p in prompts]
-    drive(eng, on_step)
+    drive(eng, on_step=on_step)
     assert all(h.result(1).finish_reason == "length" for h in hs)
     recs = sorted(reader.steps(), key=lambda r: r.step)
     assert recs and [r.step for r in recs] == list(range(recs[0].step, recs[-1].step + 1))

@@ -6,8 +6,8 @@ CPU recordings, an H200 run against a CPU run, and hand-made steps."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from test_verdict import noisy
 
 from telemetry.kernels import KernelRecord, SampledStep, make_sample
 from telemetry.records import Span, StepRecord
@@ -46,11 +46,6 @@ def steps(times_ms: list[float], *, batch: int | list[int] = 8, prefill_at: tupl
                                      Span("compute", t + cpu, t + length)]))
         t += length
     return out
-
-
-def noisy(n: int, ms: float, rel: float, seed: int) -> list[float]:
-    rng = np.random.default_rng(seed)
-    return list(ms * np.exp(rel * rng.standard_normal(n)))
 
 
 def recording_run(name: str, window: str) -> Run:
