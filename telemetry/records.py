@@ -155,7 +155,8 @@ RequestEventKind = Literal["queued", "scheduled", "first_token", "tokens", "fini
 @dataclass(slots=True)
 class RequestEvent:
     """A point in one request's life. For "tokens", num_tokens is how many were emitted;
-    for "finished", reason is "stop" | "length" | "abort" | "error", and cached_tokens and
+    for "finished", reason is "stop" | "length" | "abort" | "error" | "engine_dead" (the
+    client's, for each of its requests the engine process died with), and cached_tokens and
     preemptions are the request's totals (what the request ledger needs from the request)."""
 
     request_id: str

@@ -57,6 +57,7 @@ from engine.process.wire import (
     pickle_frame,
 )
 from telemetry.bus import TelemetryBus
+from telemetry.records import RequestEvent
 
 log = logging.getLogger("gapless.client")
 
@@ -336,6 +337,12 @@ class Session:
         with self.lock:
             if self.dead is not None:
                 return
+            # Its requests end here, on the mirror, before the death shows: a reader that
+            # sees the engine dead has them all (a request's own events come from the
+            # engine's pump, every 50 ms, and may never have left it).
+            t = time.perf_counter_ns()
+            for rid in self.streams.open_ids():
+                self.bus.publish_event(RequestEvent(rid, "finished", t, reason="engine_dead"))
             self.dead = reason
             calls, self._calls = list(self._calls.values()), {}
         self._out.put(None)

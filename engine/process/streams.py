@@ -198,6 +198,11 @@ class StreamBook:
             if self._streams.get(stream.request_id) is stream:
                 del self._streams[stream.request_id]
 
+    def open_ids(self) -> list[str]:
+        """The ids of the requests not ended yet."""
+        with self.lock:
+            return [rid for rid, s in self._streams.items() if not s.done.is_set()]
+
     def end_all(self, reason: str) -> None:
         with self.lock:
             streams = list(self._streams.values())

@@ -14,7 +14,8 @@ Owns the moment each ``vllm:`` request figure is counted, as vLLM's V1 engine co
   aborted; we count those in gapless:requests_aborted_total, and requests that ended in an
   error in gapless:requests_failed_total{reason}: "error" (a failed step, a tokenizer or
   callback error) or "engine_dead" (the engine process died with the request unfinished:
-  ``engine_gone``).
+  the client's "finished" event with that reason for each of its own requests, whose other
+  events may have died with the engine, and ``engine_gone`` for the rest).
 
 Times come from the engine's own event timestamps (one clock). It must never call the engine
 and never raise on an event it cannot place (a request seen half-way is skipped).
@@ -111,6 +112,8 @@ class RequestMetrics:
             self._lives[ev.request_id] = _Life(ev.t_ns, ev.prompt_tokens)
             return
         if life is None:  # queued before this server started reading, or dropped
+            if ev.kind == "finished" and ev.reason == "engine_dead":
+                self.failed["engine_dead"].inc()  # its own events died with the engine
             return
         if ev.kind == "scheduled":
             if life.scheduled_ns is None:  # a preempted request's later schedules don't count
@@ -133,7 +136,7 @@ class RequestMetrics:
             self.aborted.inc()
             return
         if ev.reason not in ("stop", "length"):
-            self.failed["error"].inc()
+            self.failed["engine_dead" if ev.reason == "engine_dead" else "error"].inc()
             return
         scheduled = life.scheduled_ns if life.scheduled_ns is not None else life.queued_ns
         first = life.first_ns if life.first_ns is not None else ev.t_ns

@@ -265,3 +265,39 @@ def test_the_default_socket_path_is_per_user(monkeypatch, tmp_path):
     assert endpoint.default_socket_path() == tmp_path / "gapless" / "engine.sock"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert endpoint.default_socket_path().parent.name == f"gapless-{os.getuid()}"
+
+
+def test_a_death_ends_the_open_requests_on_the_mirror_before_it_shows(served):
+    """A request's own events leave the engine with its pump (every 50 ms), its tokens at
+    once: a request can stream tokens and die with the engine before its "queued" event left.
+    The session's mirror then holds a "finished" (engine_dead) event for each request still
+    open, published before the session reads as dead, so /metrics counts every one."""
+    from prometheus_client import CollectorRegistry
+
+    from engine.serving.request_metrics import RequestMetrics
+
+    _, session, _ = served
+    seen_dead_at_publish = []
+    publish = session.bus.publish_event
+
+    def watched(ev):
+        seen_dead_at_publish.append(session.dead)
+        publish(ev)
+
+    session.bus.publish_event = watched
+    reader = session.bus.reader(from_now=True)
+    running, done = session.streams.open("running"), session.streams.open("done")
+    done.end_here("stop", "")
+    session.mark_dead("engine process exited with code -9 (SIGKILL)")
+    events = reader.events()
+    assert [(e.request_id, e.kind, e.reason) for e in events] == [
+        ("running", "finished", "engine_dead")]
+    assert seen_dead_at_publish == [None]
+    assert running.output.finish_reason == "error"
+    session.mark_dead("a second caller")  # first caller wins: nothing published again
+    assert reader.events() == []
+
+    metrics = RequestMetrics(CollectorRegistry(), "m", 64)
+    metrics.on_event(events[0])  # its "queued" never arrived: counted all the same
+    assert metrics.failed["engine_dead"]._value.get() == 1
+    assert metrics.engine_gone() == 0

@@ -57,8 +57,8 @@ def requests_view(client: EngineClient, kv_bytes_per_token: int) -> None:
     # Two rows of three: six tiles in a row cut "0.26 / 1.21 s" to "0.26 / 1.2..." at 1280.
     cols = [c for _ in range(2) for c in st.columns(3)]
     cols[0].metric("requests seen", f"{summary.requests:,}")
-    cols[1].metric("finished", f"{finished:,}", help="Ended on their own (stop, length, "
-                   "error); aborted requests are counted apart.")
+    cols[1].metric("finished", f"{finished:,}", help="Ended on their own (stop, length, error, "
+                   "engine death); aborted requests are counted apart.")
     cols[2].metric("aborted", f"{aborted:,}")
     cols[3].metric("TTFT p50 / p90", p50_p90(summary.ttft))
     cols[4].metric("inter-token p50 / p90", p50_p90(summary.itl))
