@@ -68,6 +68,11 @@ def test_silent_engine_fails_its_clients_cleanly_and_aborts_their_requests(hung)
         with httpx.Client(timeout=120) as http:
             waiter = threading.Thread(target=wait_whole)
             waiter.start()
+            # The whole request is in the engine before the stream starts: sent after the
+            # stop, it would be refused as a new request (503 at once, after the heartbeat's
+            # 2 s), not timed out as one in flight.
+            wait_scrape(hung.url, lambda s: metric(s, "vllm:num_requests_running")
+                        + metric(s, "vllm:num_requests_waiting") >= 1, "the whole request")
             with http.stream("POST", f"{hung.url}/v1/completions", json=_body(True)) as r:
                 assert r.status_code == 200
                 for line in r.iter_lines():
