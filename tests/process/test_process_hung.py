@@ -271,6 +271,7 @@ def test_bad_inputs_through_the_client_never_touch_good_requests(client):
         t.start()
     for t in threads:
         t.join(60)
+    client.abort(busy)  # its part is over: it was running while the bad inputs came
     try:
         for rid, expected in zip(good, solo, strict=True):
             out = client.result(rid, timeout=60)
@@ -279,10 +280,13 @@ def test_bad_inputs_through_the_client_never_touch_good_requests(client):
     finally:
         stop.set()
         switcher.join(10)
-        client.abort(busy)
         client.configure(async_batching=before["async_batching"], num_slots=before["num_slots"])
     assert not failures and not accepted
     assert len(refused) == 4 * len(bad_inputs)
-    assert client.result(busy, timeout=10).finish_reason == "abort"
+    # Ended by the abort, or, on a slow machine, by its own length first: never cut short by
+    # a bad input.
+    out = client.result(busy, timeout=10)
+    assert out.finish_reason == "abort" or (
+        out.finish_reason == "length" and len(out.token_ids) == LONG["max_tokens"]), out
     wait_for(lambda: idle(client), 5.0)
     assert client.stats()["kv_blocks_used"] == 0
