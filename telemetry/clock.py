@@ -7,9 +7,10 @@ timeline. It is torch-free: the engine makes the CUDA calls and hands over plain
 Approach. CUDA events only give *relative* times: ``a.elapsed_time(b)`` is the milliseconds
 from event a to event b on the device. So the engine keeps one *anchor* event:
 
-1. At start, and again whenever the pipeline drains (no work queued on any stream), it
-   records the anchor event, synchronises on it, and reads ``time.perf_counter_ns()`` right
-   before recording and right after the synchronise returns (``ClockAnchor.from_sync``).
+1. At start (when the stream set is made), and again at each live-settings change (the loop
+   drains the pipeline first: no work queued on any stream), it records the anchor event,
+   synchronises on it, and reads ``time.perf_counter_ns()`` right before recording and right
+   after the synchronise returns (``ClockAnchor.from_sync``).
    With the streams idle the event completes as soon as it is recorded, so its host time
    lies inside that bracket; we take the late edge (the sync's return), whose error is the
    wake-up latency of synchronize (microseconds), and keep the bracket width as the
@@ -17,8 +18,9 @@ from event a to event b on the device. So the engine keeps one *anchor* event:
 2. For each device operation it records timing-enabled events around it, and, only once the
    step's d2h_done has completed (telemetry adds no sync), reads
    ``anchor.elapsed_time(ev)`` (ms) and converts it with ``to_host_ns``.
-3. Re-anchoring at every drain bounds drift between the device timer and the host clock
-   (both monotonic, ticking from different oscillators a few ppm apart).
+3. The device timer and the host clock are both monotonic but tick from different
+   oscillators, a few ppm apart: between two anchors the mapping drifts by that much (a few
+   microseconds a second). A run with no live change keeps its start's anchor.
 
 The engine's CudaClock (engine/step/streams.py) is the one user: it makes the CUDA calls.
 This module must never call CUDA, never read the clock itself, and never import torch.
