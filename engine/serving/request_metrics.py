@@ -105,6 +105,12 @@ class RequestMetrics:
         return n
 
     def on_event(self, ev: RequestEvent) -> None:
+        if ev.kind == "finished" and ev.reason == "engine_dead":
+            # The client's, for a request the engine died with: counted whether or not its
+            # other events left the engine.
+            self._lives.pop(ev.request_id, None)
+            self.failed["engine_dead"].inc()
+            return
         life = self._lives.get(ev.request_id)
         if ev.kind == "queued":
             if len(self._lives) >= MAX_TRACKED:
@@ -112,8 +118,6 @@ class RequestMetrics:
             self._lives[ev.request_id] = _Life(ev.t_ns, ev.prompt_tokens)
             return
         if life is None:  # queued before this server started reading, or dropped
-            if ev.kind == "finished" and ev.reason == "engine_dead":
-                self.failed["engine_dead"].inc()  # its own events died with the engine
             return
         if ev.kind == "scheduled":
             if life.scheduled_ns is None:  # a preempted request's later schedules don't count
@@ -136,7 +140,7 @@ class RequestMetrics:
             self.aborted.inc()
             return
         if ev.reason not in ("stop", "length"):
-            self.failed["engine_dead" if ev.reason == "engine_dead" else "error"].inc()
+            self.failed["error"].inc()
             return
         scheduled = life.scheduled_ns if life.scheduled_ns is not None else life.queued_ns
         first = life.first_ns if life.first_ns is not None else ev.t_ns
